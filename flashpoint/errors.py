@@ -1,0 +1,211 @@
+"""The one exception tree of Flashpoint.
+
+Every error carries a stable ``code`` (a short snake_case string), an HTTP status for the
+gateway, and whether retrying the same operation may succeed. Errors cross the RPC boundary
+as ``{"code", "message", "details"}`` and are rebuilt as the same class on the other side
+(``from_wire``); an unknown code becomes :class:`RemoteError`.
+
+    FlashpointError                     internal, 500
+    ├── BadRequest                      bad_request, 400
+    │   ├── InvalidName                 invalid_name, 400
+    │   └── PayloadTooLarge             too_large, 413
+    ├── Unauthorized                    unauthorized, 401
+    ├── Forbidden                       forbidden, 403
+    ├── NotFound                        not_found, 404
+    │   ├── FunctionNotFound            function_not_found, 404
+    │   └── ModelNotFound               model_not_found, 404
+    ├── Conflict                        conflict, 409
+    ├── RetryableError (retryable)
+    │   ├── Overloaded                  overloaded, 429 (Retry-After)
+    │   ├── Unavailable                 unavailable, 503 (Retry-After)
+    │   │   └── NoCapacity              no_capacity, 503
+    │   ├── PeerLost                    peer_lost, 503   (connection to a peer died)
+    │   └── ConnectFailed               connect_failed, 503
+    ├── DeadlineExceeded                deadline_exceeded, 504 (a per-call deadline passed)
+    ├── AuthFailed                      auth_failed, 401 (RPC handshake refused)
+    ├── FrameTooLarge                   frame_too_large, 413 (RPC frame over the limit)
+    ├── ProtocolError                   protocol_error, 400 (malformed frame / unknown method)
+    ├── IntegrityError                  integrity_error, 502 (bytes failed their sha256)
+    ├── RegistryError                   registry_error, 502
+    ├── ModelFailed                     model_failed, 500 (the model raised while running)
+    └── RemoteError                     remote_error, 500 (a code this side does not know)
+
+Retryable and fatal errors are different classes: callers decide with ``err.retryable``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class FlashpointError(Exception):
+    """Base of every Flashpoint error."""
+
+    code: ClassVar[str] = "internal"
+    http_status: ClassVar[int] = 500
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str = "", **details: Any) -> None:
+        super().__init__(message or self.code)
+        self.message = message or self.code
+        self.details: dict[str, Any] = details
+
+    def to_wire(self) -> dict[str, Any]:
+        """Plain-data form for RPC frames and JSON bodies."""
+        return {"code": self.code, "message": self.message, "details": _plain(self.details)}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+
+class BadRequest(FlashpointError):
+    code = "bad_request"
+    http_status = 400
+
+
+class InvalidName(BadRequest):
+    code = "invalid_name"
+
+
+class PayloadTooLarge(BadRequest):
+    code = "too_large"
+    http_status = 413
+
+
+class Unauthorized(FlashpointError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class Forbidden(FlashpointError):
+    code = "forbidden"
+    http_status = 403
+
+
+class NotFound(FlashpointError):
+    code = "not_found"
+    http_status = 404
+
+
+class FunctionNotFound(NotFound):
+    code = "function_not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class Conflict(FlashpointError):
+    code = "conflict"
+    http_status = 409
+
+
+class RetryableError(FlashpointError):
+    """Base of errors where the same call may succeed later."""
+
+    code = "retryable"
+    http_status = 503
+    retryable = True
+
+    @property
+    def retry_after_s(self) -> float:
+        return float(self.details.get("retry_after_s", 1.0))
+
+
+class Overloaded(RetryableError):
+    code = "overloaded"
+    http_status = 429
+
+
+class Unavailable(RetryableError):
+    code = "unavailable"
+    http_status = 503
+
+
+class NoCapacity(Unavailable):
+    code = "no_capacity"
+
+
+class PeerLost(RetryableError):
+    code = "peer_lost"
+
+
+class ConnectFailed(RetryableError):
+    code = "connect_failed"
+
+
+class DeadlineExceeded(FlashpointError):
+    code = "deadline_exceeded"
+    http_status = 504
+
+
+class AuthFailed(FlashpointError):
+    code = "auth_failed"
+    http_status = 401
+
+
+class FrameTooLarge(FlashpointError):
+    code = "frame_too_large"
+    http_status = 413
+
+
+class ProtocolError(FlashpointError):
+    code = "protocol_error"
+    http_status = 400
+
+
+class IntegrityError(FlashpointError):
+    code = "integrity_error"
+    http_status = 502
+
+
+class RegistryError(FlashpointError):
+    code = "registry_error"
+    http_status = 502
+
+
+class ModelFailed(FlashpointError):
+    code = "model_failed"
+    http_status = 500
+
+
+class RemoteError(FlashpointError):
+    code = "remote_error"
+    http_status = 500
+
+
+def _all_subclasses(cls: type[FlashpointError]) -> list[type[FlashpointError]]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+def _registry() -> dict[str, type[FlashpointError]]:
+    return {c.code: c for c in _all_subclasses(FlashpointError)}
+
+
+def from_wire(data: Any) -> FlashpointError:
+    """Rebuild a typed error from its wire form; never raises."""
+    if not isinstance(data, dict):
+        return RemoteError(f"malformed remote error: {data!r:.200}")
+    code = str(data.get("code", "remote_error"))
+    message = str(data.get("message", ""))
+    details = data.get("details") or {}
+    if not isinstance(details, dict):
+        details = {"details": details}
+    cls = _registry().get(code)
+    if cls is None:
+        return RemoteError(message, remote_code=code, **details)
+    return cls(message, **{str(k): v for k, v in details.items()})
+
+
+def _plain(value: Any) -> Any:
+    """Keep details serialisable by msgpack and JSON."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

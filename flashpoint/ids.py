@@ -1,0 +1,49 @@
+"""Typed identifiers and name validation.
+
+Names that reach file paths or object keys (models, functions) are validated here, once,
+so no caller can smuggle ``..`` or ``/`` into the registry or the cache.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import NewType
+
+from flashpoint.errors import InvalidName
+
+HostId = NewType("HostId", str)
+DeviceId = NewType("DeviceId", str)  # unique within a host, e.g. "cpu:0", "cuda:1"
+ReplicaId = NewType("ReplicaId", str)
+FunctionName = NewType("FunctionName", str)
+ModelName = NewType("ModelName", str)
+RequestId = NewType("RequestId", str)
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def validate_name(name: object, what: str = "name") -> str:
+    """Return ``name`` if it is a safe resource name, else raise :class:`InvalidName`.
+
+    Lower-case letters, digits, ``.``, ``_`` and ``-``; 1-63 characters; starts with a letter
+    or digit; never ``.`` or ``..`` sequences that could walk a path.
+    """
+    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+        raise InvalidName(
+            f"invalid {what} {name!r:.80}: use 1-63 of [a-z0-9._-], starting with a letter or digit",
+            field=what,
+        )
+    return name
+
+
+def validate_version(version: object) -> str:
+    """Validate a model version tag (same rules as names, upper case allowed)."""
+    if not isinstance(version, str) or not _VERSION_RE.match(version) or ".." in version:
+        raise InvalidName(f"invalid version {version!r:.80}", field="version")
+    return version
+
+
+def new_id(prefix: str) -> str:
+    """A short random id with a readable prefix (``req-3f2a...``)."""
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"

@@ -1,0 +1,53 @@
+"""Structured logging (structlog, JSON lines) with causality ids bound per context.
+
+Bind ``request_id`` / ``transfer_id`` with :func:`bind_ids`; every log line in that asyncio
+context carries them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+_configured = False
+
+
+def configure(level: str = "INFO", json: bool = True, stream: Any = None) -> None:
+    """Configure structlog once per process; later calls only change the level."""
+    global _configured
+    lvl = getattr(logging, level.upper(), logging.INFO)
+    logging.basicConfig(level=lvl, stream=stream or sys.stderr, format="%(message)s")
+    logging.getLogger().setLevel(lvl)
+    if _configured:
+        return
+    renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        cache_logger_on_first_use=False,
+    )
+    _configured = True
+
+
+def get_logger(name: str, **bound: Any) -> Any:
+    """A structlog logger named for its module, with optional bound fields."""
+    return structlog.get_logger(name).bind(**bound)
+
+
+def bind_ids(**ids: Any) -> None:
+    """Bind causality ids (request_id, transfer_id, replica_id) to the current context."""
+    structlog.contextvars.bind_contextvars(**ids)
+
+
+def clear_ids(*names: str) -> None:
+    structlog.contextvars.unbind_contextvars(*names)
