@@ -1,0 +1,84 @@
+"""The gateway's view of the cluster: one protocol the controller implements.
+
+The gateway (HTTP parsing, auth, limits, encodings) only talks to an ``InvokeBackend``;
+tests drive the gateway with a small in-memory backend, production with the Controller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from flashpoint.spec import FunctionSpec
+
+
+@dataclass
+class InvokeResult:
+    """Outputs of one request plus where its time went.
+
+    ``timings_s`` keys: ``queue`` (waiting for a replica), ``cold_start`` (scale-from-zero
+    wait, 0 when warm), ``fetch``/``load``/``to_device`` (the cold start's phases when this
+    request triggered one), ``batch_wait``, ``inference``, ``total``.
+    """
+
+    outputs: dict[str, np.ndarray]
+    timings_s: dict[str, float] = field(default_factory=dict)
+    replica_id: str = ""
+    cold: bool = False
+
+
+@dataclass
+class FunctionInfo:
+    spec: FunctionSpec
+    ready: bool  # at least one warm replica
+    replicas_warm: int
+    replicas_starting: int
+    queued: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec.to_dict(),
+            "ready": self.ready,
+            "replicas_warm": self.replicas_warm,
+            "replicas_starting": self.replicas_starting,
+            "queued": self.queued,
+        }
+
+
+class InvokeBackend(Protocol):
+    """What the gateway needs from the cluster. All methods raise FlashpointError subclasses."""
+
+    async def register_function(self, spec: FunctionSpec) -> FunctionInfo:
+        """Create or replace (same name) a function. Raises ModelNotFound, BadRequest."""
+
+    async def delete_function(self, name: str) -> None:
+        """Remove a function and stop its replicas. Raises FunctionNotFound."""
+
+    def list_functions(self) -> list[FunctionInfo]: ...
+
+    def get_function(self, name: str) -> FunctionInfo:
+        """Raises FunctionNotFound."""
+
+    async def invoke(
+        self,
+        name: str,
+        inputs: dict[str, np.ndarray],
+        *,
+        request_id: str,
+        timeout_s: float | None = None,
+    ) -> InvokeResult:
+        """Run one request. Inputs carry the batch dimension first (a request is >= 1 rows).
+
+        Raises FunctionNotFound, BadRequest (inputs do not match the function's signature),
+        Overloaded / Unavailable (with retry_after_s), DeadlineExceeded, ModelFailed.
+        """
+
+    def cluster_status(self) -> dict[str, Any]:
+        """Hosts, devices, replicas and queues as plain data."""
+
+    def is_live(self) -> bool: ...
+
+    def is_ready(self) -> bool:
+        """The cluster can serve: at least one live host."""

@@ -1,0 +1,115 @@
+"""What a user registers: functions over models, and their tensor signatures.
+
+These are plain frozen dataclasses shared by the gateway, the controller, the workers and
+the persistence layer; ``to_dict``/``from_dict`` are their only wire and storage forms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from flashpoint.errors import BadRequest
+from flashpoint.ids import validate_name, validate_version
+
+# KServe Open Inference Protocol datatypes (plus BF16, which the spec lists too).
+DATATYPES = (
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "BF16", "BYTES",
+)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One named input or output: OIP datatype and shape (-1 = any size)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> TensorSpec:
+        if not isinstance(d, dict):
+            raise BadRequest("tensor spec must be an object")
+        name, dt, shape = d.get("name"), d.get("datatype"), d.get("shape")
+        if not isinstance(name, str) or not name or len(name) > 128:
+            raise BadRequest("tensor spec needs a name of 1-128 characters")
+        if dt not in DATATYPES:
+            raise BadRequest(f"tensor {name!r}: unknown datatype {dt!r}")
+        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= -1 for s in shape):
+            raise BadRequest(f"tensor {name!r}: shape must be a list of ints >= -1")
+        return cls(name, dt, tuple(shape))
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """A registered function: a model version plus serving and scaling parameters."""
+
+    name: str
+    model: str
+    model_version: str = "1"
+    max_batch_size: int = 8
+    batch_wait_ms: float = 2.0
+    min_replicas: int = 0
+    max_replicas: int = 4
+    keep_alive_s: float = 30.0
+    # Requests a replica may hold at once (its credits); the autoscaler's per-replica target.
+    replica_concurrency: int = 16
+    timeout_s: float = 60.0
+    inputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
+    outputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        validate_name(self.name, "function name")
+        validate_name(self.model, "model name")
+        validate_version(self.model_version)
+        if not 1 <= self.max_batch_size <= 1024:
+            raise BadRequest("max_batch_size must be in 1..1024")
+        if not 0 <= self.batch_wait_ms <= 1000:
+            raise BadRequest("batch_wait_ms must be in 0..1000")
+        if not 0 <= self.min_replicas <= self.max_replicas <= 1024 or self.max_replicas < 1:
+            raise BadRequest("need 0 <= min_replicas <= max_replicas, max_replicas >= 1")
+        if not 0 <= self.keep_alive_s <= 86400:
+            raise BadRequest("keep_alive_s must be in 0..86400")
+        if not 1 <= self.replica_concurrency <= 4096:
+            raise BadRequest("replica_concurrency must be in 1..4096")
+        if not 0 < self.timeout_s <= 3600:
+            raise BadRequest("timeout_s must be in (0, 3600]")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["inputs"] = [t.to_dict() for t in self.inputs]
+        d["outputs"] = [t.to_dict() for t in self.outputs]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> FunctionSpec:
+        """Build from untrusted data; unknown keys and wrong types are a BadRequest."""
+        if not isinstance(d, dict):
+            raise BadRequest("function spec must be a JSON object")
+        known = set(cls.__dataclass_fields__)
+        unknown = set(d) - known
+        if unknown:
+            raise BadRequest(f"unknown function fields: {sorted(unknown)}")
+        kw: dict[str, Any] = dict(d)
+        for key in ("inputs", "outputs"):
+            raw = kw.get(key, [])
+            if not isinstance(raw, list) or len(raw) > 64:
+                raise BadRequest(f"{key} must be a list of at most 64 tensor specs")
+            kw[key] = tuple(TensorSpec.from_dict(t) for t in raw)
+        for key, typ in (("max_batch_size", int), ("min_replicas", int), ("max_replicas", int),
+                         ("replica_concurrency", int)):
+            if key in kw and (not isinstance(kw[key], int) or isinstance(kw[key], bool)):
+                raise BadRequest(f"{key} must be an integer")
+        for key in ("batch_wait_ms", "keep_alive_s", "timeout_s"):
+            if key in kw and (not isinstance(kw[key], (int, float)) or isinstance(kw[key], bool)):
+                raise BadRequest(f"{key} must be a number")
+        for key in ("name", "model", "model_version"):
+            if key in kw and not isinstance(kw[key], str):
+                raise BadRequest(f"{key} must be a string")
+        if "name" not in kw or "model" not in kw:
+            raise BadRequest("function spec needs 'name' and 'model'")
+        return cls(**kw)

@@ -1,0 +1,83 @@
+"""Tensors on the control wire: numpy arrays as ``{"dtype", "shape", "data"}`` msgpack maps.
+
+Inference inputs and outputs are small enough to ride RPC frames (the frame limit bounds
+them); model weights and stage activations never do — they use the data plane.
+BF16 has no numpy dtype: it travels as its raw 16-bit patterns with dtype ``"bfloat16"`` and
+decodes to float32 (exact), so nothing downstream needs a bf16 numpy type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from flashpoint.errors import BadRequest
+
+_ALLOWED = {
+    "bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
+    "float16", "float32", "float64", "object",
+}
+MAX_DIMS = 8
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """Raw bfloat16 bit patterns (uint16) to float32, exactly."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 to bfloat16 bit patterns (uint16), rounding to nearest even."""
+    u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))
+    return (rounded >> 16).astype(np.uint16)
+
+
+def encode_tensor(arr: np.ndarray) -> dict[str, Any]:
+    """A numpy array as a msgpack-friendly map. Object arrays hold bytes (OIP BYTES)."""
+    if arr.dtype == object:
+        return {"dtype": "object", "shape": list(arr.shape),
+                "items": [bytes(x) if not isinstance(x, str) else x.encode() for x in arr.ravel()]}
+    a = np.ascontiguousarray(arr)
+    return {"dtype": a.dtype.name, "shape": list(a.shape), "data": a.tobytes()}
+
+
+def decode_tensor(d: Any) -> np.ndarray:
+    """Inverse of :func:`encode_tensor`; malformed input is a BadRequest, never a crash."""
+    if not isinstance(d, dict):
+        raise BadRequest("tensor must be a map")
+    dtype, shape = d.get("dtype"), d.get("shape")
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(
+        isinstance(s, int) and s >= 0 for s in shape
+    ):
+        raise BadRequest("tensor shape must be a list of at most 8 non-negative ints")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if dtype == "object":
+        items = d.get("items")
+        if not isinstance(items, list) or len(items) != count:
+            raise BadRequest("BYTES tensor item count does not match its shape")
+        out = np.empty(count, dtype=object)
+        out[:] = [bytes(x) if isinstance(x, (bytes, bytearray)) else str(x).encode() for x in items]
+        return out.reshape(shape)
+    if dtype == "bfloat16":
+        raw = d.get("data")
+        if not isinstance(raw, (bytes, bytearray)) or len(raw) != count * 2:
+            raise BadRequest("bfloat16 tensor byte size does not match its shape")
+        return bf16_to_f32(np.frombuffer(raw, dtype=np.uint16)).reshape(shape)
+    if dtype not in _ALLOWED:
+        raise BadRequest(f"unsupported tensor dtype {dtype!r}")
+    raw = d.get("data")
+    dt = np.dtype(dtype)
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) != count * dt.itemsize:
+        raise BadRequest("tensor byte size does not match its shape and dtype")
+    return np.frombuffer(raw, dtype=dt).reshape(shape)
+
+
+def encode_tensors(tensors: dict[str, np.ndarray]) -> dict[str, Any]:
+    return {name: encode_tensor(a) for name, a in tensors.items()}
+
+
+def decode_tensors(d: Any) -> dict[str, np.ndarray]:
+    if not isinstance(d, dict) or len(d) > 64:
+        raise BadRequest("tensors must be a map of at most 64 entries")
+    return {str(k): decode_tensor(v) for k, v in d.items()}
