@@ -1,0 +1,192 @@
+"""The accepting side: authenticates each channel, then serves it as an RpcConnection.
+
+Mount on an existing aiohttp application with :meth:`RpcServer.add_to_app` (the controller
+serves HTTP from the same app) or run a standalone listener with :meth:`RpcServer.start`.
+In-process channels arrive through :class:`~flashpoint.rpc.inproc.InprocHub`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from flashpoint.errors import FlashpointError
+from flashpoint.log import get_logger
+from flashpoint.rpc import frames
+from flashpoint.rpc.auth import HANDSHAKE_TIMEOUT_S, check_secret, server_handshake
+from flashpoint.rpc.channel import Channel, WebSocketChannel
+from flashpoint.rpc.connection import Handler, RpcConnection
+
+log = get_logger(__name__)
+
+ConnHook = Callable[[RpcConnection], Awaitable[None] | None]
+HEARTBEAT_S = 10.0
+
+
+class RpcServer:
+    """Serves ``handlers`` to every authenticated peer.
+
+    ``on_connect(conn)`` runs after the handshake, once the connection is live (it may call
+    the peer); ``on_disconnect(conn)`` runs after it closed. Either may be sync or async.
+    """
+
+    def __init__(
+        self,
+        handlers: Mapping[str, Handler],
+        *,
+        secret: bytes,
+        name: str = "server",
+        max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
+        on_connect: ConnHook | None = None,
+        on_disconnect: ConnHook | None = None,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        heartbeat_s: float | None = HEARTBEAT_S,
+    ) -> None:
+        self._handlers = dict(handlers)
+        self._secret = check_secret(secret)
+        self.name = name
+        self.max_frame_bytes = max_frame_bytes
+        self._on_connect = on_connect
+        self._on_disconnect = on_disconnect
+        self._handshake_timeout_s = handshake_timeout_s
+        self._heartbeat_s = heartbeat_s
+        self._connections: set[RpcConnection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._runner: web.AppRunner | None = None
+        self._accepting = True
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    @property
+    def connections(self) -> frozenset[RpcConnection]:
+        return frozenset(self._connections)
+
+    # -- mounting --------------------------------------------------------------------------
+
+    def routes(self, path: str = "/rpc") -> list[web.RouteDef]:
+        return [web.get(path, self._handle_ws)]
+
+    def add_to_app(self, app: web.Application, path: str = "/rpc") -> None:
+        """Mount on ``app``; connections close when the app shuts down."""
+        app.add_routes(self.routes(path))
+        app.on_shutdown.append(self._on_app_shutdown)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0, path: str = "/rpc") -> tuple[str, int]:
+        """Listen on ``host:port`` (0 = ephemeral); returns the bound address."""
+        if self._runner is not None:
+            raise RuntimeError("server already started")
+        app = web.Application()
+        self.add_to_app(app, path)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._accepting = True
+        bound = runner.addresses[0]
+        log.info("rpc server listening", name=self.name, host=bound[0], port=bound[1])
+        return bound[0], bound[1]
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Refuse new peers, close every live connection, stop the listener if started."""
+        self._accepting = False
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.close_connections()
+                if self._runner is not None:
+                    runner, self._runner = self._runner, None
+                    await runner.cleanup()
+        except TimeoutError:
+            log.warning("rpc server stop timed out", name=self.name, timeout_s=timeout_s)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=1.0)
+
+    async def close_connections(self) -> None:
+        conns = list(self._connections)
+        if conns:
+            await asyncio.gather(*(c.close() for c in conns))
+
+    async def _on_app_shutdown(self, app: web.Application) -> None:
+        self._accepting = False
+        await self.close_connections()
+
+    # -- accepting -------------------------------------------------------------------------
+
+    async def _handle_ws(self, request: web.Request) -> web.StreamResponse:
+        if not self._accepting:
+            raise web.HTTPServiceUnavailable(text="rpc server is stopping")
+        ws = web.WebSocketResponse(
+            max_msg_size=self.max_frame_bytes,
+            heartbeat=self._heartbeat_s,
+            compress=False,
+            timeout=2.0,
+        )
+        await ws.prepare(request)
+        await self.serve_channel(WebSocketChannel(ws, peer=str(request.remote)))
+        return ws
+
+    def accept_channel(self, channel: Channel) -> None:
+        """Serve an in-process channel in a task this server owns."""
+        if not self._accepting:
+            raise RuntimeError("rpc server is not accepting")
+        task = asyncio.get_running_loop().create_task(
+            self.serve_channel(channel), name=f"rpc-serve:{self.name}<-{channel.peer}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def serve_channel(self, channel: Channel) -> None:
+        """Authenticate ``channel`` and serve it until it closes."""
+        try:
+            peer_name = await server_handshake(
+                channel, self._secret, name=self.name, timeout_s=self._handshake_timeout_s
+            )
+        except FlashpointError as exc:
+            log.warning("rpc peer refused", peer=channel.peer, error=exc.message)
+            return
+        conn = RpcConnection(
+            channel,
+            self._handlers,
+            name=self.name,
+            peer_name=peer_name,
+            max_frame_bytes=self.max_frame_bytes,
+        )
+        self._connections.add(conn)
+        conn.start()
+        log.info("rpc peer connected", name=self.name, peer=peer_name, remote=channel.peer)
+        try:
+            if not self._accepting:
+                return
+            if self._on_connect is not None and not await _run_hook(self._on_connect, conn, "on_connect"):
+                return
+            await conn.wait_closed()
+        finally:
+            self._connections.discard(conn)
+            await conn.close()
+            if self._on_disconnect is not None:
+                await _run_hook(self._on_disconnect, conn, "on_disconnect")
+
+
+async def _run_hook(hook: ConnHook, conn: RpcConnection, what: str) -> bool:
+    try:
+        result: Any = hook(conn)
+        if inspect.isawaitable(result):
+            await result
+        return True
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception(f"rpc {what} hook failed", peer=conn.peer_name)
+        return False
