@@ -100,8 +100,7 @@ class FunctionSpec:
             if not isinstance(raw, list) or len(raw) > 64:
                 raise BadRequest(f"{key} must be a list of at most 64 tensor specs")
             kw[key] = tuple(TensorSpec.from_dict(t) for t in raw)
-        for key, typ in (("max_batch_size", int), ("min_replicas", int), ("max_replicas", int),
-                         ("replica_concurrency", int)):
+        for key in ("max_batch_size", "min_replicas", "max_replicas", "replica_concurrency"):
             if key in kw and (not isinstance(kw[key], int) or isinstance(kw[key], bool)):
                 raise BadRequest(f"{key} must be an integer")
         for key in ("batch_wait_ms", "keep_alive_s", "timeout_s"):

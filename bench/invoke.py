@@ -1,0 +1,121 @@
+"""Invoke-path overhead: Flashpoint vs a bare aiohttp echo server, side by side in one run.
+
+Closed-loop load at concurrency 1, 8 and 64 (load generated from a separate process) on:
+- ``floor``: a bare aiohttp server that parses the same JSON body and answers it;
+- ``noop``: a Flashpoint function over the built-in no-op model (gateway → controller →
+  worker process → back), i.e. the platform's own overhead;
+- ``encoder``: a Flashpoint function over the tiny BERT-like encoder.
+
+Targets (issue 2): at concurrency 1, noop p50 within 0.5 ms of the floor; at concurrency 64,
+noop req/s >= 50% of the floor's. Prints a table and a JSON line at the end.
+
+    python bench/invoke.py [--requests 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import multiprocessing as mp
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import run_in_child  # noqa: E402
+
+from flashpoint.config import load_config  # noqa: E402
+
+
+async def _echo_server() -> tuple[web.AppRunner, str]:
+    async def echo(request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"outputs": body["inputs"]})
+
+    app = web.Application()
+    app.router.add_post("/echo", echo)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}/echo"
+
+
+async def main(args: argparse.Namespace) -> dict:
+    from flashpoint.cluster import LocalCluster
+    from flashpoint.models.publish import publish
+
+    home = Path(tempfile.mkdtemp(prefix="fp-bench-invoke-"))
+    cfg = load_config(overrides={"controller": {"listen_port": 0}, "log_level": "WARNING",
+                                 "host": {"cpu_devices": 2, "warm_pool_size": 1}}).with_home(home)
+    from flashpoint.cli import make_store
+
+    store = make_store(cfg)
+    await publish(store, "noop", preset="tiny", version="1", model_name="noop")
+    await publish(store, "bert", preset="tiny", version="1", model_name="bert")
+    runner, floor_url = await _echo_server()
+    pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
+    loop = asyncio.get_running_loop()
+    rows = []
+    try:
+        async with LocalCluster(cfg, hosts=1, store=store) as cluster:
+            url = cluster.controller.url
+            for fn, model in (("noop", "noop"), ("encoder", "bert")):
+                await cluster.controller.register_function(
+                    dataclasses.replace(_spec(fn, model), max_batch_size=16))
+            targets = {
+                "floor": (floor_url, {"inputs": {"x": {"data": [1.0, 2.0, 3.0, 4.0], "shape": [1, 4],
+                                                       "datatype": "FP32"}}}),
+                "noop": (f"{url}/v1/functions/noop/invoke",
+                         {"inputs": {"x": {"data": [1.0, 2.0, 3.0, 4.0], "shape": [1, 4], "datatype": "FP32"}}}),
+                "encoder": (f"{url}/v1/functions/encoder/invoke",
+                            {"inputs": {"input_ids": {"data": list(range(1, 17)), "shape": [1, 16],
+                                                      "datatype": "INT64"}}}),
+            }
+            for conc in (1, 8, 64):
+                for name, (target, body) in targets.items():
+                    n = args.requests if name != "encoder" else max(200, args.requests // 4)
+                    res = await loop.run_in_executor(pool, run_in_child, target, body, conc, n, 50)
+                    res["target"] = name
+                    rows.append(res)
+                    print(f"{name:8s} c={conc:<3d} ok={res['ok']:<6d} err={res['errors']:<3d} "
+                          f"rps={res['rps']:9.1f} p50={res['p50_ms']:.3f}ms p99={res['p99_ms']:.3f}ms",
+                          flush=True)
+    finally:
+        pool.shutdown()
+        await runner.cleanup()
+    by = {(r["target"], r["concurrency"]): r for r in rows}
+    summary = {
+        "bench": "invoke", "machine": f"{platform.machine()} {mp.cpu_count()} cpu",
+        "c1_p50_delta_ms": by[("noop", 1)]["p50_ms"] - by[("floor", 1)]["p50_ms"],
+        "c64_rps_ratio": by[("noop", 64)]["rps"] / by[("floor", 64)]["rps"],
+        "rows": rows,
+    }
+    summary["c1_target_met"] = summary["c1_p50_delta_ms"] <= 0.5
+    summary["c64_target_met"] = summary["c64_rps_ratio"] >= 0.5
+    print(f"\nc=1 p50 delta vs floor: {summary['c1_p50_delta_ms']:.3f} ms (target <= 0.5)")
+    print(f"c=64 req/s ratio vs floor: {summary['c64_rps_ratio']:.2f} (target >= 0.50)")
+    return summary
+
+
+def _spec(name: str, model: str):
+    from flashpoint.spec import FunctionSpec
+
+    return FunctionSpec(name=name, model=model, keep_alive_s=600, min_replicas=1, max_replicas=1,
+                        replica_concurrency=64)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=2000)
+    import uvloop
+
+    out = uvloop.run(main(ap.parse_args()))
+    print(json.dumps(out))

@@ -1,0 +1,128 @@
+"""Dynamic batching inside a worker: gather requests up to a row limit or a wait limit.
+
+Requests are concatenated along their first (batch) dimension when their inputs agree in
+names, dtypes and trailing shapes; a request that does not fit the current batch waits for
+the next one. The model runs on one dedicated thread so the event loop stays responsive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flashpoint.errors import FlashpointError, ModelFailed, Unavailable
+
+RunBatch = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+@dataclass
+class _Item:
+    inputs: dict[str, np.ndarray]
+    rows: int
+    key: tuple
+    future: asyncio.Future
+    enqueued_s: float = field(default_factory=time.perf_counter)
+
+
+def _signature(inputs: dict[str, np.ndarray]) -> tuple:
+    return tuple(sorted((k, v.dtype.str, v.shape[1:]) for k, v in inputs.items()))
+
+
+class Batcher:
+    """Runs ``run_batch`` over batches of queued requests."""
+
+    def __init__(self, run_batch: RunBatch, max_batch_size: int, max_wait_s: float) -> None:
+        self._run = run_batch
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._held: _Item | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self._task: asyncio.Task | None = None
+        self.batches_run = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if not item.future.done():
+                item.future.set_exception(Unavailable("replica stopping", retry_after_s=0.1))
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize() + (1 if self._held else 0)
+
+    async def submit(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """Queue one request (batch dim first); returns its outputs and timings."""
+        rows = {a.shape[0] if a.ndim else 1 for a in inputs.values()}
+        if len(rows) != 1 or any(a.ndim == 0 for a in inputs.values()):
+            raise FlashpointError("inputs must share a leading batch dimension")
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Item(inputs, rows.pop(), _signature(inputs), fut))
+        return await fut
+
+    async def _next(self, timeout_s: float | None) -> _Item | None:
+        if self._held is not None:
+            item, self._held = self._held, None
+            return item
+        if timeout_s is None:
+            return await self._queue.get()
+        if timeout_s <= 0:
+            return self._queue.get_nowait() if not self._queue.empty() else None
+        try:
+            return await asyncio.wait_for(self._queue.get(), timeout_s)
+        except TimeoutError:
+            return None
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self._next(None)
+            assert first is not None
+            batch, rows = [first], first.rows
+            deadline = time.perf_counter() + self.max_wait_s
+            while rows < self.max_batch_size:
+                nxt = await self._next(deadline - time.perf_counter())
+                if nxt is None:
+                    break
+                if nxt.key != first.key or rows + nxt.rows > self.max_batch_size:
+                    self._held = nxt
+                    break
+                batch.append(nxt)
+                rows += nxt.rows
+            started = time.perf_counter()
+            merged = (
+                batch[0].inputs if len(batch) == 1
+                else {k: np.concatenate([b.inputs[k] for b in batch]) for k in first.inputs}
+            )
+            try:
+                outputs = await loop.run_in_executor(self._pool, self._run, merged)
+            except Exception as exc:  # the model raised: every request of the batch fails
+                err = exc if isinstance(exc, FlashpointError) else ModelFailed(
+                    f"model raised {type(exc).__name__}: {exc}"[:500])
+                for b in batch:
+                    if not b.future.done():
+                        b.future.set_exception(err)
+                continue
+            infer_s = time.perf_counter() - started
+            self.batches_run += 1
+            offset = 0
+            for b in batch:
+                part = {k: v[offset: offset + b.rows] for k, v in outputs.items()}
+                offset += b.rows
+                if not b.future.done():
+                    b.future.set_result((part, {
+                        "batch_wait": started - b.enqueued_s, "inference": infer_s,
+                        "batch_rows": float(rows),
+                    }))

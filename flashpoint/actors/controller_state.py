@@ -1,0 +1,385 @@
+"""The controller's logic as a plain state class: events in, commands out.
+
+No I/O and no clock reads: every event carries ``now_s``. The Controller actor executes the
+commands (RPC to hosts) and feeds results back as events; tests and the simulator drive this
+class directly. Replica ids are chosen here before a host is asked, so a retried deploy is
+idempotent on the host.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from flashpoint.policy import autoscale
+from flashpoint.policy.placement import PlacementRequest, place
+from flashpoint.policy.snapshot import (
+    ClusterSnapshot,
+    DeviceSnapshot,
+    FunctionLoadSnapshot,
+    HostSnapshot,
+)
+from flashpoint.spec import FunctionSpec
+
+# After this many consecutive failed starts a function is reported broken, not retried.
+MAX_CONSECUTIVE_START_FAILURES = 3
+
+
+class ReplicaPhase(StrEnum):
+    STARTING = "starting"
+    WARM = "warm"
+    STOPPING = "stopping"
+
+
+@dataclass
+class DeviceRecord:
+    device_id: str
+    kind: str
+    memory_bytes: int
+
+
+@dataclass
+class HostRecord:
+    host_id: str
+    devices: dict[str, DeviceRecord]
+    ram_bytes: int
+    cached_models: set[str]
+    last_seen_s: float
+    alive: bool = True
+    draining: bool = False
+
+
+@dataclass
+class ReplicaRecord:
+    replica_id: str
+    function: str
+    host_id: str
+    device_id: str
+    device_bytes: int
+    phase: ReplicaPhase
+    requested_s: float
+    warm_s: float | None = None
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class FunctionRecord:
+    spec: FunctionSpec
+    model_bytes: int
+    last_request_s: float | None = None
+    start_failures: int = 0
+    broken: str | None = None  # reason, once starts keep failing
+
+    @property
+    def model_key(self) -> str:
+        return f"{self.spec.model}@{self.spec.model_version}"
+
+
+# Events ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HostRegistered:
+    host_id: str
+    devices: tuple[DeviceRecord, ...]
+    ram_bytes: int
+    cached_models: frozenset[str]
+    # replicas the host already runs: (replica_id, function, device_id, warm)
+    replicas: tuple[tuple[str, str, str, bool], ...]
+    now_s: float
+
+
+@dataclass(frozen=True)
+class HostHeartbeat:
+    host_id: str
+    cached_models: frozenset[str]
+    now_s: float
+
+
+@dataclass(frozen=True)
+class FunctionUpserted:
+    spec: FunctionSpec
+    model_bytes: int
+
+
+@dataclass(frozen=True)
+class FunctionDeleted:
+    name: str
+
+
+@dataclass(frozen=True)
+class ReplicaWarmed:
+    replica_id: str
+    timings_s: dict[str, float]
+    now_s: float
+
+
+@dataclass(frozen=True)
+class ReplicaFailed:
+    replica_id: str
+    reason: str
+    during_start: bool
+
+
+@dataclass(frozen=True)
+class ReplicaStopped:
+    replica_id: str
+
+
+@dataclass(frozen=True)
+class FunctionLoad:
+    queued: int
+    inflight: int
+    last_request_s: float | None
+
+
+@dataclass(frozen=True)
+class Tick:
+    now_s: float
+    loads: dict[str, FunctionLoad]
+    # replicas in STOPPING with no request in flight; the actor knows in-flight counts
+    idle_replicas: frozenset[str] = frozenset()
+
+
+Event = (HostRegistered | HostHeartbeat | FunctionUpserted | FunctionDeleted | ReplicaWarmed
+         | ReplicaFailed | ReplicaStopped | Tick)
+
+
+# Commands ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DeployReplica:
+    replica_id: str
+    host_id: str
+    device_id: str
+    spec: FunctionSpec
+
+
+@dataclass(frozen=True)
+class StopAccepting:
+    """Take a replica out of dispatch; it finishes what it holds."""
+
+    replica_id: str
+
+
+@dataclass(frozen=True)
+class StopReplica:
+    replica_id: str
+    host_id: str
+
+
+@dataclass(frozen=True)
+class ForgetReplica:
+    """The replica is gone (host lost, crash): drop its handle and re-dispatch its work."""
+
+    replica_id: str
+
+
+@dataclass(frozen=True)
+class FailFunction:
+    """Fail everything queued for a function (deleted, or broken after repeated crashes)."""
+
+    name: str
+    code: str
+    reason: str
+
+
+Command = DeployReplica | StopAccepting | StopReplica | ForgetReplica | FailFunction
+
+
+class ControllerState:
+    """Cluster view and scaling decisions. Mutated only through :meth:`handle`."""
+
+    def __init__(self, heartbeat_timeout_s: float = 5.0, replica_overhead_bytes: int = 64 << 20) -> None:
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.replica_overhead_bytes = replica_overhead_bytes
+        self.hosts: dict[str, HostRecord] = {}
+        self.replicas: dict[str, ReplicaRecord] = {}
+        self.functions: dict[str, FunctionRecord] = {}
+        self._seq = itertools.count(1)
+        self.epoch = "r"  # prefix for replica ids; the actor sets a per-boot value
+
+    # ---------------------------------------------------------------------------------
+    def handle(self, event: Event) -> list[Command]:
+        match event:
+            case HostRegistered():
+                return self._host_registered(event)
+            case HostHeartbeat():
+                host = self.hosts.get(event.host_id)
+                if host is not None:
+                    host.last_seen_s = event.now_s
+                    host.cached_models = set(event.cached_models)
+                    host.alive = True
+                return []
+            case FunctionUpserted():
+                old = self.functions.get(event.spec.name)
+                rec = FunctionRecord(event.spec, event.model_bytes)
+                if old is not None:
+                    rec.last_request_s = old.last_request_s
+                self.functions[event.spec.name] = rec
+                # A changed model or device need means old replicas no longer match.
+                if old is not None and (old.spec.model, old.spec.model_version) != (
+                    event.spec.model, event.spec.model_version
+                ):
+                    return self._retire(r for r in self.replicas.values() if r.function == old.spec.name)
+                return []
+            case FunctionDeleted():
+                self.functions.pop(event.name, None)
+                cmds = self._retire(r for r in self.replicas.values() if r.function == event.name)
+                return [*cmds, FailFunction(event.name, "function_not_found", "function deleted")]
+            case ReplicaWarmed():
+                rep = self.replicas.get(event.replica_id)
+                if rep is None or rep.phase != ReplicaPhase.STARTING:
+                    return []
+                rep.phase, rep.warm_s, rep.timings_s = ReplicaPhase.WARM, event.now_s, dict(event.timings_s)
+                fn = self.functions.get(rep.function)
+                if fn is not None:
+                    fn.start_failures = 0
+                return []
+            case ReplicaFailed():
+                return self._replica_failed(event)
+            case ReplicaStopped():
+                if self.replicas.pop(event.replica_id, None) is not None:
+                    return [ForgetReplica(event.replica_id)]
+                return []
+            case Tick():
+                return self._tick(event)
+        raise TypeError(f"unknown event {event!r}")
+
+    # ---------------------------------------------------------------------------------
+    def _host_registered(self, ev: HostRegistered) -> list[Command]:
+        self.hosts[ev.host_id] = HostRecord(
+            ev.host_id, {d.device_id: d for d in ev.devices}, ev.ram_bytes,
+            set(ev.cached_models), ev.now_s,
+        )
+        cmds: list[Command] = []
+        reported = set()
+        for replica_id, function, device_id, warm in ev.replicas:
+            reported.add(replica_id)
+            fn = self.functions.get(function)
+            known = self.replicas.get(replica_id)
+            if fn is None or device_id not in self.hosts[ev.host_id].devices:
+                # A replica we have no function for (deleted while we were away): stop it.
+                cmds.append(StopReplica(replica_id, ev.host_id))
+                continue
+            if known is None:
+                # Adopt it (controller restart): no duplicate will be started for it.
+                self.replicas[replica_id] = ReplicaRecord(
+                    replica_id, function, ev.host_id, device_id,
+                    fn.model_bytes + self.replica_overhead_bytes,
+                    ReplicaPhase.WARM if warm else ReplicaPhase.STARTING, ev.now_s,
+                    ev.now_s if warm else None,
+                )
+        # Replicas we believed on this host that it no longer has are gone.
+        for rep in [r for r in self.replicas.values() if r.host_id == ev.host_id]:
+            if rep.replica_id not in reported:
+                del self.replicas[rep.replica_id]
+                cmds.append(ForgetReplica(rep.replica_id))
+        return cmds
+
+    def _replica_failed(self, ev: ReplicaFailed) -> list[Command]:
+        rep = self.replicas.pop(ev.replica_id, None)
+        if rep is None:
+            return []
+        cmds: list[Command] = [ForgetReplica(rep.replica_id)]
+        fn = self.functions.get(rep.function)
+        if fn is not None and ev.during_start:
+            fn.start_failures += 1
+            if fn.start_failures >= MAX_CONSECUTIVE_START_FAILURES and fn.broken is None:
+                fn.broken = ev.reason
+                cmds.append(FailFunction(fn.spec.name, "model_failed",
+                                         f"replicas keep failing to start: {ev.reason}"))
+        return cmds
+
+    def _retire(self, reps: object) -> list[Command]:
+        cmds: list[Command] = []
+        for rep in list(reps):  # type: ignore[call-overload]
+            if rep.phase == ReplicaPhase.STARTING:
+                # Nothing dispatched to it yet: stop at once.
+                del self.replicas[rep.replica_id]
+                cmds += [ForgetReplica(rep.replica_id), StopReplica(rep.replica_id, rep.host_id)]
+            elif rep.phase == ReplicaPhase.WARM:
+                rep.phase = ReplicaPhase.STOPPING
+                cmds.append(StopAccepting(rep.replica_id))
+        return cmds
+
+    def _tick(self, ev: Tick) -> list[Command]:
+        cmds: list[Command] = []
+        # Silent hosts: their replicas are gone; autoscaling below replaces them.
+        for host in self.hosts.values():
+            if host.alive and ev.now_s - host.last_seen_s > self.heartbeat_timeout_s:
+                host.alive = False
+                for rep in [r for r in self.replicas.values() if r.host_id == host.host_id]:
+                    del self.replicas[rep.replica_id]
+                    cmds.append(ForgetReplica(rep.replica_id))
+        # Replicas drained of work finish stopping.
+        for rid in ev.idle_replicas:
+            rep = self.replicas.get(rid)
+            if rep is not None and rep.phase == ReplicaPhase.STOPPING:
+                del self.replicas[rid]
+                cmds += [ForgetReplica(rid), StopReplica(rid, rep.host_id)]
+        for name, fn in self.functions.items():
+            load = ev.loads.get(name, FunctionLoad(0, 0, None))
+            if load.last_request_s is not None:
+                fn.last_request_s = load.last_request_s
+            cmds += self._scale(fn, load, ev.now_s)
+        return cmds
+
+    def _scale(self, fn: FunctionRecord, load: FunctionLoad, now_s: float) -> list[Command]:
+        if fn.broken is not None:
+            return []
+        mine = [r for r in self.replicas.values() if r.function == fn.spec.name]
+        warm = [r for r in mine if r.phase == ReplicaPhase.WARM]
+        starting = [r for r in mine if r.phase == ReplicaPhase.STARTING]
+        spec = fn.spec
+        decision = autoscale.decide(FunctionLoadSnapshot(
+            spec.name, now_s, load.queued, load.inflight, len(warm), len(starting),
+            fn.last_request_s, spec.min_replicas, spec.max_replicas, spec.replica_concurrency,
+            spec.keep_alive_s,
+        ))
+        current = len(warm) + len(starting)
+        if decision.desired > current:
+            return self._scale_up(fn, decision.desired - current, now_s)
+        if decision.desired < current:
+            # Starting replicas go first (no work on them), then the least recently warmed.
+            victims = sorted(starting, key=lambda r: -r.requested_s) + sorted(
+                warm, key=lambda r: -(r.warm_s or 0.0))
+            return self._retire(victims[: current - decision.desired])
+        return []
+
+    def _scale_up(self, fn: FunctionRecord, count: int, now_s: float) -> list[Command]:
+        need = fn.model_bytes + self.replica_overhead_bytes
+        placements = place(self.snapshot(now_s), PlacementRequest(
+            fn.spec.name, fn.model_key, count, device_bytes=need, host_bytes=fn.model_bytes))
+        cmds: list[Command] = []
+        for p in placements:
+            rid = f"{fn.spec.name}-{self.epoch}{next(self._seq)}"
+            self.replicas[rid] = ReplicaRecord(rid, fn.spec.name, p.host_id, p.device_id, need,
+                                               ReplicaPhase.STARTING, now_s)
+            cmds.append(DeployReplica(rid, p.host_id, p.device_id, fn.spec))
+        return cmds
+
+    # ---------------------------------------------------------------------------------
+    def snapshot(self, now_s: float) -> ClusterSnapshot:
+        """A frozen view for the policies."""
+        used: dict[tuple[str, str], int] = {}
+        count: dict[tuple[str, str], int] = {}
+        for r in self.replicas.values():
+            key = (r.host_id, r.device_id)
+            used[key] = used.get(key, 0) + r.device_bytes
+            count[key] = count.get(key, 0) + 1
+        hosts = []
+        for h in self.hosts.values():
+            cached_bytes = sum(
+                f.model_bytes for f in self.functions.values() if f.model_key in h.cached_models
+            )
+            devs = tuple(
+                DeviceSnapshot(h.host_id, d.device_id, d.kind, d.memory_bytes,
+                               d.memory_bytes - used.get((h.host_id, d.device_id), 0),
+                               count.get((h.host_id, d.device_id), 0))
+                for d in h.devices.values()
+            )
+            hosts.append(HostSnapshot(h.host_id, h.alive, h.draining, h.ram_bytes - cached_bytes,
+                                      frozenset(h.cached_models), devs))
+        return ClusterSnapshot(now_s, tuple(hosts))
+
+    def replicas_of(self, function: str) -> list[ReplicaRecord]:
+        return [r for r in self.replicas.values() if r.function == function]

@@ -1,0 +1,110 @@
+"""Request queues and credit-based dispatch (the thesis's pull queue, without polling).
+
+One FIFO per function; each warm replica holds ``credits`` (how many requests it has room
+for). ``assign`` pairs queued requests with replicas that have free credits, least-loaded
+first, so a new replica fills up at once instead of old ones piling up work (thesis §5.2.3,
+Sparrow-style). Pure state: the controller actor does the sending.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class _Slot:
+    function: str
+    credits: int
+    inflight: int = 0
+    accepting: bool = True
+
+
+class Dispatcher:
+    """Queues of opaque request items and the replicas that may take them."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, deque[Any]] = {}
+        self._slots: dict[str, _Slot] = {}
+        self._by_function: dict[str, set[str]] = {}
+
+    # replicas -------------------------------------------------------------------------
+    def add_replica(self, replica_id: str, function: str, credits: int) -> None:
+        self._slots[replica_id] = _Slot(function, max(1, credits))
+        self._by_function.setdefault(function, set()).add(replica_id)
+
+    def stop_accepting(self, replica_id: str) -> None:
+        slot = self._slots.get(replica_id)
+        if slot is not None:
+            slot.accepting = False
+
+    def remove_replica(self, replica_id: str) -> None:
+        slot = self._slots.pop(replica_id, None)
+        if slot is not None:
+            self._by_function.get(slot.function, set()).discard(replica_id)
+
+    def has_replica(self, replica_id: str) -> bool:
+        return replica_id in self._slots
+
+    def release(self, replica_id: str) -> None:
+        """A request sent to ``replica_id`` finished (either way)."""
+        slot = self._slots.get(replica_id)
+        if slot is not None and slot.inflight > 0:
+            slot.inflight -= 1
+
+    # queues ---------------------------------------------------------------------------
+    def enqueue(self, function: str, item: Any, *, front: bool = False) -> None:
+        q = self._queues.setdefault(function, deque())
+        if front:
+            q.appendleft(item)
+        else:
+            q.append(item)
+
+    def remove(self, function: str, item: Any) -> bool:
+        q = self._queues.get(function)
+        if not q:
+            return False
+        try:
+            q.remove(item)
+        except ValueError:
+            return False
+        return True
+
+    def peek(self, function: str) -> Any | None:
+        """The oldest queued item of ``function``, without removing it."""
+        q = self._queues.get(function)
+        return q[0] if q else None
+
+    def drain_queue(self, function: str) -> list[Any]:
+        q = self._queues.pop(function, deque())
+        return list(q)
+
+    def assign(self, function: str) -> list[tuple[Any, str]]:
+        """Pair queued items of ``function`` with replicas that have free credits."""
+        q = self._queues.get(function)
+        if not q:
+            return []
+        out: list[tuple[Any, str]] = []
+        candidates = [
+            (rid, self._slots[rid]) for rid in self._by_function.get(function, ())
+            if self._slots[rid].accepting
+        ]
+        while q and candidates:
+            rid, slot = min(candidates, key=lambda c: (c[1].inflight / c[1].credits, c[0]))
+            if slot.inflight >= slot.credits:
+                break
+            slot.inflight += 1
+            out.append((q.popleft(), rid))
+        return out
+
+    # views ----------------------------------------------------------------------------
+    def queued(self, function: str) -> int:
+        return len(self._queues.get(function, ()))
+
+    def inflight(self, function: str) -> int:
+        return sum(self._slots[r].inflight for r in self._by_function.get(function, ()))
+
+    def inflight_of(self, replica_id: str) -> int:
+        slot = self._slots.get(replica_id)
+        return slot.inflight if slot else 0

@@ -1,0 +1,219 @@
+"""GPUWorker: one OS process per placement unit, serving one replica.
+
+Started by its host manager ahead of need (the warm pool), with torch already imported, so a
+cold start pays only for the model bytes. Lifecycle:
+
+1. connect to the host manager's local RPC endpoint and say ``worker_hello``;
+2. on ``load_replica``: map the cached weights copy-on-write, build the module over them
+   (no copy), move it to the device, run one warm-up inference;
+3. connect to the controller and announce ``replica_ready`` (again after every reconnect,
+   so a restarted controller re-learns its replicas); then serve ``infer`` with dynamic
+   batching and credit-based flow control (the controller never sends more than the credits).
+
+The process exits when its host connection is lost (never an orphan) or on ``shutdown``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import mmap
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flashpoint.errors import BadRequest, FlashpointError, Unavailable
+from flashpoint.log import bind_ids, configure, get_logger
+from flashpoint.spec import FunctionSpec
+from flashpoint.tensors import decode_tensors, encode_tensors
+
+log = get_logger("flashpoint.worker")
+
+# numpy dtype for each OIP datatype a model input may declare.
+_NP = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64,
+       "INT32": np.int32, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_, "BF16": np.float32}
+
+
+@dataclass
+class LoadedReplica:
+    replica_id: str
+    spec: FunctionSpec
+    module: Any
+    device: str
+    input_names: list[str]
+    output_names: list[str]
+    mapping: mmap.mmap
+
+
+def _example_inputs(io_inputs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    out = {}
+    for t in io_inputs:
+        shape = [1] + [8 if s < 0 else s for s in t["shape"][1:]]
+        out[t["name"]] = np.zeros(shape, dtype=_NP.get(t["datatype"], np.float32))
+    return out
+
+
+class Worker:
+    """The worker process's actor."""
+
+    def __init__(self, worker_id: str, host_url: str, secret: bytes, torch_threads: int) -> None:
+        self.worker_id = worker_id
+        self.host_url = host_url
+        self.secret = secret
+        self.torch_threads = torch_threads
+        self.replica: LoadedReplica | None = None
+        self.batcher: Any = None
+        self._controller: Any = None
+        self._host_conn: Any = None
+        self._done = asyncio.Event()
+        self._ready_payload: dict[str, Any] | None = None
+
+    async def run(self) -> None:
+        import torch  # imported before any replica is assigned: the warm pool's whole point
+
+        torch.set_num_threads(self.torch_threads)
+        from flashpoint.rpc import connect
+
+        self._host_conn = await connect(
+            self.host_url, {"load_replica": self._load_replica, "shutdown": self._shutdown},
+            secret=self.secret, connect_timeout_s=10.0,
+        )
+        self._host_conn.add_close_callback(lambda *_: self._done.set())
+        await self._host_conn.call("worker_hello", {"worker_id": self.worker_id, "pid": os.getpid()},
+                                   timeout_s=10.0)
+        await self._done.wait()
+        await self._teardown()
+
+    async def _teardown(self) -> None:
+        if self.batcher is not None:
+            await self.batcher.stop()
+        if self._controller is not None:
+            await self._controller.stop()
+        if self._host_conn is not None and not self._host_conn.closed:
+            await self._host_conn.close()
+
+    async def _shutdown(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        asyncio.get_running_loop().call_later(0.01, self._done.set)
+        return {"ok": True}
+
+    # ------------------------------------------------------------------------------------
+    async def _load_replica(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.replica is not None:
+            if self.replica.replica_id == payload["replica_id"]:
+                return {"timings_s": self._ready_payload["timings_s"] if self._ready_payload else {}}
+            raise BadRequest("worker already serves another replica")
+        spec = FunctionSpec.from_dict(payload["spec"])
+        bind_ids(replica_id=payload["replica_id"])
+        timings = await asyncio.to_thread(self._load_blocking, payload, spec)
+        timings["fetch"] = float(payload.get("fetch_s", 0.0))
+        from flashpoint.actors.batcher import Batcher
+
+        self.batcher = Batcher(self._run_batch, spec.max_batch_size, spec.batch_wait_ms / 1000.0)
+        self.batcher.start()
+        self._ready_payload = {
+            "replica_id": payload["replica_id"], "host_id": payload["host_id"],
+            "function": spec.name, "credits": spec.replica_concurrency, "timings_s": timings,
+        }
+        from flashpoint.rpc import ReconnectingClient
+
+        self._controller = ReconnectingClient(
+            payload["controller_url"], {"infer": self._infer, "replica_status": self._status},
+            secret=self.secret, on_connected=self._announce,
+        )
+        await self._controller.start()
+        log.info("replica_loaded", **{k: round(v, 4) for k, v in timings.items()})
+        return {"timings_s": timings}
+
+    async def _announce(self, conn: Any) -> None:
+        assert self._ready_payload is not None
+        await conn.call("replica_ready", self._ready_payload, timeout_s=10.0)
+
+    def _load_blocking(self, payload: dict[str, Any], spec: FunctionSpec) -> dict[str, float]:
+        import torch
+        from flashpoint.models.publish import load_module
+
+        from flashpoint.registry.format import Manifest
+
+        t0 = time.perf_counter()
+        manifest = Manifest.from_json(payload["manifest_json"])
+        with open(payload["cache_path"], "rb") as fh:
+            # MAP_PRIVATE: zero-copy views; a stray write copies a page instead of corrupting
+            # the bytes every other worker on this host shares.
+            mapping = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_PRIVATE,
+                                prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        module = load_module(manifest, memoryview(mapping), device="cpu")
+        t1 = time.perf_counter()
+        device = payload.get("device", "cpu")
+        if device.startswith("cuda"):
+            module = module.to(device)
+            torch.cuda.synchronize(device)
+        t2 = time.perf_counter()
+        io = manifest.io.to_dict()
+        inputs = [t["name"] for t in io.get("inputs", [])]
+        outputs = [t["name"] for t in io.get("outputs", [])]
+        self.replica = LoadedReplica(payload["replica_id"], spec, module, device, inputs, outputs,
+                                     mapping)
+        self._run_batch(_example_inputs(io.get("inputs", [])))
+        t3 = time.perf_counter()
+        return {"load": t1 - t0, "to_device": t2 - t1, "first_inference": t3 - t2}
+
+    def _run_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        rep = self.replica
+        assert rep is not None
+        args = []
+        for name in rep.input_names:
+            arr = inputs[name]
+            if not arr.flags.writeable:  # frombuffer over wire bytes; torch wants writable
+                arr = arr.copy()
+            t = torch.from_numpy(np.ascontiguousarray(arr))
+            args.append(t.to(rep.device) if rep.device != "cpu" else t)
+        with torch.inference_mode():
+            out = rep.module(*args)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        return {n: o.detach().cpu().numpy() for n, o in zip(rep.output_names, outs, strict=False)}
+
+    async def _infer(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.replica is None or self.batcher is None:
+            raise Unavailable("replica not loaded", retry_after_s=0.1)
+        inputs = decode_tensors(payload.get("inputs"))
+        missing = set(self.replica.input_names) - set(inputs)
+        if missing:
+            raise BadRequest(f"missing inputs: {sorted(missing)}")
+        outputs, timings = await self.batcher.submit(inputs)
+        return {"outputs": encode_tensors(outputs), "timings_s": timings}
+
+    async def _status(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        return {"depth": self.batcher.depth if self.batcher else 0,
+                "batches": self.batcher.batches_run if self.batcher else 0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="flashpoint-worker")
+    parser.add_argument("--host-url", required=True)
+    parser.add_argument("--worker-id", required=True)
+    parser.add_argument("--torch-threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    configure(os.environ.get("FLASHPOINT_WORKER_LOG_LEVEL", "WARNING"))
+    secret = os.environ.get("FLASHPOINT_SECRET", "").encode()
+    bind_ids(worker_id=args.worker_id)
+    worker = Worker(args.worker_id, args.host_url, secret, args.torch_threads)
+    try:
+        import uvloop
+
+        uvloop.run(worker.run())
+    except FlashpointError as exc:
+        log.error("worker_failed", error=exc.to_wire())
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

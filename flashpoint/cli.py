@@ -1,0 +1,168 @@
+"""The ``flashpoint`` command line: run a cluster, publish models, deploy, invoke, demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from flashpoint.config import ClusterConfig, load_config
+
+
+def make_store(config: ClusterConfig) -> Any:
+    from flashpoint.registry.local import LocalStore
+
+    if config.registry.kind != "local":
+        raise SystemExit(f"registry kind {config.registry.kind!r} is not supported yet")
+    return LocalStore(Path(config.registry.root).expanduser())
+
+
+def _config(args: argparse.Namespace) -> ClusterConfig:
+    cfg = load_config(getattr(args, "config", None))
+    home = getattr(args, "home", None)
+    return cfg.with_home(Path(home)) if home else cfg
+
+
+async def _wait_forever() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def _run_up(cfg: ClusterConfig, hosts: int) -> None:
+    from flashpoint.cluster import LocalCluster
+
+    async with LocalCluster(cfg, hosts=hosts) as cluster:
+        print(f"flashpoint: controller at {cluster.controller.url} with {hosts} host(s)", flush=True)
+        await _wait_forever()
+
+
+async def _run_controller(cfg: ClusterConfig) -> None:
+    from flashpoint.actors.controller import Controller
+
+    ctl = Controller(cfg, make_store(cfg))
+    await ctl.start()
+    print(f"flashpoint: controller at {ctl.url}", flush=True)
+    try:
+        await _wait_forever()
+    finally:
+        await ctl.stop()
+
+
+async def _run_host(cfg: ClusterConfig, host_id: str | None) -> None:
+    from flashpoint.actors.host import HostManager
+
+    host = HostManager(cfg, make_store(cfg), host_id=host_id)
+    await host.start()
+    try:
+        await _wait_forever()
+    finally:
+        await host.stop()
+
+
+async def _push(cfg: ClusterConfig, args: argparse.Namespace) -> None:
+    from flashpoint.models.publish import publish
+
+    manifest = await publish(make_store(cfg), args.model, preset=args.preset, version=args.version,
+                             model_name=args.name or args.model)
+    print(json.dumps({"model": manifest.name, "version": manifest.version,
+                      "bytes": manifest.blob_size, "layers": len(manifest.layers)}))
+
+
+async def _http(method: str, url: str, body: Any = None, key: str | None = None) -> Any:
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+        async with s.request(method, url, json=body, headers=headers) as r:
+            data = await r.json(content_type=None)
+            if r.status >= 400:
+                raise SystemExit(f"error {r.status}: {json.dumps(data)}")
+            return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="flashpoint", description=__doc__)
+    p.add_argument("--config", help="TOML configuration (see configs/)")
+    p.add_argument("--home", help="state directory for the embedded defaults")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="run a controller and N host managers on this machine")
+    up.add_argument("--hosts", type=int, default=2)
+    sub.add_parser("controller", help="run the controller")
+    host = sub.add_parser("host", help="run one host manager")
+    host.add_argument("--host-id")
+    model = sub.add_parser("model", help="model registry commands")
+    msub = model.add_subparsers(dest="model_cmd", required=True)
+    push = msub.add_parser("push", help="publish a built-in model to the registry")
+    push.add_argument("model", help="bert | resnet | noop")
+    push.add_argument("--preset", default="tiny")
+    push.add_argument("--version", default="1")
+    push.add_argument("--name", help="registry name (default: the model kind)")
+    for name, helptext in (("deploy", "register a function"), ("invoke", "invoke a function"),
+                           ("status", "cluster status")):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("--url", default="http://127.0.0.1:8080")
+        sp.add_argument("--api-key")
+        if name == "deploy":
+            sp.add_argument("function")
+            sp.add_argument("--model", required=True)
+            sp.add_argument("--version", default="1")
+            sp.add_argument("--max-batch-size", type=int, default=8)
+            sp.add_argument("--min-replicas", type=int, default=0)
+            sp.add_argument("--max-replicas", type=int, default=4)
+            sp.add_argument("--keep-alive-s", type=float, default=30.0)
+        if name == "invoke":
+            sp.add_argument("function")
+            sp.add_argument("--inputs", required=True,
+                            help='JSON: {"x": {"data": [...], "shape": [...], "datatype": "FP32"}}')
+    demo = sub.add_parser("demo", help="up, push, deploy, invoke, and print the timings")
+    demo.add_argument("--hosts", type=int, default=2)
+    demo.add_argument("--preset", default="small")
+    demo.add_argument("--requests", type=int, default=64)
+    demo.add_argument("--concurrency", type=int, default=8)
+    args = p.parse_args(argv)
+
+    from flashpoint.log import configure
+
+    cfg = _config(args)
+    configure("WARNING" if args.cmd in ("demo", "deploy", "invoke", "status", "model") else cfg.log_level)
+    import uvloop
+
+    if args.cmd == "up":
+        uvloop.run(_run_up(cfg, args.hosts))
+    elif args.cmd == "controller":
+        uvloop.run(_run_controller(cfg))
+    elif args.cmd == "host":
+        uvloop.run(_run_host(cfg, args.host_id))
+    elif args.cmd == "model":
+        uvloop.run(_push(cfg, args))
+    elif args.cmd == "deploy":
+        body = {"name": args.function, "model": args.model, "model_version": args.version,
+                "max_batch_size": args.max_batch_size, "min_replicas": args.min_replicas,
+                "max_replicas": args.max_replicas, "keep_alive_s": args.keep_alive_s}
+        print(json.dumps(uvloop.run(_http("POST", f"{args.url}/v1/functions", body, args.api_key)),
+                         indent=2))
+    elif args.cmd == "invoke":
+        body = {"inputs": json.loads(args.inputs)}
+        print(json.dumps(uvloop.run(_http("POST", f"{args.url}/v1/functions/{args.function}/invoke",
+                                          body, args.api_key)), indent=2))
+    elif args.cmd == "status":
+        print(json.dumps(uvloop.run(_http("GET", f"{args.url}/v1/status", None, args.api_key)), indent=2))
+    elif args.cmd == "demo":
+        from flashpoint.demo import run_demo
+
+        return uvloop.run(run_demo(cfg, hosts=args.hosts, preset=args.preset,
+                                   requests=args.requests, concurrency=args.concurrency))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""A local cluster in one process: a controller and N host managers over real RPC.
+
+Used by ``flashpoint up``, the demo, cluster tests and benchmarks. Host managers still spawn
+real worker processes; only the controller and host actors share this event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+from flashpoint.actors.controller import Controller
+from flashpoint.actors.host import HostManager
+from flashpoint.config import ClusterConfig
+from flashpoint.errors import Unavailable
+
+
+class LocalCluster:
+    def __init__(self, config: ClusterConfig, hosts: int = 2, store: Any = None) -> None:
+        self.config = config
+        self.n_hosts = hosts
+        if store is None:
+            from flashpoint.cli import make_store
+
+            store = make_store(config)
+        self.store = store
+        self.controller = Controller(config, store)
+        self.hosts: list[HostManager] = []
+
+    async def start(self, ready_timeout_s: float = 60.0) -> None:
+        await self.controller.start()
+        host_cfg = dataclasses.replace(self.config.host, controller_url=self.controller.rpc_url)
+        cfg = dataclasses.replace(self.config, host=host_cfg)
+        try:
+            for i in range(self.n_hosts):
+                host = HostManager(cfg, self.store, host_id=f"host{i}")
+                self.hosts.append(host)
+                await host.start()
+            await self.wait_hosts(self.n_hosts, ready_timeout_s)
+            await asyncio.gather(*(h.wait_pool_ready(ready_timeout_s) for h in self.hosts))
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def wait_hosts(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            alive = [h for h in self.controller.state.hosts.values() if h.alive]
+            if len(alive) >= count:
+                return
+            await asyncio.sleep(0.05)
+        raise Unavailable(f"only {len(self.controller.state.hosts)} of {count} hosts registered "
+                          f"within {timeout_s}s")
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(h.stop() for h in self.hosts), return_exceptions=True)
+        await self.controller.stop()
+
+    async def __aenter__(self) -> LocalCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

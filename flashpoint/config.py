@@ -1,0 +1,121 @@
+"""Typed configuration: frozen dataclasses with unit-suffixed fields, loaded from TOML.
+
+Every field has an embedded default, so ``flashpoint up`` needs no file at all. A TOML file
+(see ``configs/``) overrides sections by name; unknown sections or keys are an error rather
+than silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flashpoint.errors import BadRequest
+
+DEFAULT_HOME = Path(os.environ.get("FLASHPOINT_HOME", Path.home() / ".flashpoint"))
+DEFAULT_SECRET = "flashpoint-local-dev-secret"  # local clusters only; production sets its own
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8080
+    state_path: str = str(DEFAULT_HOME / "state.sqlite")
+    heartbeat_timeout_s: float = 5.0
+    loop_interval_s: float = 0.1
+    cold_start_timeout_s: float = 120.0
+    max_queued_per_function: int = 10_000
+    deploy_timeout_s: float = 180.0
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    host_id: str = ""  # empty = hostname
+    controller_url: str = "ws://127.0.0.1:8080/rpc"
+    listen_host: str = "127.0.0.1"  # local RPC endpoint for this host's workers
+    cpu_devices: int = 2  # placement units offered when no GPU is present
+    device_memory_bytes: int = 4 << 30  # per CPU device
+    host_memory_bytes: int = 16 << 30
+    cache_dir: str = ""  # empty = /dev/shm/flashpoint-<host_id>, else a temp dir
+    cache_bytes: int = 8 << 30
+    heartbeat_interval_s: float = 1.0
+    warm_pool_size: int = 1  # pre-started worker processes with torch imported
+    torch_threads: int = 1  # intra-op threads per CPU worker
+    worker_start_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    kind: str = "local"
+    root: str = str(DEFAULT_HOME / "registry")
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    api_keys: dict[str, str] = field(default_factory=dict)  # key -> "invoke" | "admin"
+    max_body_bytes: int = 64 << 20
+    default_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    secret: str = DEFAULT_SECRET
+    log_level: str = "INFO"
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    host: HostConfig = field(default_factory=HostConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
+
+    def with_home(self, home: Path) -> ClusterConfig:
+        """The same configuration with every default path moved under ``home``."""
+        return dataclasses.replace(
+            self,
+            controller=dataclasses.replace(self.controller, state_path=str(home / "state.sqlite")),
+            registry=dataclasses.replace(self.registry, root=str(home / "registry")),
+        )
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise BadRequest(f"config section [{where}] must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(fields)
+    if unknown:
+        raise BadRequest(f"unknown keys in [{where}]: {sorted(unknown)}")
+    kw: dict[str, Any] = {}
+    for name, value in data.items():
+        f = fields[name]
+        sub = f.type if isinstance(f.type, type) else None
+        if sub is not None and dataclasses.is_dataclass(sub):
+            kw[name] = _build(sub, value, f"{where}.{name}" if where else name)
+        else:
+            kw[name] = value
+    return cls(**kw)
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> ClusterConfig:
+    """Load a ClusterConfig from TOML (or defaults), then apply nested ``overrides``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict):
+            data.setdefault(key, {}).update(value)
+        else:
+            data[key] = value
+    sections = {"controller": ControllerConfig, "host": HostConfig,
+                "registry": RegistryConfig, "gateway": GatewaySettings}
+    kw: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in sections:
+            kw[key] = _build(sections[key], value, key)
+        elif key in ("secret", "log_level"):
+            kw[key] = value
+        else:
+            raise BadRequest(f"unknown config section or key: {key!r}")
+    return ClusterConfig(**kw)
