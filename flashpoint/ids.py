@@ -29,7 +29,7 @@ def validate_name(name: object, what: str = "name") -> str:
     Lower-case letters, digits, ``.``, ``_`` and ``-``; 1-63 characters; starts with a letter
     or digit; never ``.`` or ``..`` sequences that could walk a path.
     """
-    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or ".." in name:
         raise InvalidName(
             f"invalid {what} {name!r:.80}: use 1-63 of [a-z0-9._-], starting with a letter or digit",
             field=what,
@@ -39,7 +39,7 @@ def validate_name(name: object, what: str = "name") -> str:
 
 def validate_version(version: object) -> str:
     """Validate a model version tag (same rules as names, upper case allowed)."""
-    if not isinstance(version, str) or not _VERSION_RE.match(version) or ".." in version:
+    if not isinstance(version, str) or not _VERSION_RE.fullmatch(version) or ".." in version:
         raise InvalidName(f"invalid version {version!r:.80}", field="version")
     return version
 

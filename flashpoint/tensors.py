@@ -19,6 +19,7 @@ _ALLOWED = {
     "float16", "float32", "float64", "object",
 }
 MAX_DIMS = 8
+MAX_ELEMENTS = 1 << 31
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -30,7 +31,10 @@ def f32_to_bf16(values: np.ndarray) -> np.ndarray:
     """float32 to bfloat16 bit patterns (uint16), rounding to nearest even."""
     u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
     rounded = u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))
-    return (rounded >> 16).astype(np.uint16)
+    out = (rounded >> 16).astype(np.uint16)
+    nan = np.isnan(np.asarray(values, dtype=np.float32))
+    # Rounding would carry a NaN's payload into the exponent; keep it a quiet NaN instead.
+    return np.where(nan, ((u >> 16) | np.uint32(0x0040)).astype(np.uint16), out).reshape(np.shape(values))
 
 
 def encode_tensor(arr: np.ndarray) -> dict[str, Any]:
@@ -39,7 +43,7 @@ def encode_tensor(arr: np.ndarray) -> dict[str, Any]:
         return {"dtype": "object", "shape": list(arr.shape),
                 "items": [bytes(x) if not isinstance(x, str) else x.encode() for x in arr.ravel()]}
     a = np.ascontiguousarray(arr)
-    return {"dtype": a.dtype.name, "shape": list(a.shape), "data": a.tobytes()}
+    return {"dtype": a.dtype.name, "shape": list(arr.shape), "data": a.tobytes()}
 
 
 def decode_tensor(d: Any) -> np.ndarray:
@@ -51,7 +55,13 @@ def decode_tensor(d: Any) -> np.ndarray:
         isinstance(s, int) and s >= 0 for s in shape
     ):
         raise BadRequest("tensor shape must be a list of at most 8 non-negative ints")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = 1
+    for s in shape:
+        count *= s
+    if count > MAX_ELEMENTS:
+        raise BadRequest(f"tensor of {count} elements is over the limit of {MAX_ELEMENTS}")
+    if not isinstance(dtype, str):
+        raise BadRequest("tensor dtype must be a string")
     if dtype == "object":
         items = d.get("items")
         if not isinstance(items, list) or len(items) != count:

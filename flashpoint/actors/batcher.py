@@ -53,10 +53,11 @@ class Batcher:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        leftovers = [self._held] if self._held is not None else []
+        self._held = None
         while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if not item.future.done():
-                item.future.set_exception(Unavailable("replica stopping", retry_after_s=0.1))
+            leftovers.append(self._queue.get_nowait())
+        _fail(leftovers)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     @property
@@ -86,11 +87,21 @@ class Batcher:
             return None
 
     async def _loop(self) -> None:
+        batch: list[_Item] = []
+        try:
+            await self._serve(batch)
+        except asyncio.CancelledError:
+            _fail(batch)  # gathered or running when stopped: never leave a caller waiting
+            raise
+
+    async def _serve(self, batch: list[_Item]) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            batch.clear()
             first = await self._next(None)
             assert first is not None
-            batch, rows = [first], first.rows
+            batch.append(first)
+            rows = first.rows
             deadline = time.perf_counter() + self.max_wait_s
             while rows < self.max_batch_size:
                 nxt = await self._next(deadline - time.perf_counter())
@@ -126,3 +137,9 @@ class Batcher:
                         "batch_wait": started - b.enqueued_s, "inference": infer_s,
                         "batch_rows": float(rows),
                     }))
+
+
+def _fail(items: list[_Item]) -> None:
+    for item in items:
+        if not item.future.done():
+            item.future.set_exception(Unavailable("replica stopping", retry_after_s=0.1))

@@ -258,6 +258,8 @@ class ControllerState:
             known = self.replicas.get(replica_id)
             if fn is None or device_id not in self.hosts[ev.host_id].devices:
                 # A replica we have no function for (deleted while we were away): stop it.
+                if self.replicas.pop(replica_id, None) is not None:
+                    cmds.append(ForgetReplica(replica_id))
                 cmds.append(StopReplica(replica_id, ev.host_id))
                 continue
             if known is None:
@@ -339,7 +341,8 @@ class ControllerState:
         if decision.desired > current:
             return self._scale_up(fn, decision.desired - current, now_s)
         if decision.desired < current:
-            # Starting replicas go first (no work on them), then the least recently warmed.
+            # Starting replicas go first (no work on them), then the most recently warmed
+            # (the oldest replicas keep the warmest caches and JIT state).
             victims = sorted(starting, key=lambda r: -r.requested_s) + sorted(
                 warm, key=lambda r: -(r.warm_s or 0.0))
             return self._retire(victims[: current - decision.desired])

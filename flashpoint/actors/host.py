@@ -63,7 +63,8 @@ class HostManager:
         self.store = store
         self.host_id = host_id or self.hc.host_id or socket.gethostname()
         self.secret = config.secret.encode()
-        cache_dir = Path(self.hc.cache_dir) if self.hc.cache_dir else default_cache_dir(self.host_id)
+        cache_dir = (Path(self.hc.cache_dir) / self.host_id if self.hc.cache_dir
+                     else default_cache_dir(f"{self.host_id}-{os.getpid()}"))
         self.cache = HostCache(cache_dir, self.hc.cache_bytes, self.host_id)
         self.devices: list[Device] = []
         self.workers: dict[str, WorkerProcess] = {}

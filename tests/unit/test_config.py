@@ -1,0 +1,94 @@
+"""Typed configuration loading."""
+
+from __future__ import annotations
+
+import pytest
+
+from flashpoint.config import (
+    DEFAULT_SECRET,
+    ClusterConfig,
+    ControllerConfig,
+    HostConfig,
+    load_config,
+)
+from flashpoint.errors import BadRequest
+
+
+def test_defaults_need_no_file():
+    cfg = load_config()
+    assert cfg == ClusterConfig()
+    assert cfg.secret == DEFAULT_SECRET
+    assert cfg.controller == ControllerConfig()
+    assert cfg.controller.heartbeat_timeout_s == 5.0
+    assert cfg.host.cpu_devices == 2
+    assert cfg.gateway.api_keys == {}
+
+
+def test_unknown_section_rejected():
+    with pytest.raises(BadRequest):
+        load_config(overrides={"nope": {"a": 1}})
+    with pytest.raises(BadRequest):
+        load_config(overrides={"nope": 1})
+
+
+def test_unknown_key_rejected():
+    with pytest.raises(BadRequest, match="controller"):
+        load_config(overrides={"controller": {"heartbeat_timeout": 1}})
+
+
+def test_section_must_be_table():
+    with pytest.raises(BadRequest):
+        load_config(overrides={"host": 3})
+
+
+def test_toml_file_overrides(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text(
+        'secret = "s3"\nlog_level = "DEBUG"\n'
+        '[controller]\nlisten_port = 9999\nheartbeat_timeout_s = 2.5\n'
+        '[host]\ncpu_devices = 4\n'
+        '[gateway.api_keys]\nk1 = "admin"\n'
+    )
+    cfg = load_config(p)
+    assert cfg.secret == "s3" and cfg.log_level == "DEBUG"
+    assert cfg.controller.listen_port == 9999
+    assert cfg.controller.heartbeat_timeout_s == 2.5
+    assert cfg.controller.loop_interval_s == ControllerConfig().loop_interval_s  # untouched
+    assert cfg.host.cpu_devices == 4
+    assert cfg.host.heartbeat_interval_s == HostConfig().heartbeat_interval_s
+    assert cfg.gateway.api_keys == {"k1": "admin"}
+    # overrides apply on top of the file, per key
+    cfg2 = load_config(str(p), overrides={"controller": {"listen_port": 1}, "secret": "o"})
+    assert cfg2.controller.listen_port == 1
+    assert cfg2.controller.heartbeat_timeout_s == 2.5
+    assert cfg2.secret == "o"
+
+
+def test_toml_unknown_key_in_file(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text("[registry]\nkind = \"local\"\nbucket = \"x\"\n")
+    with pytest.raises(BadRequest):
+        load_config(p)
+
+
+def test_overrides_not_mutated():
+    ov = {"controller": {"listen_port": 1}}
+    load_config(overrides=ov)
+    load_config(overrides=ov)
+    assert ov == {"controller": {"listen_port": 1}}
+
+
+def test_with_home(tmp_path):
+    cfg = load_config().with_home(tmp_path)
+    assert cfg.controller.state_path == str(tmp_path / "state.sqlite")
+    assert cfg.registry.root == str(tmp_path / "registry")
+
+
+@pytest.mark.parametrize("name", ["local.toml", "multihost.toml"])
+def test_shipped_configs_load(name):
+    from pathlib import Path
+
+    p = Path(__file__).resolve().parents[2] / "configs" / name
+    if not p.exists():
+        pytest.skip(f"{p} not present")
+    assert isinstance(load_config(p), ClusterConfig)

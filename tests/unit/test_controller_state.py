@@ -1,0 +1,367 @@
+"""ControllerState: events in, commands out (pure, no I/O)."""
+
+from __future__ import annotations
+
+from flashpoint.actors.controller_state import (
+    MAX_CONSECUTIVE_START_FAILURES,
+    ControllerState,
+    DeployReplica,
+    DeviceRecord,
+    FailFunction,
+    ForgetReplica,
+    FunctionDeleted,
+    FunctionLoad,
+    FunctionUpserted,
+    HostHeartbeat,
+    HostRegistered,
+    ReplicaFailed,
+    ReplicaPhase,
+    ReplicaWarmed,
+    StopAccepting,
+    StopReplica,
+    Tick,
+)
+from flashpoint.spec import FunctionSpec
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def spec(name: str = "fn", **kw) -> FunctionSpec:
+    kw.setdefault("model", "m")
+    kw.setdefault("keep_alive_s", 10.0)
+    kw.setdefault("replica_concurrency", 4)
+    return FunctionSpec(name=name, **kw)
+
+
+def register(st: ControllerState, host_id: str, *, devices: int = 1, mem: int = 4 * GIB,
+             now: float = 0.0, replicas=(), cached=frozenset(), ram: int = 16 * GIB):
+    devs = tuple(DeviceRecord(f"cpu:{i}", "cpu", mem) for i in range(devices))
+    return st.handle(HostRegistered(host_id, devs, ram, frozenset(cached), tuple(replicas), now))
+
+
+def load(queued: int = 0, inflight: int = 0, last: float | None = None) -> FunctionLoad:
+    return FunctionLoad(queued, inflight, last)
+
+
+def of(cmds, cls):
+    return [c for c in cmds if isinstance(c, cls)]
+
+
+def new_state(**kw) -> ControllerState:
+    return ControllerState(heartbeat_timeout_s=5.0, replica_overhead_bytes=0, **kw)
+
+
+def test_host_registration_records_host_and_devices():
+    st = new_state()
+    assert register(st, "h1", devices=2) == []
+    assert set(st.hosts) == {"h1"}
+    assert set(st.hosts["h1"].devices) == {"cpu:0", "cpu:1"}
+    assert st.hosts["h1"].alive
+    snap = st.snapshot(0.0)
+    assert [d.memory_free_bytes for d in snap.hosts[0].devices] == [4 * GIB, 4 * GIB]
+
+
+def test_unknown_heartbeat_is_ignored():
+    st = new_state()
+    assert st.handle(HostHeartbeat("nope", frozenset(), 1.0)) == []
+    assert st.hosts == {}
+
+
+def test_min_zero_and_no_load_deploys_nothing():
+    st = new_state()
+    register(st, "h1")
+    assert st.handle(FunctionUpserted(spec(), 100 * MIB)) == []
+    for t in (0.1, 1.0, 2.0):
+        assert st.handle(Tick(t, {})) == []
+        assert st.handle(Tick(t + 0.01, {"fn": load()})) == []
+    assert st.replicas == {}
+
+
+def test_min_replicas_deploys_without_load():
+    st = new_state()
+    register(st, "h1", devices=2)
+    st.handle(FunctionUpserted(spec(min_replicas=2), 100 * MIB))
+    cmds = st.handle(Tick(0.1, {}))
+    assert len(of(cmds, DeployReplica)) == 2
+
+
+def test_load_deploys_to_device_with_room_and_ids_are_unique():
+    st = new_state()
+    register(st, "small", mem=50 * MIB)  # too small for the model
+    register(st, "big", devices=2)
+    st.handle(FunctionUpserted(spec(), 100 * MIB))
+    cmds = st.handle(Tick(0.5, {"fn": load(queued=1, last=0.5)}))
+    deploys = of(cmds, DeployReplica)
+    assert len(deploys) == 1
+    assert deploys[0].host_id == "big"
+    assert deploys[0].spec.name == "fn"
+    assert st.replicas[deploys[0].replica_id].phase == ReplicaPhase.STARTING
+
+    # more load: more replicas, all with fresh ids
+    cmds = st.handle(Tick(0.6, {"fn": load(queued=20, last=0.6)}))
+    more = of(cmds, DeployReplica)
+    assert more
+    ids = [d.replica_id for d in deploys + more]
+    assert len(ids) == len(set(ids))
+    assert all(d.host_id == "big" for d in more)
+
+
+def test_replica_ids_unique_across_functions():
+    st = new_state()
+    register(st, "h1", devices=4)
+    st.handle(FunctionUpserted(spec("a"), MIB))
+    st.handle(FunctionUpserted(spec("a-r1"), MIB))
+    ids = []
+    for t in range(1, 6):
+        loads = {"a": load(queued=4 * t, last=t), "a-r1": load(queued=4 * t, last=t)}
+        cmds = st.handle(Tick(float(t), loads))
+        ids += [d.replica_id for d in of(cmds, DeployReplica)]
+    assert len(ids) == len(set(ids)) > 2
+
+
+def test_replica_warmed_moves_to_warm_and_stale_warm_ignored():
+    st = new_state()
+    register(st, "h1")
+    st.handle(FunctionUpserted(spec(), MIB))
+    (dep,) = of(st.handle(Tick(0.1, {"fn": load(queued=1, last=0.1)})), DeployReplica)
+    assert st.handle(ReplicaWarmed(dep.replica_id, {"load": 0.2}, 0.3)) == []
+    rep = st.replicas[dep.replica_id]
+    assert rep.phase == ReplicaPhase.WARM
+    assert rep.warm_s == 0.3
+    assert rep.timings_s == {"load": 0.2}
+    assert st.handle(ReplicaWarmed("unknown", {}, 0.4)) == []
+    # demand is satisfied by the warm replica: no further deploys
+    assert of(st.handle(Tick(0.5, {"fn": load(queued=1, last=0.5)})), DeployReplica) == []
+
+
+def _warm_one(st: ControllerState, t: float = 0.0) -> str:
+    (dep,) = of(st.handle(Tick(t, {"fn": load(queued=1, last=t)})), DeployReplica)
+    st.handle(ReplicaWarmed(dep.replica_id, {}, t + 0.1))
+    return dep.replica_id
+
+
+def test_keep_alive_then_stop_accepting_then_stop_when_idle():
+    st = new_state()
+    register(st, "h1")
+    st.handle(FunctionUpserted(spec(keep_alive_s=10.0), MIB))
+    rid = _warm_one(st, 1.0)
+    # load drops to zero; last request was at t=2
+    hb = lambda t: st.handle(HostHeartbeat("h1", frozenset(), t))  # noqa: E731
+    for t in (2.0, 4.0, 8.0, 11.9):
+        hb(t)
+        cmds = st.handle(Tick(t, {"fn": load(last=2.0)}))
+        assert cmds == [], t
+        assert st.replicas[rid].phase == ReplicaPhase.WARM
+    hb(12.5)
+    cmds = st.handle(Tick(12.5, {"fn": load()}))
+    assert cmds == [StopAccepting(rid)]
+    assert st.replicas[rid].phase == ReplicaPhase.STOPPING
+    # not yet idle: nothing more happens, and no replacement is deployed
+    hb(13.0)
+    assert st.handle(Tick(13.0, {"fn": load()})) == []
+    hb(13.5)
+    cmds = st.handle(Tick(13.5, {"fn": load()}, idle_replicas=frozenset({rid})))
+    assert set(cmds) == {ForgetReplica(rid), StopReplica(rid, "h1")}
+    assert rid not in st.replicas
+
+
+def test_last_request_keeps_replica_alive_longer():
+    st = new_state()
+    register(st, "h1")
+    st.handle(FunctionUpserted(spec(keep_alive_s=10.0), MIB))
+    rid = _warm_one(st, 0.0)
+    st.handle(HostHeartbeat("h1", frozenset(), 4.0))
+    st.handle(Tick(4.0, {"fn": load(last=4.0)}))
+    st.handle(HostHeartbeat("h1", frozenset(), 12.0))
+    assert st.handle(Tick(12.0, {"fn": load()})) == []  # 8 s idle only
+    st.handle(HostHeartbeat("h1", frozenset(), 14.5))
+    assert st.handle(Tick(14.5, {"fn": load()})) == [StopAccepting(rid)]
+
+
+def test_silent_host_replicas_forgotten_and_redeployed_on_live_host():
+    st = new_state()
+    register(st, "a", now=0.0)
+    st.handle(FunctionUpserted(spec(), MIB))
+    rid = _warm_one(st, 0.0)
+    assert st.replicas[rid].host_id == "a"
+    register(st, "b", now=1.0)
+    st.handle(HostHeartbeat("b", frozenset(), 5.5))
+    cmds = st.handle(Tick(6.0, {"fn": load(queued=1, last=6.0)}))
+    assert ForgetReplica(rid) in cmds
+    assert of(cmds, StopReplica) == []  # the host is gone; nothing to tell it
+    deploys = of(cmds, DeployReplica)
+    assert len(deploys) == 1 and deploys[0].host_id == "b"
+    assert not st.hosts["a"].alive
+    assert rid not in st.replicas
+
+
+def test_silent_host_without_load_forgets_only():
+    st = new_state()
+    register(st, "a", now=0.0)
+    st.handle(FunctionUpserted(spec(), MIB))
+    rid = _warm_one(st, 0.0)
+    cmds = st.handle(Tick(5.5, {"fn": load()}))
+    assert cmds == [ForgetReplica(rid)]
+
+
+def test_dead_host_gets_no_placements():
+    st = new_state()
+    register(st, "a", now=0.0, devices=4)
+    register(st, "b", now=0.0, mem=MIB)  # too small
+    st.handle(FunctionUpserted(spec(), 2 * MIB))
+    cmds = st.handle(Tick(6.0, {"fn": load(queued=1, last=6.0)}))
+    assert of(cmds, DeployReplica) == []
+    cmds = st.handle(Tick(7.0, {"fn": load(queued=100, last=7.0)}))
+    assert of(cmds, DeployReplica) == []
+    # heartbeats bring it back
+    st.handle(HostHeartbeat("a", frozenset(), 7.5))
+    cmds = st.handle(Tick(8.0, {"fn": load(queued=1, last=8.0)}))
+    assert [d.host_id for d in of(cmds, DeployReplica)] == ["a"]
+
+
+def test_restart_adopts_reported_replicas_without_duplicates():
+    st = new_state()
+    st.handle(FunctionUpserted(spec(), MIB))
+    cmds = register(st, "h1", devices=2, replicas=[("fn-old1", "fn", "cpu:0", True),
+                                                   ("fn-old2", "fn", "cpu:1", False)])
+    assert cmds == []
+    assert st.replicas["fn-old1"].phase == ReplicaPhase.WARM
+    assert st.replicas["fn-old2"].phase == ReplicaPhase.STARTING
+    # demand fits in the adopted replicas (concurrency 4 each): no new deploys
+    cmds = st.handle(Tick(0.5, {"fn": load(queued=3, inflight=4, last=0.5)}))
+    assert of(cmds, DeployReplica) == []
+    assert len(st.replicas_of("fn")) == 2
+    # adopted replicas count against device memory
+    free = {d.device_id: d.memory_free_bytes for d in st.snapshot(0.5).hosts[0].devices}
+    assert free == {"cpu:0": 4 * GIB - MIB, "cpu:1": 4 * GIB - MIB}
+    # re-registering with the same replicas is idempotent
+    cmds = register(st, "h1", devices=2, now=1.0, replicas=[("fn-old1", "fn", "cpu:0", True),
+                                                           ("fn-old2", "fn", "cpu:1", False)])
+    assert cmds == []
+    assert len(st.replicas) == 2
+
+
+def test_restart_stops_replicas_of_unknown_functions():
+    st = new_state()
+    st.handle(FunctionUpserted(spec(), MIB))
+    cmds = register(st, "h1", replicas=[("ghost-1", "ghost", "cpu:0", True),
+                                        ("fn-1", "fn", "cpu:0", True)])
+    assert cmds == [StopReplica("ghost-1", "h1")]
+    assert set(st.replicas) == {"fn-1"}
+
+
+def test_reregistration_forgets_replicas_host_no_longer_has():
+    st = new_state()
+    register(st, "h1")
+    st.handle(FunctionUpserted(spec(), MIB))
+    rid = _warm_one(st, 0.0)
+    cmds = register(st, "h1", now=1.0, replicas=[])
+    assert cmds == [ForgetReplica(rid)]
+    assert st.replicas == {}
+
+
+def test_repeated_start_failures_fail_function_and_stop_deploying():
+    st = new_state()
+    register(st, "h1")
+    st.handle(FunctionUpserted(spec(), MIB))
+    fails = []
+    for i in range(MAX_CONSECUTIVE_START_FAILURES):
+        t = float(i)
+        st.handle(HostHeartbeat("h1", frozenset(), t))
+        (dep,) = of(st.handle(Tick(t, {"fn": load(queued=1, last=t)})), DeployReplica)
+        cmds = st.handle(ReplicaFailed(dep.replica_id, "boom", during_start=True))
+        assert ForgetReplica(dep.replica_id) in cmds
+        fails += of(cmds, FailFunction)
+    assert len(fails) == 1
+    assert fails[0].name == "fn" and fails[0].code == "model_failed"
+    for t in (3.0, 4.0, 5.0):
+        st.handle(HostHeartbeat("h1", frozenset(), t))
+        assert of(st.handle(Tick(t, {"fn": load(queued=5, last=t)})), DeployReplica) == []
+
+
+def test_warm_resets_start_failure_count():
+    st = new_state()
+    register(st, "h1")
+    st.handle(FunctionUpserted(spec(), MIB))
+    for i in range(2 * MAX_CONSECUTIVE_START_FAILURES):
+        t = float(i)
+        st.handle(HostHeartbeat("h1", frozenset(), t))
+        (dep,) = of(st.handle(Tick(t, {"fn": load(queued=1, last=t)})), DeployReplica)
+        if i % 2:
+            st.handle(ReplicaWarmed(dep.replica_id, {}, t))
+            cmds = st.handle(ReplicaFailed(dep.replica_id, "crash", during_start=False))
+        else:
+            cmds = st.handle(ReplicaFailed(dep.replica_id, "boom", during_start=True))
+        assert of(cmds, FailFunction) == []
+
+
+def test_failed_unknown_replica_is_ignored():
+    st = new_state()
+    assert st.handle(ReplicaFailed("nope", "x", during_start=True)) == []
+
+
+def test_function_deleted_fails_and_retires_replicas():
+    st = new_state()
+    register(st, "h1", devices=2)
+    st.handle(FunctionUpserted(spec(), MIB))
+    warm = _warm_one(st, 0.0)
+    (starting,) = of(st.handle(Tick(0.2, {"fn": load(queued=8, last=0.2)})), DeployReplica)
+    cmds = st.handle(FunctionDeleted("fn"))
+    assert FailFunction("fn", "function_not_found", "function deleted") in cmds
+    assert StopAccepting(warm) in cmds
+    assert ForgetReplica(starting.replica_id) in cmds
+    assert StopReplica(starting.replica_id, "h1") in cmds
+    assert st.replicas[warm].phase == ReplicaPhase.STOPPING
+    assert "fn" not in st.functions
+    # the warm one stops once drained; no redeploy for a deleted function
+    cmds = st.handle(Tick(0.5, {"fn": load(queued=8, last=0.5)}, idle_replicas=frozenset({warm})))
+    assert set(cmds) == {ForgetReplica(warm), StopReplica(warm, "h1")}
+
+
+def test_max_replicas_bound_respected():
+    st = new_state()
+    register(st, "h1", devices=8)
+    st.handle(FunctionUpserted(spec(max_replicas=3), MIB))
+    total = 0
+    for t in range(5):
+        cmds = st.handle(Tick(float(t), {"fn": load(queued=1000, last=float(t))}))
+        total += len(of(cmds, DeployReplica))
+    assert total == 3
+    assert len(st.replicas_of("fn")) == 3
+
+
+def test_placement_never_overcommits_device_memory():
+    st = new_state()
+    register(st, "h1", devices=2, mem=3 * GIB)
+    st.handle(FunctionUpserted(spec("big", max_replicas=8), 5 * GIB))
+    assert of(st.handle(Tick(0.1, {"big": load(queued=100, last=0.1)})), DeployReplica) == []
+
+    st.handle(FunctionUpserted(spec("mid", max_replicas=8, replica_concurrency=1), 2 * GIB))
+    cmds = st.handle(Tick(0.2, {"mid": load(queued=100, last=0.2)}))
+    deploys = of(cmds, DeployReplica)
+    assert len(deploys) == 2  # one per 3 GiB device
+    assert {d.device_id for d in deploys} == {"cpu:0", "cpu:1"}
+    # later ticks cannot squeeze more in
+    st.handle(HostHeartbeat("h1", frozenset(), 1.0))
+    assert of(st.handle(Tick(1.0, {"mid": load(queued=100, last=1.0)})), DeployReplica) == []
+    for dev in st.snapshot(1.0).hosts[0].devices:
+        assert dev.memory_free_bytes >= 0
+
+
+def test_overhead_counts_against_device_memory():
+    st = ControllerState(heartbeat_timeout_s=5.0, replica_overhead_bytes=GIB)
+    register(st, "h1", mem=4 * GIB)
+    st.handle(FunctionUpserted(spec(max_replicas=8, replica_concurrency=1), GIB))
+    cmds = st.handle(Tick(0.1, {"fn": load(queued=10, last=0.1)}))
+    assert len(of(cmds, DeployReplica)) == 2  # 2 x (1 GiB + 1 GiB overhead)
+
+
+def test_changed_model_retires_old_replicas():
+    st = new_state()
+    register(st, "h1")
+    st.handle(FunctionUpserted(spec(), MIB))
+    rid = _warm_one(st, 0.0)
+    assert st.handle(FunctionUpserted(spec(max_replicas=2), MIB)) == []
+    cmds = st.handle(FunctionUpserted(spec(model_version="2"), MIB))
+    assert cmds == [StopAccepting(rid)]

@@ -1,0 +1,61 @@
+"""flashpoint.policy stays pure: no asyncio, networking, torch, NVML, RPC or actors."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import flashpoint.policy
+
+POLICY_DIR = Path(flashpoint.policy.__file__).parent
+FORBIDDEN = ("asyncio", "aiohttp", "torch", "pynvml", "flashpoint.rpc", "flashpoint.actors")
+MODULES = sorted(POLICY_DIR.glob("*.py"))
+
+
+def _forbidden(mod: str) -> bool:
+    return any(mod == f or mod.startswith(f + ".") for f in FORBIDDEN)
+
+
+def _imports(tree: ast.AST, package: str) -> list[str]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against flashpoint.policy
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.append(mod)
+            out += [f"{mod}.{a.name}" for a in node.names]  # from flashpoint import rpc
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__":
+            if node.args and isinstance(node.args[0], ast.Constant):
+                out.append(str(node.args[0].value))
+    return out
+
+
+def test_policy_modules_found():
+    assert {"autoscale.py", "placement.py", "snapshot.py"} <= {p.name for p in MODULES}
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_policy_module_imports_are_pure(path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    bad = [m for m in _imports(tree, "flashpoint.policy") if _forbidden(m)]
+    assert bad == [], f"{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize("src,bad", [
+    ("import asyncio", True), ("import torch.nn as nn", True), ("from aiohttp import web", True),
+    ("from flashpoint import rpc", True), ("from flashpoint.actors.dispatch import Dispatcher", True),
+    ("from ..actors import batcher", True), ("import pynvml", True),
+    ("from flashpoint.policy import snapshot", False), ("import math", False),
+    ("import asyncio_extras", False), ("from . import snapshot", False),
+])
+def test_checker_itself(src, bad):
+    found = [m for m in _imports(ast.parse(src), "flashpoint.policy") if _forbidden(m)]
+    assert bool(found) == bad
