@@ -43,7 +43,7 @@ class HostConfig:
     cache_dir: str = ""  # empty = /dev/shm/flashpoint-<host_id>, else a temp dir
     cache_bytes: int = 8 << 30
     heartbeat_interval_s: float = 1.0
-    warm_pool_size: int = 1  # pre-started worker processes with torch imported
+    warm_pool_size: int = 2  # pre-started worker processes with torch imported
     torch_threads: int = 1  # intra-op threads per CPU worker
     worker_start_timeout_s: float = 60.0
 

@@ -195,6 +195,9 @@ class HostManager:
                 log.info("replica_started", cache_hit=hit, timings=reply.get("timings_s"))
             finally:
                 self.cache.unpin(model_key)
+                # Refill the warm pool only now: starting a Python+torch process while a
+                # cold start loads would steal the CPU that the cold start is waiting for.
+                self._spawn_task(self._refill(), "refill")
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -253,9 +256,7 @@ class HostManager:
         return w
 
     async def _take_worker(self) -> WorkerProcess:
-        w = self.idle.pop(0) if self.idle else await self._spawn_worker()
-        self._spawn_task(self._refill(), "refill")
-        return w
+        return self.idle.pop(0) if self.idle else await self._spawn_worker()
 
     async def _refill(self) -> None:
         async with self._refill_lock:

@@ -76,6 +76,13 @@ class Worker:
         import torch  # imported before any replica is assigned: the warm pool's whole point
 
         torch.set_num_threads(self.torch_threads)
+        # Import the model code now too: a cold start should pay for bytes, not imports.
+        from flashpoint.models import zoo
+
+        # Building on the meta device pulls in lazily imported torch modules (sympy among
+        # them, seconds of imports); do it once per built-in model while the worker is idle.
+        for name in zoo.MODELS:
+            zoo.build_empty(name, zoo.resolve_config(name, "tiny"))
         from flashpoint.rpc import connect
 
         self._host_conn = await connect(
