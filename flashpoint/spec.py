@@ -52,7 +52,8 @@ class FunctionSpec:
     model: str
     model_version: str = "1"
     max_batch_size: int = 8
-    batch_wait_ms: float = 2.0
+    # 0 = batch only what is already queued (no added latency at low load); >0 waits for more.
+    batch_wait_ms: float = 0.0
     min_replicas: int = 0
     max_replicas: int = 4
     keep_alive_s: float = 30.0
