@@ -118,7 +118,7 @@ class Controller:
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        from flashpoint.gateway.app import add_routes
+        from flashpoint.gateway.app import RUNNER_KWARGS, add_routes
         from flashpoint.gateway.config import GatewayConfig
 
         from flashpoint.rpc import RpcServer
@@ -140,7 +140,7 @@ class Controller:
             secret=self.config.secret.encode(), on_disconnect=self._on_disconnect,
         )
         self._rpc.add_to_app(app, "/rpc")
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, **RUNNER_KWARGS)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cc.listen_host, self.cc.listen_port)
         await site.start()

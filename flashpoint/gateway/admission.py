@@ -1,0 +1,95 @@
+"""Admission control for invocations: per-caller token buckets, an in-flight cap, and the
+gateway's deadline backstop around every backend call.
+
+The token bucket is a plain state class with ``now_s`` passed in, so tests need no clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flashpoint.errors import DeadlineExceeded, Overloaded
+from flashpoint.gateway.backend import InvokeBackend, InvokeResult
+from flashpoint.gateway.config import GatewayConfig
+
+_MAX_BUCKETS = 10_000
+
+
+@dataclass
+class TokenBucket:
+    """``rate_per_s`` tokens a second up to ``burst``; each request takes one."""
+
+    rate_per_s: float
+    burst: float
+    tokens: float
+    last_s: float
+
+    def take(self, now_s: float) -> float:
+        """Take a token: 0.0 when granted, else the seconds until one is available."""
+        elapsed = max(0.0, now_s - self.last_s)
+        self.tokens = min(self.burst, self.tokens + elapsed * self.rate_per_s)
+        self.last_s = now_s
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate_per_s
+
+
+class Admission:
+    """Decides whether an invocation may start; counts the ones in flight."""
+
+    def __init__(self, config: GatewayConfig, clock: Callable[[], float] = time.monotonic):
+        self._config = config
+        self._clock = clock
+        self._buckets: dict[str, TokenBucket] = {}
+        self.inflight = 0
+
+    def _check_rate(self, caller: str) -> None:
+        rate = self._config.rate_limit_rps
+        if rate <= 0:
+            return
+        now = self._clock()
+        burst = float(self._config.rate_limit_burst or max(1.0, math.ceil(rate)))
+        bucket = self._buckets.get(caller)
+        if bucket is None:
+            if len(self._buckets) >= _MAX_BUCKETS:  # forget idle callers (they are full)
+                self._buckets.clear()
+            bucket = self._buckets[caller] = TokenBucket(rate, burst, burst, now)
+        wait_s = bucket.take(now)
+        if wait_s > 0:
+            raise Overloaded(f"rate limit of {rate:g} requests/s exceeded",
+                             retry_after_s=round(wait_s, 3))
+
+    async def invoke(self, backend: InvokeBackend, caller: str, name: str,
+                     inputs: dict[str, np.ndarray], *, request_id: str,
+                     timeout_s: float) -> InvokeResult:
+        """Admit, then run one invocation; the backstop fires ``deadline_grace_s`` late."""
+        self._check_rate(caller)
+        limit = self._config.max_inflight_requests
+        if limit and self.inflight >= limit:
+            raise Overloaded(f"gateway has {limit} requests in flight", retry_after_s=1.0)
+        self.inflight += 1
+        try:
+            async with asyncio.timeout(timeout_s + self._config.deadline_grace_s):
+                return await backend.invoke(name, inputs, request_id=request_id,
+                                            timeout_s=timeout_s)
+        except TimeoutError:
+            raise DeadlineExceeded(f"request to {name!r} did not finish within {timeout_s:g} s",
+                                   timeout_s=timeout_s) from None
+        finally:
+            self.inflight -= 1
+
+
+def effective_timeout_s(requested_s: Any, spec_timeout_s: float | None,
+                        config: GatewayConfig) -> float:
+    """The request's deadline: what it asked for, else the function's, capped by the config."""
+    chosen = requested_s if requested_s is not None else (spec_timeout_s or
+                                                          config.default_timeout_s)
+    return float(min(chosen, config.max_timeout_s))

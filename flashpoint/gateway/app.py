@@ -1,0 +1,54 @@
+"""Application factory: mount the gateway's routes, middleware and metrics on an aiohttp app.
+
+``make_app`` builds a standalone app; ``add_routes`` mounts the gateway beside other routes
+(the controller's RPC endpoint) on an existing, not yet started app. The middleware only
+touches the gateway's own routes and unmatched paths.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from flashpoint.gateway.backend import InvokeBackend
+from flashpoint.gateway.config import GatewayConfig
+from flashpoint.gateway.context import GatewayContext
+from flashpoint.gateway.kserve import KServeRoutes
+from flashpoint.gateway.metrics import GatewayMetrics
+from flashpoint.gateway.middleware import make_middleware
+from flashpoint.gateway.native import NativeRoutes
+
+GATEWAY = web.AppKey("flashpoint_gateway", GatewayContext)
+
+# Pass to ``web.AppRunner(app, **RUNNER_KWARGS)``. With aiohttp's default auto_decompress=True
+# the gateway still enforces its caps (it reads the inflated stream under
+# ``max_decompressed_bytes``), but a body whose compression is corrupt in its first packet is
+# then refused by aiohttp's parser with a plain-text 400 the gateway never sees. With it off
+# the gateway inflates bodies itself, so every error is JSON.
+RUNNER_KWARGS = {"auto_decompress": False}
+
+
+def add_routes(app: web.Application, backend: InvokeBackend,
+               config: GatewayConfig | None = None, *,
+               registry: CollectorRegistry | None = None) -> GatewayContext:
+    """Mount the gateway on ``app``; ``registry`` defaults to a private Prometheus registry."""
+    config = config or GatewayConfig()
+    ctx = GatewayContext.create(backend, config, GatewayMetrics(registry))
+    app[GATEWAY] = ctx
+    app.middlewares.append(make_middleware(ctx))
+    defs = NativeRoutes(ctx).route_defs() + KServeRoutes(ctx).route_defs()
+    defs.append(web.get("/metrics", ctx.metrics.handle))
+    for d in defs:
+        route = app.router.add_route(d.method, d.path, d.handler)
+        if route.resource is not None:
+            ctx.resources.add(route.resource)
+    return ctx
+
+
+def make_app(backend: InvokeBackend, config: GatewayConfig | None = None) -> web.Application:
+    """A standalone gateway application."""
+    config = config or GatewayConfig()
+    # Handlers stream bodies themselves under config limits; request.read() is never used.
+    app = web.Application(client_max_size=config.max_body_bytes)
+    add_routes(app, backend, config)
+    return app

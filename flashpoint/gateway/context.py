@@ -1,0 +1,99 @@
+"""What every gateway handler shares: the backend, config, auth, admission and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from flashpoint.errors import BadRequest, FunctionNotFound
+from flashpoint.gateway.admission import Admission
+from flashpoint.gateway.auth import ApiKeyAuth, Principal, Role
+from flashpoint.gateway.backend import FunctionInfo, InvokeBackend
+from flashpoint.gateway.config import GatewayConfig
+from flashpoint.gateway.metrics import GatewayMetrics
+from flashpoint.gateway.oip import CodecLimits, load_json
+from flashpoint.ids import new_id
+
+# Large encodes and decodes leave the event loop (STYLE 13).
+OFFLOAD_BYTES = 1024 * 1024
+
+_RequestKey: Any = getattr(web, "RequestKey", None)
+REQUEST_ID: Any = _RequestKey("flashpoint_request_id", str) if _RequestKey else "fp_request_id"
+
+
+@dataclass
+class GatewayContext:
+    backend: InvokeBackend
+    config: GatewayConfig
+    auth: ApiKeyAuth
+    metrics: GatewayMetrics
+    admission: Admission
+    limits: CodecLimits
+    resources: set[web.AbstractResource] = field(default_factory=set)
+
+    @classmethod
+    def create(cls, backend: InvokeBackend, config: GatewayConfig,
+               metrics: GatewayMetrics | None = None) -> GatewayContext:
+        limits = CodecLimits(max_json_depth=config.max_json_depth,
+                             max_tensor_bytes=config.max_tensor_bytes,
+                             max_inputs=config.max_inputs, max_dims=config.max_dims)
+        return cls(backend, config, ApiKeyAuth(config.api_keys), metrics or GatewayMetrics(),
+                   Admission(config), limits)
+
+    def owns(self, request: web.Request) -> bool:
+        """Gateway routes, plus unmatched paths (rendered as JSON 404/405)."""
+        info = request.match_info
+        return info.http_exception is not None or info.route.resource in self.resources
+
+    def require(self, request: web.Request, role: Role) -> Principal:
+        return self.auth.require(request.headers.get("Authorization"), role)
+
+    def caller(self, request: web.Request, principal: Principal) -> str:
+        """The rate-limit bucket: the key fingerprint, or the peer address without auth."""
+        if self.auth.enabled:
+            return principal.name
+        return f"peer:{request.remote or 'unknown'}"
+
+    def function(self, name: str) -> FunctionInfo:
+        """The backend's view of a function; names that cannot exist are simply not found."""
+        if len(name) > 256:
+            raise FunctionNotFound(f"function {name[:64]!r}... not found")
+        return self.backend.get_function(name)
+
+
+def request_id(request: web.Request) -> str:
+    try:
+        return request[REQUEST_ID]
+    except KeyError:
+        return new_id("req")
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    body = json.dumps(obj, separators=(",", ":"), default=str).encode()
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+async def parse_json_body(ctx: GatewayContext, body: bytes) -> Any:
+    if not body:
+        raise BadRequest("request body is empty; expected JSON")
+    if len(body) >= OFFLOAD_BYTES:
+        return await asyncio.to_thread(load_json, body, ctx.config.max_json_depth)
+    return load_json(body, ctx.config.max_json_depth)
+
+
+async def maybe_gzip(request: web.Request, resp: web.Response, body: bytes,
+                     min_bytes: int) -> bytes:
+    """Gzip ``body`` when the client accepts it and it is large enough; sets the header."""
+    accept = request.headers.get("Accept-Encoding", "")
+    wants = any(part.split(";")[0].strip().lower() == "gzip" for part in accept.split(","))
+    if not wants or len(body) < min_bytes:
+        return body
+    resp.headers["Content-Encoding"] = "gzip"
+    if len(body) >= OFFLOAD_BYTES:
+        return await asyncio.to_thread(gzip.compress, body, 5)
+    return gzip.compress(body, 5)

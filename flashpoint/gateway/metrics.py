@@ -1,0 +1,39 @@
+"""Prometheus metrics of the gateway and the ``/metrics`` exposition handler.
+
+Routes are labelled by their template (``/v2/models/{name}/infer``), never the raw path, so
+label cardinality stays bounded whatever clients send.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                      10.0, 30.0, 60.0, 120.0)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.requests = Counter(
+            "flashpoint_gateway_requests", "HTTP requests handled by the gateway",
+            ["route", "method", "status"], registry=self.registry)
+        self.latency = Histogram(
+            "flashpoint_gateway_request_duration_seconds",
+            "Gateway request latency from first byte to response",
+            ["route", "method"], buckets=_LATENCY_BUCKETS_S, registry=self.registry)
+        self.inflight = Gauge(
+            "flashpoint_gateway_requests_in_flight", "Requests being handled now",
+            registry=self.registry)
+
+    def observe(self, route: str, method: str, status: int, duration_s: float) -> None:
+        self.requests.labels(route, method, str(status)).inc()
+        self.latency.labels(route, method).observe(duration_s)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        resp = web.Response(body=body)
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp

@@ -1,0 +1,175 @@
+"""The native ``/v1`` API: manage functions and invoke them with JSON tensors.
+
+    POST   /v1/functions                 admin   FunctionSpec -> 201 FunctionInfo
+    GET    /v1/functions                 invoke  [FunctionInfo, ...]
+    GET    /v1/functions/{name}          invoke  FunctionInfo | 404
+    DELETE /v1/functions/{name}          admin   {"deleted": name}
+    POST   /v1/functions/{name}/invoke   invoke  {"inputs": {x: {data, shape, datatype}},
+                                                   "timeout_s"?} -> outputs + timings
+    GET    /v1/status                    invoke  backend.cluster_status()
+    GET    /healthz                      none    {"status": "ok"} | 503
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from flashpoint.errors import BadRequest
+from flashpoint.gateway import oip
+from flashpoint.gateway.admission import effective_timeout_s
+from flashpoint.gateway.auth import Role
+from flashpoint.gateway.body import read_body
+from flashpoint.gateway.context import (
+    OFFLOAD_BYTES,
+    GatewayContext,
+    json_response,
+    maybe_gzip,
+    parse_json_body,
+    request_id,
+)
+from flashpoint.spec import FunctionSpec
+
+_INVOKE_KEYS = frozenset(("inputs", "timeout_s"))
+_TENSOR_KEYS = frozenset(("data", "shape", "datatype"))
+
+
+def decode_native_inputs(body: Any, limits: oip.CodecLimits) -> tuple[dict[str, np.ndarray],
+                                                                        float | None]:
+    """``{"inputs": {name: {data, shape, datatype}}, "timeout_s"?}`` -> arrays, timeout."""
+    if not isinstance(body, dict):
+        raise BadRequest("invoke body must be a JSON object")
+    unknown = set(body) - _INVOKE_KEYS
+    if unknown:
+        raise BadRequest(f"unknown invoke fields {sorted(unknown)}; allowed: "
+                         f"{sorted(_INVOKE_KEYS)}")
+    timeout_s = body.get("timeout_s")
+    if timeout_s is not None and (
+        not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool)
+        or not 0 < timeout_s <= 86400
+    ):
+        raise BadRequest("timeout_s must be a number in (0, 86400]")
+    raw = body.get("inputs")
+    if not isinstance(raw, dict) or not raw:
+        raise BadRequest("'inputs' must be a non-empty object of name -> tensor")
+    if len(raw) > limits.max_inputs:
+        raise BadRequest(f"at most {limits.max_inputs} inputs allowed, got {len(raw)}")
+    budget = [limits.max_tensor_bytes]
+    inputs: dict[str, np.ndarray] = {}
+    for name, t in raw.items():
+        if not name or len(name) > 256:
+            raise BadRequest("input names must be 1-256 characters")
+        if not isinstance(t, dict):
+            raise BadRequest(f"input {name!r} must be an object with data, shape, datatype")
+        extra = set(t) - _TENSOR_KEYS
+        if extra or "data" not in t:
+            raise BadRequest(f"input {name!r} needs exactly the fields data, shape, datatype")
+        datatype = oip.check_datatype(name, t.get("datatype"))
+        shape = oip.check_shape(name, t.get("shape"), limits)
+        inputs[name] = oip.tensor_from_json(name, datatype, shape, t["data"], limits, budget)
+    return inputs, (float(timeout_s) if timeout_s is not None else None)
+
+
+def encode_native_outputs(outputs: dict[str, np.ndarray],
+                          declared: dict[str, str]) -> dict[str, Any]:
+    """Outputs as ``{name: {data (flat), shape, datatype}}``.
+
+    BYTES outputs are UTF-8 strings; when any element is not UTF-8 the tensor's data is a
+    list of base64 strings instead and it carries ``"encoding": "base64"``.
+    """
+    out: dict[str, Any] = {}
+    for name, value in outputs.items():
+        arr = np.asarray(value)
+        datatype = oip.datatype_of(name, arr, declared.get(name))
+        entry: dict[str, Any] = {"shape": list(arr.shape), "datatype": datatype}
+        data = oip.tensor_to_json_data(name, arr, datatype)
+        if data is None:
+            data = [base64.b64encode(b).decode() for b in oip.bytes_items(arr)]
+            entry["encoding"] = "base64"
+        entry["data"] = data
+        out[name] = entry
+    return out
+
+
+class NativeRoutes:
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+
+    def route_defs(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/functions", self.register),
+            web.get("/v1/functions", self.list_functions),
+            web.get("/v1/functions/{name}", self.get_function),
+            web.delete("/v1/functions/{name}", self.delete_function),
+            web.post("/v1/functions/{name}/invoke", self.invoke),
+            web.get("/v1/status", self.status),
+            web.get("/healthz", self.healthz),
+        ]
+
+    async def register(self, request: web.Request) -> web.Response:
+        self.ctx.require(request, Role.ADMIN)
+        body = await parse_json_body(self.ctx, await read_body(request, self.ctx.config))
+        try:
+            spec = FunctionSpec.from_dict(body)
+        except (TypeError, ValueError) as e:
+            raise BadRequest(f"invalid function spec: {str(e)[:200]}") from None
+        info = await self.ctx.backend.register_function(spec)
+        return json_response(info.to_dict(), status=201)
+
+    async def list_functions(self, request: web.Request) -> web.Response:
+        self.ctx.require(request, Role.INVOKE)
+        return json_response([info.to_dict() for info in self.ctx.backend.list_functions()])
+
+    async def get_function(self, request: web.Request) -> web.Response:
+        self.ctx.require(request, Role.INVOKE)
+        return json_response(self.ctx.function(request.match_info["name"]).to_dict())
+
+    async def delete_function(self, request: web.Request) -> web.Response:
+        self.ctx.require(request, Role.ADMIN)
+        name = request.match_info["name"]
+        self.ctx.function(name)  # 404 for unknown names, before touching the backend
+        await self.ctx.backend.delete_function(name)
+        return json_response({"deleted": name})
+
+    async def invoke(self, request: web.Request) -> web.Response:
+        ctx = self.ctx
+        principal = ctx.require(request, Role.INVOKE)
+        info = ctx.function(request.match_info["name"])
+        raw = await read_body(request, ctx.config)
+        body = await parse_json_body(ctx, raw)
+        if len(raw) >= OFFLOAD_BYTES:
+            inputs, req_timeout_s = await asyncio.to_thread(decode_native_inputs, body,
+                                                            ctx.limits)
+        else:
+            inputs, req_timeout_s = decode_native_inputs(body, ctx.limits)
+        rid = request_id(request)
+        timeout_s = effective_timeout_s(req_timeout_s, info.spec.timeout_s, ctx.config)
+        result = await ctx.admission.invoke(ctx.backend, ctx.caller(request, principal),
+                                            info.spec.name, inputs, request_id=rid,
+                                            timeout_s=timeout_s)
+        declared = {t.name: t.datatype for t in info.spec.outputs}
+        payload = {
+            "outputs": encode_native_outputs(result.outputs, declared),
+            "timings_s": result.timings_s,
+            "replica_id": result.replica_id,
+            "cold": result.cold,
+            "request_id": rid,
+        }
+        resp = web.Response(status=200, content_type="application/json")
+        encoded = oip.dump_json(payload)
+        resp.body = await maybe_gzip(request, resp, encoded,
+                                     ctx.config.response_compression_min_bytes)
+        return resp
+
+    async def status(self, request: web.Request) -> web.Response:
+        self.ctx.require(request, Role.INVOKE)
+        return json_response(self.ctx.backend.cluster_status())
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        live = self.ctx.backend.is_live()
+        return json_response({"status": "ok" if live else "unhealthy"},
+                             status=200 if live else 503)
