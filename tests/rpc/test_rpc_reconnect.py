@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 from typing import Any
 
 import pytest
@@ -57,16 +58,22 @@ async def test_reconnects_after_server_restart(rpc: Harness) -> None:
 
 
 async def test_call_waits_for_the_first_connection(rpc: Harness) -> None:
+    port = 0
     if rpc.transport == "ws":
-        pytest.skip("needs a name known before the server exists; inproc covers it")
+        with socket.socket() as sock:  # a port nobody listens on yet; the server takes it later
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        url = f"ws://127.0.0.1:{port}/rpc"
+    else:
+        url = "inproc://late"
     client = ReconnectingClient(
-        "inproc://late", secret=SECRET, backoff=Backoff(initial_s=0.02, max_s=0.05), hub=rpc.hub
+        url, secret=SECRET, backoff=Backoff(initial_s=0.02, max_s=0.05), hub=rpc.hub
     )
     await client.start()
     try:
         call = asyncio.create_task(client.call("echo", {"n": 1}, timeout_s=3.0))
         await asyncio.sleep(0.1)
-        await rpc.serve({"echo": echo}, name="late")
+        await rpc.serve({"echo": echo}, name="late", port=port)
         assert await asyncio.wait_for(call, 3.0) == {"n": 1}
     finally:
         await client.stop()
