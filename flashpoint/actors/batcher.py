@@ -17,6 +17,8 @@ import numpy as np
 
 from flashpoint.errors import FlashpointError, ModelFailed, Unavailable
 
+INLINE_BELOW_S = 0.0005
+
 RunBatch = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
@@ -45,6 +47,10 @@ class Batcher:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         self._task: asyncio.Task | None = None
         self.batches_run = 0
+        # EWMA of batch run time. Batches this fast run on the event loop itself: handing
+        # them to the model thread costs two thread wake-ups, more than the work (no-op and
+        # tiny models), while blocking the loop for under INLINE_BELOW_S is harmless.
+        self._ewma_run_s = 1.0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
@@ -118,7 +124,10 @@ class Batcher:
                 else {k: np.concatenate([b.inputs[k] for b in batch]) for k in first.inputs}
             )
             try:
-                outputs = await loop.run_in_executor(self._pool, self._run, merged)
+                if self._ewma_run_s < INLINE_BELOW_S:
+                    outputs = self._run(merged)
+                else:
+                    outputs = await loop.run_in_executor(self._pool, self._run, merged)
             except Exception as exc:  # the model raised: every request of the batch fails
                 err = exc if isinstance(exc, FlashpointError) else ModelFailed(
                     f"model raised {type(exc).__name__}: {exc}"[:500])
@@ -128,6 +137,7 @@ class Batcher:
                 continue
             infer_s = time.perf_counter() - started
             self.batches_run += 1
+            self._ewma_run_s = infer_s if self.batches_run == 1 else 0.8 * self._ewma_run_s + 0.2 * infer_s
             offset = 0
             for b in batch:
                 part = {k: v[offset: offset + b.rows] for k, v in outputs.items()}
