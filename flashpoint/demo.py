@@ -96,7 +96,8 @@ async def run_demo(cfg: ClusterConfig, *, hosts: int, preset: str, requests: int
                 samples: list[float] = []
                 errors = 0
 
-                async def one(i: int, fn: str = fn, io: list = io) -> None:
+                async def one(i: int, fn: str = fn, io: list = io, sem: asyncio.Semaphore = sem,
+                              samples: list[float] = samples) -> None:
                     nonlocal errors
                     async with sem:
                         t = time.perf_counter()

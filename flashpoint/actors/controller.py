@@ -120,7 +120,6 @@ class Controller:
     async def start(self) -> None:
         from flashpoint.gateway.app import RUNNER_KWARGS, add_routes
         from flashpoint.gateway.config import GatewayConfig
-
         from flashpoint.rpc import RpcServer
 
         await self.table.open()

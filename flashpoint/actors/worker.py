@@ -141,8 +141,8 @@ class Worker:
 
     def _load_blocking(self, payload: dict[str, Any], spec: FunctionSpec) -> dict[str, float]:
         import torch
-        from flashpoint.models.publish import load_module
 
+        from flashpoint.models.publish import load_module
         from flashpoint.registry.format import Manifest
 
         t0 = time.perf_counter()

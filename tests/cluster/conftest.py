@@ -49,4 +49,5 @@ async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
         await asyncio.wait_for(c.stop(), 60)
         # Leak check: every worker process this cluster started has exited.
         for pid in pids:
-            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+            status = Path(f"/proc/{pid}/status")
+            assert not status.exists() or "zombie" in status.read_text().lower(), f"worker {pid} leaked"

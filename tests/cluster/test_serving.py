@@ -33,12 +33,14 @@ async def test_bert_through_native_and_kserve_apis(cluster) -> None:
             info = await r.json()
         assert [t["name"] for t in info["spec"]["inputs"]] == ["input_ids"]
         ids = np.arange(1, 17, dtype=np.int64).reshape(2, 8) % 50
-        body = {"inputs": {"input_ids": {"data": ids.ravel().tolist(), "shape": [2, 8], "datatype": "INT64"}}}
+        body = {"inputs": {"input_ids": {"data": ids.ravel().tolist(), "shape": [2, 8],
+                                         "datatype": "INT64"}}}
         async with s.post(f"{url}/v1/functions/bert-fn/invoke", json=body) as r:
             assert r.status == 200, await r.text()
             out = await r.json()
     expected = _reference("bert", {"input_ids": ids})
-    logits = np.asarray(out["outputs"]["logits"]["data"], dtype=np.float32).reshape(out["outputs"]["logits"]["shape"])
+    got = out["outputs"]["logits"]
+    logits = np.asarray(got["data"], dtype=np.float32).reshape(got["shape"])
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
     assert out["cold"] is True
     for phase in ("fetch", "load", "to_device", "first_inference", "queue", "total"):
@@ -53,7 +55,8 @@ async def test_bert_through_native_and_kserve_apis(cluster) -> None:
             assert meta["inputs"][0]["name"] == "input_ids"
             inp = triton.InferInput("input_ids", list(ids.shape), "INT64")
             inp.set_data_from_numpy(ids, binary_data=binary)
-            res = client.infer("bert-fn", [inp], outputs=[triton.InferRequestedOutput("logits", binary_data=binary)])
+            want = triton.InferRequestedOutput("logits", binary_data=binary)
+            res = client.infer("bert-fn", [inp], outputs=[want])
             return res.as_numpy("logits")
         finally:
             client.close()
