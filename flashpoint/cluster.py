@@ -55,8 +55,10 @@ class LocalCluster:
                           f"within {timeout_s}s")
 
     async def stop(self) -> None:
-        await asyncio.gather(*(h.stop() for h in self.hosts), return_exceptions=True)
+        # Controller first: otherwise it sees workers vanish as hosts stop and starts
+        # replacements on hosts that are shutting down.
         await self.controller.stop()
+        await asyncio.gather(*(h.stop() for h in self.hosts), return_exceptions=True)
 
     async def __aenter__(self) -> LocalCluster:
         await self.start()
