@@ -31,6 +31,7 @@ from flashpoint.errors import (
     NoCapacity,
     Overloaded,
     Unavailable,
+    from_wire,
 )
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult
 from flashpoint.ids import new_id
@@ -89,8 +90,18 @@ class WorkerHandle:
     host_id: str
     timings_s: dict[str, float] = field(default_factory=dict)
 
-    async def infer(self, p: Pending, timeout_s: float) -> dict[str, Any]:
-        return await self.conn.call("infer", p.payload, timeout_s=timeout_s)
+    async def infer(self, ps: list[Pending], timeout_s: float) -> list[dict[str, Any]]:
+        """One frame for all of ``ps``; one reply (outputs or a wire error) per request."""
+        if len(ps) == 1:
+            try:
+                return [await self.conn.call("infer", ps[0].payload, timeout_s=timeout_s)]
+            except FlashpointError as exc:
+                if exc.retryable or isinstance(exc, DeadlineExceeded):
+                    raise
+                return [{"error": exc.to_wire()}]
+        reply = await self.conn.call("infer_many", {"requests": [p.payload for p in ps]},
+                                     timeout_s=timeout_s)
+        return list(reply["replies"])
 
 
 class Controller:
@@ -115,6 +126,7 @@ class Controller:
         self.rpc_url = ""
         self._started_s = time.monotonic()
         self._wake = asyncio.Event()
+        self._pump_pending: set[str] = set()
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -302,32 +314,60 @@ class Controller:
 
     # requests ----------------------------------------------------------------------------
     def _pump(self, name: str) -> None:
-        for p, rid in self.dispatcher.assign(name):
-            self._spawn(self._send(p, rid), f"send:{p.request_id}")
+        """Dispatch ``name``'s queue at the end of this loop iteration.
 
-    async def _send(self, p: Pending, rid: str) -> None:
+        Deferring by one iteration costs microseconds and lets every request that arrived in
+        the same iteration travel to a replica in one frame (one write instead of N), which is
+        what a loaded controller spends its time on.
+        """
+        if name not in self._pump_pending:
+            self._pump_pending.add(name)
+            asyncio.get_running_loop().call_soon(self._flush, name)
+
+    def _flush(self, name: str) -> None:
+        self._pump_pending.discard(name)
+        by_replica: dict[str, list[Pending]] = {}
+        for p, rid in self.dispatcher.assign(name):
+            by_replica.setdefault(rid, []).append(p)
+        for rid, ps in by_replica.items():
+            self._spawn(self._send(ps, rid), f"send:{ps[0].request_id}")
+
+    async def _send(self, ps: list[Pending], rid: str) -> None:
         handle = self.workers.get(rid)
+        live = [p for p in ps if not p.future.done()]
         try:
-            remaining = p.deadline_s - time.monotonic()
-            if p.future.done():
+            if not live:
                 return
             if handle is None:
                 raise Unavailable("replica vanished before dispatch", retry_after_s=0.1)
-            p.sent_s = time.monotonic()
-            reply = await handle.infer(p, max(0.001, remaining))
-            if not p.future.done():
-                p.future.set_result((reply, rid))
+            now = time.monotonic()
+            for p in live:
+                p.sent_s = now
+            timeout = max(0.001, max(p.deadline_s for p in live) - now)
+            replies = await handle.infer(live, timeout)
+            for p, reply in zip(live, replies, strict=True):
+                if p.future.done():
+                    continue
+                if "error" in reply:
+                    self._retry_or_fail(p, from_wire(reply["error"]))
+                else:
+                    p.future.set_result((reply, rid))
         except Exception as exc:
             err = exc if isinstance(exc, FlashpointError) else FlashpointError(repr(exc))
-            p.attempts += 1
-            if (err.retryable and p.attempts < MAX_DISPATCH_ATTEMPTS and not p.future.done()
-                    and time.monotonic() < p.deadline_s and p.function in self.state.functions):
-                self.dispatcher.enqueue(p.function, p, front=True)  # requests are idempotent
-            elif not p.future.done():
-                p.future.set_exception(err)
+            for p in live:
+                self._retry_or_fail(p, err)
         finally:
-            self.dispatcher.release(rid)
-            self._pump(p.function)
+            for _ in ps:
+                self.dispatcher.release(rid)
+            self._pump(ps[0].function)
+
+    def _retry_or_fail(self, p: Pending, err: FlashpointError) -> None:
+        p.attempts += 1
+        if (err.retryable and p.attempts < MAX_DISPATCH_ATTEMPTS and not p.future.done()
+                and time.monotonic() < p.deadline_s and p.function in self.state.functions):
+            self.dispatcher.enqueue(p.function, p, front=True)  # requests are idempotent
+        elif not p.future.done():
+            p.future.set_exception(err)
 
     def _fail_queue(self, name: str, err: FlashpointError) -> None:
         for p in self.dispatcher.drain_queue(name):

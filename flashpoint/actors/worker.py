@@ -128,7 +128,8 @@ class Worker:
         from flashpoint.rpc import ReconnectingClient
 
         self._controller = ReconnectingClient(
-            payload["controller_url"], {"infer": self._infer, "replica_status": self._status},
+            payload["controller_url"], {"infer": self._infer, "infer_many": self._infer_many,
+             "replica_status": self._status},
             secret=self.secret, on_connected=self._announce,
         )
         await self._controller.start()
@@ -194,6 +195,22 @@ class Worker:
             raise BadRequest(f"missing inputs: {sorted(missing)}")
         outputs, timings = await self.batcher.submit(inputs)
         return {"outputs": encode_tensors(outputs), "timings_s": timings}
+
+    async def _infer_many(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """Several requests in one frame; each gets its outputs or its own error."""
+        requests = payload.get("requests")
+        if not isinstance(requests, list) or not requests:
+            raise BadRequest("infer_many needs a non-empty list of requests")
+
+        async def one(req: Any) -> dict[str, Any]:
+            try:
+                return await self._infer(conn, req if isinstance(req, dict) else {})
+            except FlashpointError as exc:
+                return {"error": exc.to_wire()}
+            except Exception as exc:  # never let one request fail its neighbours
+                return {"error": FlashpointError(f"{type(exc).__name__}: {exc}"[:300]).to_wire()}
+
+        return {"replies": list(await asyncio.gather(*(one(r) for r in requests)))}
 
     async def _status(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         return {"depth": self.batcher.depth if self.batcher else 0,
