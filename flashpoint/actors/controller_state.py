@@ -188,8 +188,10 @@ Command = DeployReplica | StopAccepting | StopReplica | ForgetReplica | FailFunc
 class ControllerState:
     """Cluster view and scaling decisions. Mutated only through :meth:`handle`."""
 
-    def __init__(self, heartbeat_timeout_s: float = 5.0, replica_overhead_bytes: int = 64 << 20) -> None:
+    def __init__(self, heartbeat_timeout_s: float = 5.0, replica_overhead_bytes: int = 64 << 20,
+                 cold_start_timeout_s: float = 120.0) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.cold_start_timeout_s = cold_start_timeout_s
         self.replica_overhead_bytes = replica_overhead_bytes
         self.hosts: dict[str, HostRecord] = {}
         self.replicas: dict[str, ReplicaRecord] = {}
@@ -312,6 +314,13 @@ class ControllerState:
                 for rep in [r for r in self.replicas.values() if r.host_id == host.host_id]:
                     del self.replicas[rep.replica_id]
                     cmds.append(ForgetReplica(rep.replica_id))
+        # A cold start that never finished (hung load, lost report) is a failed start: free its
+        # device and count it, so a stuck replica cannot hold capacity or queued work forever.
+        for rep in [r for r in self.replicas.values() if r.phase == ReplicaPhase.STARTING
+                    and ev.now_s - r.requested_s > self.cold_start_timeout_s]:
+            cmds += self._replica_failed(ReplicaFailed(
+                rep.replica_id, f"cold start exceeded {self.cold_start_timeout_s}s", during_start=True))
+            cmds.append(StopReplica(rep.replica_id, rep.host_id))
         # Replicas drained of work finish stopping.
         for rid in ev.idle_replicas:
             rep = self.replicas.get(rid)

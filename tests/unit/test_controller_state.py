@@ -365,3 +365,22 @@ def test_changed_model_retires_old_replicas():
     assert st.handle(FunctionUpserted(spec(max_replicas=2), MIB)) == []
     cmds = st.handle(FunctionUpserted(spec(model_version="2"), MIB))
     assert cmds == [StopAccepting(rid)]
+
+
+def test_cold_start_past_timeout_is_a_failed_start_and_is_replaced():
+    st = new_state(cold_start_timeout_s=30.0)
+    register(st, "h1", devices=2)
+    st.handle(FunctionUpserted(spec(), 100 * MIB))
+    first = of(st.handle(Tick(1.0, {"fn": load(queued=1, last=1.0)})), DeployReplica)
+    assert len(first) == 1
+    rid = first[0].replica_id
+    # Heartbeats keep the host alive; the replica simply never reports warm.
+    st.handle(HostHeartbeat("h1", frozenset(), 20.0))
+    assert of(st.handle(Tick(20.0, {"fn": load(queued=1, last=1.0)})), StopReplica) == []
+    st.handle(HostHeartbeat("h1", frozenset(), 32.0))
+    cmds = st.handle(Tick(32.0, {"fn": load(queued=1, last=1.0)}))
+    assert [c.replica_id for c in of(cmds, StopReplica)] == [rid]
+    assert [c.replica_id for c in of(cmds, ForgetReplica)] == [rid]
+    replacement = of(cmds, DeployReplica)
+    assert len(replacement) == 1 and replacement[0].replica_id != rid
+    assert st.functions["fn"].start_failures == 1
