@@ -19,6 +19,16 @@ _ALLOWED = {
     "float16", "float32", "float64", "object",
 }
 MAX_DIMS = 8
+
+# The numpy dtype each OIP datatype has once decoded (what models and the controller see):
+# BF16 widens to float32, BYTES is an object array of bytes.
+DECODED_DTYPE: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8), "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32), "UINT64": np.dtype(np.uint64), "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16), "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
+    "BF16": np.dtype(np.float32), "BYTES": np.dtype(object),
+}
 MAX_ELEMENTS = 1 << 31
 
 

@@ -9,6 +9,7 @@ It implements :class:`flashpoint.gateway.backend.InvokeBackend` for the gateway.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ from flashpoint.gateway.backend import FunctionInfo, InvokeResult
 from flashpoint.ids import new_id
 from flashpoint.log import get_logger
 from flashpoint.spec import FunctionSpec, TensorSpec
-from flashpoint.tensors import decode_tensors, encode_tensors
+from flashpoint.tensors import DECODED_DTYPE, decode_tensors, encode_tensors
 
 log = get_logger("flashpoint.controller")
 
@@ -47,11 +48,6 @@ LATENCY = Histogram("flashpoint_request_seconds", "End-to-end invoke latency", [
 COLD_STARTS = Histogram("flashpoint_cold_start_seconds", "Cold-start phase durations", ["phase"],
                         buckets=(.001, .01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60))
 MAX_DISPATCH_ATTEMPTS = 3
-
-_NUMPY_OF = {"FP32": "float32", "FP16": "float16", "FP64": "float64", "BF16": "float32",
-             "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
-             "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
-             "BOOL": "bool", "BYTES": "object"}
 
 
 @dataclass(eq=False)
@@ -73,7 +69,7 @@ class HostHandle:
 
     conn: Any
 
-    async def deploy(self, cmd: cs.DeployReplica, controller_url: str) -> None:
+    async def deploy(self, cmd: cs.DeployReplica) -> None:
         await self.conn.call("deploy_replica", {
             "replica_id": cmd.replica_id, "device_id": cmd.device_id, "spec": cmd.spec.to_dict(),
         }, timeout_s=10.0)
@@ -182,7 +178,7 @@ class Controller:
     # control loop ------------------------------------------------------------------------
     async def _control_loop(self) -> None:
         while True:
-            with _suppress_wait():
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.cc.loop_interval_s)
             self._wake.clear()
             try:
@@ -258,7 +254,7 @@ class Controller:
         try:
             if host is None:
                 raise FlashpointError(f"host {cmd.host_id} has no connection")
-            await host.deploy(cmd, self.rpc_url)
+            await host.deploy(cmd)
         except FlashpointError as exc:
             log.warning("deploy_failed", replica_id=cmd.replica_id, error=exc.to_wire())
             self._apply(cs.ReplicaFailed(cmd.replica_id, exc.message, during_start=True))
@@ -384,7 +380,7 @@ class Controller:
                 raise BadRequest(f"inputs must be exactly {sorted(want)}, got {sorted(inputs)}")
             for name, arr in inputs.items():
                 t = want[name]
-                if arr.dtype.name != _NUMPY_OF[t.datatype]:
+                if arr.dtype != DECODED_DTYPE[t.datatype]:
                     raise BadRequest(f"input {name!r} must be {t.datatype}, got {arr.dtype.name}")
                 if arr.ndim != len(t.shape) or any(
                         s != -1 and s != d for s, d in zip(t.shape[1:], arr.shape[1:], strict=False)):
@@ -518,12 +514,3 @@ def _replace_io(spec: FunctionSpec, io: dict[str, Any]) -> FunctionSpec:
         inputs=tuple(TensorSpec.from_dict(t) for t in io.get("inputs", [])),
         outputs=tuple(TensorSpec.from_dict(t) for t in io.get("outputs", [])),
     )
-
-
-class _suppress_wait:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, typ: Any, exc: Any, tb: Any) -> bool:
-        return typ is TimeoutError
-

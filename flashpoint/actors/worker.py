@@ -29,13 +29,10 @@ import numpy as np
 from flashpoint.errors import BadRequest, FlashpointError, Unavailable
 from flashpoint.log import bind_ids, configure, get_logger
 from flashpoint.spec import FunctionSpec
-from flashpoint.tensors import decode_tensors, encode_tensors
+from flashpoint.tensors import DECODED_DTYPE, decode_tensors, encode_tensors
 
 log = get_logger("flashpoint.worker")
 
-# numpy dtype for each OIP datatype a model input may declare.
-_NP = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64,
-       "INT32": np.int32, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_, "BF16": np.float32}
 
 
 @dataclass
@@ -53,7 +50,7 @@ def _example_inputs(io_inputs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     out = {}
     for t in io_inputs:
         shape = [1] + [8 if s < 0 else s for s in t["shape"][1:]]
-        out[t["name"]] = np.zeros(shape, dtype=_NP.get(t["datatype"], np.float32))
+        out[t["name"]] = np.zeros(shape, dtype=DECODED_DTYPE[t["datatype"]])
     return out
 
 
