@@ -68,8 +68,10 @@ def decode_tensor(d: Any) -> np.ndarray:
     count = 1
     for s in shape:
         count *= s
-    if count > MAX_ELEMENTS:
-        raise BadRequest(f"tensor of {count} elements is over the limit of {MAX_ELEMENTS}")
+    # Each dimension too: a zero-size tensor with a huge other dimension has count 0 but
+    # still cannot be shaped by numpy.
+    if count > MAX_ELEMENTS or any(s > MAX_ELEMENTS for s in shape):
+        raise BadRequest(f"tensor shape {shape} is over the limit of {MAX_ELEMENTS} elements")
     if not isinstance(dtype, str):
         raise BadRequest("tensor dtype must be a string")
     if dtype == "object":

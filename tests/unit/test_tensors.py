@@ -178,3 +178,13 @@ def test_fuzz_decode_only_raises_bad_request(d):
     except BadRequest:
         return
     assert isinstance(arr, np.ndarray)
+
+
+def test_zero_size_tensor_with_a_huge_dimension_is_a_bad_request():
+    import pytest
+
+    from flashpoint.errors import BadRequest
+    from flashpoint.tensors import decode_tensor
+
+    with pytest.raises(BadRequest):
+        decode_tensor({"dtype": "float32", "shape": [0, 2**62, 2**62], "data": b""})
