@@ -37,6 +37,7 @@ from flashpoint.errors import (
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult
 from flashpoint.ids import new_id
 from flashpoint.log import get_logger
+from flashpoint.policy.sourcing import REGISTRY
 from flashpoint.spec import FunctionSpec, TensorSpec
 from flashpoint.tensors import DECODED_DTYPE, decode_tensors, encode_tensors
 
@@ -68,10 +69,19 @@ class HostHandle:
     """The only code that calls a host manager."""
 
     conn: Any
+    data_endpoint: Any = None  # the host's data-plane address, as it reported it (opaque here)
 
-    async def deploy(self, cmd: cs.DeployReplica) -> None:
-        await self.conn.call("deploy_replica", {
-            "replica_id": cmd.replica_id, "device_id": cmd.device_id, "spec": cmd.spec.to_dict(),
+    async def deploy(self, cmd: cs.DeployReplica, source: dict[str, Any] | None) -> None:
+        payload = {"replica_id": cmd.replica_id, "device_id": cmd.device_id,
+                   "spec": cmd.spec.to_dict()}
+        if source is not None:
+            payload["source"] = source
+        await self.conn.call("deploy_replica", payload, timeout_s=10.0)
+
+    async def start_chain(self, cmd: cs.StartChain, chain: list[Any]) -> None:
+        await self.conn.call("start_chain", {
+            "transfer_id": cmd.transfer_id, "model": cmd.model, "version": cmd.version,
+            "chain": chain,
         }, timeout_s=10.0)
 
     async def stop(self, replica_id: str) -> None:
@@ -220,6 +230,8 @@ class Controller:
             match cmd:
                 case cs.DeployReplica():
                     self._spawn(self._deploy(cmd), f"deploy:{cmd.replica_id}")
+                case cs.StartChain():
+                    self._spawn(self._start_chain(cmd), f"chain:{cmd.transfer_id}")
                 case cs.StopAccepting():
                     self.dispatcher.stop_accepting(cmd.replica_id)
                 case cs.StopReplica():
@@ -254,10 +266,40 @@ class Controller:
         try:
             if host is None:
                 raise FlashpointError(f"host {cmd.host_id} has no connection")
-            await host.deploy(cmd)
+            await host.deploy(cmd, self._resolve_source(cmd.source))
         except FlashpointError as exc:
             log.warning("deploy_failed", replica_id=cmd.replica_id, error=exc.to_wire())
             self._apply(cs.ReplicaFailed(cmd.replica_id, exc.message, during_start=True))
+
+    def _endpoints(self, host_ids: tuple[str, ...]) -> list[Any]:
+        """Data-plane endpoints for host ids; ``registry`` stays a name; unknown hosts drop out."""
+        out: list[Any] = []
+        for h in host_ids:
+            if h == REGISTRY:
+                out.append(REGISTRY)
+            elif (handle := self.hosts.get(h)) is not None and handle.data_endpoint is not None:
+                out.append(handle.data_endpoint)
+        return out
+
+    def _resolve_source(self, src: cs.SourceAssignment | None) -> dict[str, Any] | None:
+        if src is None:
+            return None
+        return {"kind": src.kind, "transfer_id": src.transfer_id,
+                "chain": self._endpoints(src.chain), "upstream": self._endpoints(src.upstream),
+                "fallback": self._endpoints(src.fallback)}
+
+    async def _start_chain(self, cmd: cs.StartChain) -> None:
+        # A sender that cannot start leaves its receivers to their fallback sources (they wait
+        # only a bounded time for the chain to reach them).
+        host = self.hosts.get(cmd.sender)
+        try:
+            if host is None:
+                raise FlashpointError(f"host {cmd.sender} has no connection")
+            await host.start_chain(cmd, self._endpoints(cmd.receivers))
+            log.info("chain_started", transfer_id=cmd.transfer_id, sender=cmd.sender,
+                     receivers=list(cmd.receivers))
+        except FlashpointError as exc:
+            log.warning("chain_start_failed", transfer_id=cmd.transfer_id, error=exc.to_wire())
 
     async def _stop_on_host(self, host: HostHandle, replica_id: str) -> None:
         try:
@@ -268,7 +310,7 @@ class Controller:
     # RPC handlers ------------------------------------------------------------------------
     async def _register_host(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
         host_id = str(p["host_id"])
-        self.hosts[host_id] = HostHandle(conn)
+        self.hosts[host_id] = HostHandle(conn, p.get("data_endpoint"))
         devices = tuple(cs.DeviceRecord(str(d["device_id"]), str(d["kind"]), int(d["memory_bytes"]))
                         for d in p.get("devices", []))
         replicas = tuple((str(r[0]), str(r[1]), str(r[2]), bool(r[3])) for r in p.get("replicas", []))
@@ -281,7 +323,11 @@ class Controller:
         host_id = str(p.get("host_id"))
         if host_id not in self.state.hosts:
             return
-        self.hosts[host_id] = HostHandle(conn)
+        handle = self.hosts.get(host_id)
+        if handle is None:
+            self.hosts[host_id] = HostHandle(conn, p.get("data_endpoint"))
+        else:
+            handle.conn = conn
         self._apply(cs.HostHeartbeat(host_id, frozenset(p.get("cached_models", [])), time.monotonic()))
 
     async def _replica_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:

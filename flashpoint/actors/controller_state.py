@@ -20,6 +20,7 @@ from flashpoint.policy.snapshot import (
     FunctionLoadSnapshot,
     HostSnapshot,
 )
+from flashpoint.policy.sourcing import REGISTRY, plan_sourcing
 from flashpoint.spec import FunctionSpec
 
 # After this many consecutive failed starts a function is reported broken, not retried.
@@ -146,11 +147,40 @@ Event = (HostRegistered | HostHeartbeat | FunctionUpserted | FunctionDeleted | R
 
 # Commands ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class SourceAssignment:
+    """Where a deploy's host gets the model bytes (see :mod:`flashpoint.policy.sourcing`).
+
+    ``kind``: ``local`` (its own RAM); ``chain`` (bytes arrive on chain ``transfer_id``; if the
+    chain breaks, pull from ``fallback``); ``chain_head`` (the host heads a registry chain:
+    it pulls from ``upstream`` and relays to ``chain``). Hosts are named by id; the actor
+    resolves them to data-plane endpoints.
+    """
+
+    kind: str
+    transfer_id: str = ""
+    chain: tuple[str, ...] = ()
+    upstream: tuple[str, ...] = ()
+    fallback: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class DeployReplica:
     replica_id: str
     host_id: str
     device_id: str
     spec: FunctionSpec
+    source: SourceAssignment | None = None
+
+
+@dataclass(frozen=True)
+class StartChain:
+    """A host holding the model in RAM streams it down ``receivers`` (one chain)."""
+
+    transfer_id: str
+    sender: str
+    model: str
+    version: str
+    receivers: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -182,15 +212,20 @@ class FailFunction:
     reason: str
 
 
-Command = DeployReplica | StopAccepting | StopReplica | ForgetReplica | FailFunction
+Command = DeployReplica | StartChain | StopAccepting | StopReplica | ForgetReplica | FailFunction
 
 
 class ControllerState:
     """Cluster view and scaling decisions. Mutated only through :meth:`handle`."""
 
     def __init__(self, heartbeat_timeout_s: float = 5.0, replica_overhead_bytes: int = 64 << 20,
-                 cold_start_timeout_s: float = 120.0) -> None:
+                 cold_start_timeout_s: float = 120.0, registry_sends: bool = True) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.registry_sends = registry_sends
+        # (host_id, model_key) -> when a transfer to that host began; such a host is neither a
+        # holder nor a new receiver (its own single flight joins later deploys to it).
+        self.receiving: dict[tuple[str, str], float] = {}
+        self._transfer_seq = itertools.count(1)
         self.cold_start_timeout_s = cold_start_timeout_s
         self.replica_overhead_bytes = replica_overhead_bytes
         self.hosts: dict[str, HostRecord] = {}
@@ -210,6 +245,7 @@ class ControllerState:
                     host.last_seen_s = event.now_s
                     host.cached_models = set(event.cached_models)
                     host.alive = True
+                    self._settle_receiving(host)
                 return []
             case FunctionUpserted():
                 old = self.functions.get(event.spec.name)
@@ -252,6 +288,7 @@ class ControllerState:
             ev.host_id, {d.device_id: d for d in ev.devices}, ev.ram_bytes,
             set(ev.cached_models), ev.now_s,
         )
+        self._settle_receiving(self.hosts[ev.host_id])
         cmds: list[Command] = []
         reported = set()
         for replica_id, function, device_id, warm in ev.replicas:
@@ -332,7 +369,55 @@ class ControllerState:
             if load.last_request_s is not None:
                 fn.last_request_s = load.last_request_s
             cmds += self._scale(fn, load, ev.now_s)
-        return cmds
+        for key, began in list(self.receiving.items()):
+            host = self.hosts.get(key[0])
+            if host is None or not host.alive or ev.now_s - began > self.cold_start_timeout_s:
+                del self.receiving[key]
+        return self._source(cmds, ev.now_s)
+
+    def _settle_receiving(self, host: HostRecord) -> None:
+        for key in [k for k in self.receiving if k[0] == host.host_id and k[1] in host.cached_models]:
+            del self.receiving[key]
+
+    def _source(self, cmds: list[Command], now_s: float) -> list[Command]:
+        """Attach a sourcing plan to this tick's deploys, one plan per model."""
+        by_model: dict[str, list[DeployReplica]] = {}
+        for c in cmds:
+            if isinstance(c, DeployReplica):
+                by_model.setdefault(f"{c.spec.model}@{c.spec.model_version}", []).append(c)
+        if not by_model:
+            return cmds
+        assigned: dict[str, SourceAssignment] = {}  # replica_id -> source
+        extra: list[Command] = []
+        for key, deploys in by_model.items():
+            holders = [h.host_id for h in self.hosts.values()
+                       if h.alive and not h.draining and key in h.cached_models]
+            receivers = [d.host_id for d in deploys if (d.host_id, key) not in self.receiving]
+            plan = plan_sourcing(key, receivers, holders, registry_sends=self.registry_sends)
+            per_host: dict[str, SourceAssignment] = {h: SourceAssignment("local") for h in plan.local}
+            for chain in plan.chains:
+                tid = f"t-{self.epoch}{next(self._transfer_seq)}"
+                fallback = tuple(h for h in plan.fallback if h not in chain.receivers)
+                for i, host in enumerate(chain.receivers):
+                    self.receiving[(host, key)] = now_s
+                    if chain.sender == REGISTRY and i == 0:
+                        per_host[host] = SourceAssignment("chain_head", tid, chain.receivers[1:],
+                                                          (REGISTRY,), fallback)
+                    else:
+                        per_host[host] = SourceAssignment("chain", tid, fallback=fallback)
+                if chain.sender != REGISTRY:
+                    model, version = key.rsplit("@", 1)
+                    extra.append(StartChain(tid, chain.sender, model, version, chain.receivers))
+            for d in deploys:
+                if d.host_id in per_host:
+                    assigned[d.replica_id] = per_host[d.host_id]
+        out: list[Command] = []
+        for c in cmds:
+            if isinstance(c, DeployReplica) and c.replica_id in assigned:
+                c = DeployReplica(c.replica_id, c.host_id, c.device_id, c.spec, assigned[c.replica_id])
+            out.append(c)
+        # Receivers learn their chain (deploys) before the sender starts streaming to them.
+        return out + extra
 
     def _scale(self, fn: FunctionRecord, load: FunctionLoad, now_s: float) -> list[Command]:
         if fn.broken is not None:

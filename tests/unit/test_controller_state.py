@@ -384,3 +384,65 @@ def test_cold_start_past_timeout_is_a_failed_start_and_is_replaced():
     replacement = of(cmds, DeployReplica)
     assert len(replacement) == 1 and replacement[0].replica_id != rid
     assert st.functions["fn"].start_failures == 1
+
+
+# sourcing ---------------------------------------------------------------------------------
+def test_scale_up_puts_receivers_on_chains_from_holders_and_the_registry():
+    from flashpoint.actors.controller_state import SourceAssignment, StartChain
+
+    st = new_state()
+    register(st, "holder", devices=1, mem=100 * MIB, cached={"m@1"})  # holds it, no room
+    for h in ("r1", "r2", "r3"):
+        register(st, h, mem=250 * MIB)  # room for one replica each
+    st.handle(FunctionUpserted(spec(min_replicas=3), 200 * MIB))
+    cmds = st.handle(Tick(1.0, {}))
+    deploys = {d.host_id: d for d in of(cmds, DeployReplica)}
+    assert set(deploys) == {"r1", "r2", "r3"}
+    starts = of(cmds, StartChain)
+    assert len(starts) == 1 and starts[0].sender == "holder"
+    assert (starts[0].model, starts[0].version) == ("m", "1")
+    peer_chain = set(starts[0].receivers)
+    registry_chain = {"r1", "r2", "r3"} - peer_chain
+    assert len(peer_chain) == 2 and len(registry_chain) == 1
+    (head,) = registry_chain
+    assert deploys[head].source == SourceAssignment(
+        "chain_head", deploys[head].source.transfer_id, (), ("registry",), ("holder", "registry"))
+    for h in peer_chain:
+        src = deploys[h].source
+        assert src.kind == "chain" and src.transfer_id == starts[0].transfer_id
+        assert src.fallback == ("holder", "registry")
+    # The sender is told to stream only after the receivers were told to expect it.
+    assert cmds.index(starts[0]) > max(cmds.index(d) for d in deploys.values())
+
+
+def test_a_host_already_receiving_is_not_sent_the_model_twice():
+    st = new_state()
+    register(st, "h1", devices=2)
+    st.handle(FunctionUpserted(spec(min_replicas=1), 100 * MIB))
+    first = of(st.handle(Tick(1.0, {})), DeployReplica)
+    assert first[0].source.kind == "chain_head"
+    st.handle(FunctionUpserted(spec("fn2", min_replicas=1), 100 * MIB))
+    second = of(st.handle(Tick(1.1, {})), DeployReplica)
+    assert second[0].host_id == "h1" and second[0].source is None  # joins the running fetch
+    # Once the host reports the model cached, a further deploy there uses its own RAM.
+    st.handle(HostHeartbeat("h1", frozenset({"m@1"}), 1.2))
+    assert st.receiving == {}
+
+
+def test_local_source_when_the_receiver_holds_the_model():
+    st = new_state()
+    register(st, "h1", cached={"m@1"})
+    st.handle(FunctionUpserted(spec(min_replicas=1), 100 * MIB))
+    (d,) = of(st.handle(Tick(1.0, {})), DeployReplica)
+    assert d.source.kind == "local"
+
+
+def test_stale_receiving_entries_expire_with_the_cold_start_timeout():
+    st = ControllerState(heartbeat_timeout_s=1e9, replica_overhead_bytes=0, cold_start_timeout_s=5.0)
+    register(st, "h1")
+    st.handle(FunctionUpserted(spec(min_replicas=1), 100 * MIB))
+    st.handle(Tick(1.0, {}))
+    assert ("h1", "m@1") in st.receiving
+    st.handle(FunctionDeleted("fn"))
+    st.handle(Tick(7.0, {}))
+    assert ("h1", "m@1") not in st.receiving
