@@ -15,11 +15,9 @@ from flashpoint.config import ClusterConfig, load_config
 
 
 def make_store(config: ClusterConfig) -> Any:
-    from flashpoint.registry.local import LocalStore
+    from flashpoint.registry import open_store
 
-    if config.registry.kind != "local":
-        raise SystemExit(f"registry kind {config.registry.kind!r} is not supported yet")
-    return LocalStore(Path(config.registry.root).expanduser())
+    return open_store(config.registry)
 
 
 def _config(args: argparse.Namespace) -> ClusterConfig:

@@ -46,12 +46,25 @@ class HostConfig:
     warm_pool_size: int = 2  # pre-started worker processes with torch imported
     torch_threads: int = 1  # intra-op threads per CPU worker
     worker_start_timeout_s: float = 60.0
+    # Data plane (model bytes between hosts): where this host's chain/peer server listens, and
+    # the address peers should dial (empty = the listen address).
+    data_listen_host: str = "127.0.0.1"
+    data_port: int = 0  # 0 = any free port
+    data_advertise_host: str = ""
+    chain_wait_s: float = 30.0  # a chain receiver waits this long for its chain to begin
+    chain_stall_timeout_s: float = 10.0  # a hop that moves no byte for this long is dead
+    orphan_grace_s: float = 2.0  # after losing its upstream, wait this long for a splice
+    worker_memory_bytes: int = 256 << 20  # host RAM reserved per worker process
 
 
 @dataclass(frozen=True)
 class RegistryConfig:
-    kind: str = "local"
-    root: str = str(DEFAULT_HOME / "registry")
+    kind: str = "local"  # "local" | "s3"
+    root: str = str(DEFAULT_HOME / "registry")  # kind "local"
+    bucket: str = ""  # kind "s3" (required); credentials come from boto3's standard chain
+    prefix: str = ""  # kind "s3": key prefix inside the bucket
+    endpoint_url: str = ""  # kind "s3": empty = AWS; else an S3-compatible endpoint
+    region: str = ""  # kind "s3": empty = boto3's default
 
 
 @dataclass(frozen=True)

@@ -5,17 +5,20 @@
 * :mod:`~flashpoint.registry.format` — writing blobs, zero-copy tensor views, import and
   export (torch);
 * :mod:`~flashpoint.registry.store` — the ``ModelStore`` contract;
-  :mod:`~flashpoint.registry.local` — the local-directory backend.
+  :mod:`~flashpoint.registry.local` — the local-directory backend;
+  :mod:`~flashpoint.registry.s3` — the S3 backend; :func:`open_store` picks one from config.
 
-Importing this package does not import torch: the torch half (``build_blob``,
-``tensor_views``, ...) is loaded on first use of one of its names.
+Importing this package does not import torch or boto3: the torch half (``build_blob``,
+``tensor_views``, ...) and ``S3Store`` are loaded on first use of one of their names.
 """
 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flashpoint.errors import BadRequest
 from flashpoint.registry.local import LocalStore
 from flashpoint.registry.manifest import (
     ALIGN_BYTES,
@@ -40,6 +43,7 @@ from flashpoint.registry.manifest import (
 from flashpoint.registry.store import ModelStore, read_verified
 
 if TYPE_CHECKING:
+    from flashpoint.config import RegistryConfig
     from flashpoint.registry.format import (
         DTYPES,
         LayerTensors,
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
         tensor_views,
         to_state_dict,
     )
+    from flashpoint.registry.s3 import S3Store
 
 _TORCH_NAMES = {
     "DTYPES", "LayerTensors", "build_blob", "from_safetensors", "from_state_dict",
@@ -59,7 +64,22 @@ _TORCH_NAMES = {
 def __getattr__(name: str) -> Any:
     if name in _TORCH_NAMES:
         return getattr(importlib.import_module("flashpoint.registry.format"), name)
+    if name == "S3Store":
+        return importlib.import_module("flashpoint.registry.s3").S3Store
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def open_store(config: RegistryConfig) -> ModelStore:
+    """The store a ``[registry]`` config section describes: ``LocalStore`` or ``S3Store``."""
+    if config.kind == "local":
+        return LocalStore(Path(config.root).expanduser())
+    if config.kind == "s3":
+        if not config.bucket:
+            raise BadRequest("registry kind 's3' needs a bucket")
+        from flashpoint.registry.s3 import S3Store
+
+        return S3Store.from_config(config)
+    raise BadRequest(f"unknown registry kind {config.kind!r}; use 'local' or 's3'")
 
 
 __all__ = [
@@ -76,6 +96,7 @@ __all__ = [
     "LocalStore",
     "Manifest",
     "ModelStore",
+    "S3Store",
     "TensorInfo",
     "build_blob",
     "byte_range_for_layers",
@@ -85,6 +106,7 @@ __all__ = [
     "from_state_dict",
     "layer_range",
     "make_manifest",
+    "open_store",
     "parse_header",
     "read_verified",
     "tensor_views",

@@ -9,6 +9,7 @@ from flashpoint.config import (
     ClusterConfig,
     ControllerConfig,
     HostConfig,
+    RegistryConfig,
     load_config,
 )
 from flashpoint.errors import BadRequest
@@ -66,9 +67,24 @@ def test_toml_file_overrides(tmp_path):
 
 def test_toml_unknown_key_in_file(tmp_path):
     p = tmp_path / "c.toml"
-    p.write_text("[registry]\nkind = \"local\"\nbucket = \"x\"\n")
+    p.write_text("[registry]\nkind = \"local\"\nbucket_name = \"x\"\n")
     with pytest.raises(BadRequest):
         load_config(p)
+
+
+def test_registry_s3_fields(tmp_path):
+    assert load_config().registry == RegistryConfig()
+    assert (RegistryConfig().kind, RegistryConfig().bucket, RegistryConfig().prefix,
+            RegistryConfig().endpoint_url, RegistryConfig().region) == ("local", "", "", "", "")
+    p = tmp_path / "c.toml"
+    p.write_text('[registry]\nkind = "s3"\nbucket = "models"\nprefix = "fp/reg"\n'
+                 'endpoint_url = "http://minio:9000"\nregion = "eu-west-1"\n')
+    reg = load_config(p).registry
+    assert reg == RegistryConfig(kind="s3", root=RegistryConfig().root, bucket="models",
+                                 prefix="fp/reg", endpoint_url="http://minio:9000",
+                                 region="eu-west-1")
+    cfg = load_config(p).with_home(tmp_path)  # moving the home keeps the s3 fields
+    assert (cfg.registry.kind, cfg.registry.bucket) == ("s3", "models")
 
 
 def test_overrides_not_mutated():
