@@ -20,7 +20,8 @@ as ``{"code", "message", "details"}`` and are rebuilt as the same class on the o
     │   ├── Unavailable                 unavailable, 503 (Retry-After)
     │   │   └── NoCapacity              no_capacity, 503
     │   ├── PeerLost                    peer_lost, 503   (connection to a peer died)
-    │   └── ConnectFailed               connect_failed, 503
+    │   ├── ConnectFailed               connect_failed, 503
+    │   └── TransferFailed              transfer_failed, 503 (no source could deliver the bytes)
     ├── DeadlineExceeded                deadline_exceeded, 504 (a per-call deadline passed)
     ├── AuthFailed                      auth_failed, 401 (RPC handshake refused)
     ├── FrameTooLarge                   frame_too_large, 413 (RPC frame over the limit)
@@ -132,6 +133,12 @@ class PeerLost(RetryableError):
 
 class ConnectFailed(RetryableError):
     code = "connect_failed"
+
+
+class TransferFailed(RetryableError):
+    """A data-plane transfer could not get some bytes from any source (all down or lacking)."""
+
+    code = "transfer_failed"
 
 
 class DeadlineExceeded(FlashpointError):

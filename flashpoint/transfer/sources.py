@@ -1,0 +1,284 @@
+"""Pull sources for model chunks, and the verified fill of a segment from them.
+
+A :class:`ChunkSource` writes the raw bytes of one chunk into a destination buffer (a slice
+of the segment's mmap) and vouches for nothing; :func:`fill` verifies every chunk it gets
+and only then marks it, trying the next source on a bad or failed read. Sources, in the
+sourcing order of the design: a peer's RAM (:class:`PeerSource`, the data plane's ``get``
+op) before the registry (:class:`RegistrySource`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from flashpoint.errors import (
+    AuthFailed,
+    BadRequest,
+    ConnectFailed,
+    DeadlineExceeded,
+    FlashpointError,
+    IntegrityError,
+    ModelNotFound,
+    NotFound,
+    ProtocolError,
+    TransferFailed,
+    from_wire,
+)
+from flashpoint.log import get_logger
+from flashpoint.registry.manifest import Manifest
+from flashpoint.transfer.plan import Endpoint, FaultPlan
+from flashpoint.transfer.segment import Segment, segment_key
+from flashpoint.transfer.wire import (
+    BYTES_RECEIVED,
+    BYTES_SENT,
+    FLAG_DATA,
+    FLAG_END,
+    VERIFY_FAILURES,
+    DataConn,
+)
+
+__all__ = ["ChunkSource", "Endpoint", "PeerSource", "RegistrySource", "fill", "sources_from_wire"]
+
+log = get_logger(__name__)
+
+# A source that cannot even be reached is skipped for the rest of a fill rather than paying
+# a connect timeout per chunk; a source that merely lacks a chunk or sent bad bytes is not.
+_UNREACHABLE = (ConnectFailed, AuthFailed)
+MAX_GET_CHUNKS = 65536
+GET_PIECE_BYTES = 1024 * 1024
+
+
+@runtime_checkable
+class ChunkSource(Protocol):
+    """Where raw chunk bytes can be pulled from."""
+
+    name: str  # "registry" or "peer:<host_id>"
+
+    async def read_into(self, manifest: Manifest, index: int, dest: memoryview) -> None:
+        """Write chunk ``index``'s raw, unverified bytes into ``dest`` (exactly its size)."""
+        ...
+
+
+class RegistrySource:
+    """Any ModelStore (LocalStore, S3Store), read through ``store.read_range``."""
+
+    name = "registry"
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    async def read_into(self, manifest: Manifest, index: int, dest: memoryview) -> None:
+        start, end = manifest.chunk_range(index)
+        data = await self.store.read_range(manifest.name, manifest.version, start, end)
+        if len(data) != len(dest):
+            raise IntegrityError(f"registry returned {len(data)} bytes for chunk {index}",
+                                 chunk=index)
+        dest[:] = data
+
+    async def aclose(self) -> None:
+        return None
+
+
+class PeerSource:
+    """A peer's data-plane server: reads only chunks the peer has verified.
+
+    Keeps up to ``max_idle`` authenticated connections for reuse (a handshake per chunk would
+    cost more than a small chunk); call :meth:`aclose` when done with it.
+    """
+
+    def __init__(self, endpoint: Endpoint, secret: bytes, *, timeout_s: float = 30.0,
+                 max_idle: int = 4, client_name: str = "") -> None:
+        self.endpoint = endpoint
+        self.name = f"peer:{endpoint.host_id}"
+        self._secret = secret
+        self._timeout_s = timeout_s
+        self._max_idle = max_idle
+        self._client_name = client_name
+        self._idle: list[DataConn] = []
+        self._closed = False
+
+    async def read_into(self, manifest: Manifest, index: int, dest: memoryview) -> None:
+        conn = self._idle.pop() if self._idle else await DataConn.connect(
+            self.endpoint, self._secret, name=self._client_name, timeout_s=min(self._timeout_s, 10.0))
+        try:
+            await self._get(conn, manifest, index, dest)
+        except BaseException:
+            conn.close()
+            raise
+        if self._closed or len(self._idle) >= self._max_idle:
+            conn.close()
+        else:
+            self._idle.append(conn)
+
+    async def _get(self, conn: DataConn, manifest: Manifest, index: int, dest: memoryview) -> None:
+        t = self._timeout_s
+        await conn.send_header({"op": "get", "key": segment_key(manifest), "chunks": [index]}, t)
+        reply = await conn.recv_header(t)
+        if not reply.get("ok"):
+            raise from_wire(reply.get("error"))
+        if index in reply.get("missing", ()):
+            raise NotFound(f"{self.name} has no verified chunk {index} of {segment_key(manifest)}",
+                           chunk=index)
+        pos = 0
+        while True:
+            i, offset, n, flags = await conn.recv_frame_header(t)
+            if flags & FLAG_END:
+                break
+            if flags != FLAG_DATA or i != index or offset != pos or pos + n > len(dest):
+                raise ProtocolError(f"{self.name}: unexpected frame {(i, offset, n, flags)}")
+            await conn.recv_exact_into(dest[pos:pos + n], t)
+            pos += n
+        if pos != len(dest):
+            raise ProtocolError(f"{self.name}: chunk {index} ended after {pos} of {len(dest)} bytes")
+
+    async def aclose(self) -> None:
+        self._closed = True
+        while self._idle:
+            self._idle.pop().close()
+
+    def __repr__(self) -> str:
+        return f"PeerSource({self.endpoint})"
+
+
+def sources_from_wire(wire: Sequence[Any], *, secret: bytes, host_id: str,
+                      registry: ChunkSource | None) -> list[ChunkSource]:
+    """A chain header's fallback list as sources: peers (never this host itself) and
+    ``"registry"`` as this host's own registry client (dropped when it has none)."""
+    out: list[ChunkSource] = []
+    for item in wire:
+        if item == "registry":
+            if registry is not None:
+                out.append(registry)
+            continue
+        ep = Endpoint.from_wire(item)
+        if ep.host_id != host_id:
+            out.append(PeerSource(ep, secret, client_name=host_id))
+    return out
+
+
+async def fill(segment: Segment, sources: Sequence[ChunkSource], *,
+               indices: Iterable[int] | None = None, concurrency: int = 4,
+               timeout_s: float = 600.0) -> dict[str, int]:
+    """Fetch every missing chunk (or ``indices``), verify each, try the next source on a bad
+    or failed read; returns bytes per source name.
+
+    Chunks are taken in ascending order (a relay forwarding the segment is never kept
+    waiting on a late one). :class:`IntegrityError` naming the chunk when a source served
+    bad bytes and no source had good ones; :class:`TransferFailed` naming it when no source
+    could deliver it at all; :class:`DeadlineExceeded` after ``timeout_s``. A chunk is marked
+    only after its sha256 matched.
+    """
+    todo = sorted(set(segment.missing() if indices is None else indices))
+    todo = [i for i in todo if not segment.has(i)]
+    stats: dict[str, int] = {s.name: 0 for s in sources}
+    if not todo:
+        return stats
+    queue = iter(todo)
+    unreachable: set[str] = set()
+    errors: list[BaseException] = []
+    t0 = time.perf_counter()
+
+    async def fetch_one(index: int) -> None:
+        tried: dict[str, str] = {}
+        bad_bytes = False
+        await segment.wait_allocated(segment.manifest.chunk_range(index)[1], timeout_s)
+        for src in sources:
+            if src.name in unreachable:
+                continue
+            try:
+                await src.read_into(segment.manifest, index, segment.chunk_view(index))
+            except _UNREACHABLE as exc:
+                unreachable.add(src.name)
+                tried[src.name] = exc.code
+                continue
+            except (FlashpointError, OSError) as exc:
+                tried[src.name] = getattr(exc, "code", type(exc).__name__)
+                bad_bytes |= isinstance(exc, IntegrityError)
+                continue
+            if await asyncio.to_thread(segment.verify, index):
+                segment.mark(index)
+                n = segment.chunk_len(index)
+                stats[src.name] += n
+                BYTES_RECEIVED.labels("pull").inc(n)
+                return
+            bad_bytes = True
+            tried[src.name] = "sha256_mismatch"
+            VERIFY_FAILURES.labels(src.name.split(":")[0]).inc()
+            log.warning("chunk_verify_failed", model=segment.key, chunk=index, source=src.name)
+        segment.unmark_received(index)
+        what = f"{segment.key} chunk {index}: no source had good bytes (tried {tried or 'none'})"
+        if bad_bytes:
+            raise IntegrityError(what, chunk=index, tried=tried)
+        raise TransferFailed(what, chunk=index, tried=tried)
+
+    async def worker() -> None:
+        for index in queue:
+            if errors:
+                return
+            if segment.has(index):
+                continue
+            try:
+                await fetch_one(index)
+            except Exception as exc:
+                errors.append(exc)
+                return
+
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(todo))))))
+    except TimeoutError:
+        raise DeadlineExceeded(f"{segment.key}: fill took over {timeout_s}s") from None
+    if errors:
+        raise errors[0]
+    log.debug("fill_done", model=segment.key, chunks=len(todo), stats=stats,
+              seconds=round(time.perf_counter() - t0, 4))
+    return stats
+
+
+# --------------------------------------------------------------------------------------
+# The serving side of "get" (run by DataPlaneServer)
+# --------------------------------------------------------------------------------------
+
+
+async def reply_error(conn: DataConn, err: FlashpointError, timeout_s: float = 10.0) -> None:
+    """Best effort: the peer may already be gone."""
+    try:
+        await conn.send_header({"ok": False, "error": err.to_wire()}, timeout_s)
+    except FlashpointError:
+        pass
+
+
+async def serve_get(conn: DataConn, header: dict[str, Any],
+                    lookup: Callable[[str], Segment | None], host_id: str,
+                    fault: FaultPlan | None = None, timeout_s: float = 30.0) -> None:
+    """Answer one ``get``: name the requested chunks this host has not verified, then stream
+    the verified ones (straight from the segment's mapping) and END."""
+    key, chunks = header.get("key"), header.get("chunks")
+    seg = lookup(key) if isinstance(key, str) else None
+    if seg is None:
+        await reply_error(conn, ModelNotFound(f"{host_id} holds no segment {key!r:.100}"))
+        return
+    n_chunks = seg.manifest.num_chunks
+    if (not isinstance(chunks, list) or len(chunks) > MAX_GET_CHUNKS
+            or not all(isinstance(i, int) and 0 <= i < n_chunks for i in chunks)):
+        await reply_error(conn, BadRequest("chunks must be a list of chunk indices"))
+        return
+    have = [i for i in chunks if seg.has(i)]
+    await conn.send_header({"ok": True, "missing": [i for i in chunks if not seg.has(i)]}, timeout_s)
+    for i in have:
+        start, end = seg.manifest.chunk_range(i)
+        pos = 0
+        while pos < end - start:
+            upto = min(end - start, pos + GET_PIECE_BYTES)
+            piece: memoryview | bytes = seg.view[start + pos:start + upto]
+            if fault is not None and i in fault.corrupt_serve and pos == 0:
+                bad = bytearray(piece)
+                bad[0] ^= 0xFF
+                piece = bytes(bad)
+            await conn.send_frame(i, pos, piece, FLAG_DATA, timeout_s)
+            pos = upto
+        BYTES_SENT.labels("serve").inc(end - start)
+    await conn.send_frame(0, 0, None, FLAG_END, timeout_s)
