@@ -88,7 +88,7 @@ async def run_demo(cfg: ClusterConfig, *, hosts: int, preset: str, requests: int
                 cold_rows.append([fn, f"{tm.get('fetch', 0) * 1e3:.1f}", f"{tm.get('load', 0) * 1e3:.1f}",
                                   f"{tm.get('to_device', 0) * 1e3:.1f}",
                                   f"{tm.get('first_inference', 0) * 1e3:.1f}",
-                                  f"{wall * 1e3:.1f}"])
+                                  f"{wall * 1e3:.1f}", first.get("cold_start_source") or "-"])
                 out_name, out = next(iter(first["outputs"].items()))
                 print(f"  {fn} first response ({'cold' if first['cold'] else 'warm'}): "
                       f"{out_name} shape={out['shape']} values={np.round(out['data'][:4], 4).tolist()}")
@@ -119,8 +119,11 @@ async def run_demo(cfg: ClusterConfig, *, hosts: int, preset: str, requests: int
                 status = await r.json()
         print("\nCold start (scale from zero), ms:")
         print(_table(cold_rows, ["function", "fetch", "load", "to_device", "first_infer",
-                                 "request_to_response"]))
+                                 "request_to_response", "source"]))
         print(f"\nBurst of {requests} requests at concurrency {concurrency}:")
         print(_table(lat_rows, ["function", "ok", "errors", "req/s", "p50_ms", "p90_ms", "p99_ms"]))
-        print(f"\nreplicas: {[(r['replica_id'], r['host_id'], r['phase']) for r in status['replicas']]}")
+        print("\nReplicas and where each cold start got its model bytes "
+              "(local = own RAM, chain:<host> = a peer's RAM over a TCP chain, registry):")
+        print(_table([[r["replica_id"], r["host_id"], r["phase"], r.get("source") or "-"]
+                      for r in status["replicas"]], ["replica", "host", "phase", "source"]))
     return 0 if all(r[2] == "0" for r in lat_rows) else 1

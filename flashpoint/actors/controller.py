@@ -71,17 +71,20 @@ class HostHandle:
     conn: Any
     data_endpoint: Any = None  # the host's data-plane address, as it reported it (opaque here)
 
-    async def deploy(self, cmd: cs.DeployReplica, source: dict[str, Any] | None) -> None:
+    async def deploy(self, cmd: cs.DeployReplica, source: dict[str, Any] | None,
+                     manifest_json: str | None) -> None:
+        # The manifest travels with the deploy, so a host can fill from peers even while the
+        # registry is unreachable.
         payload = {"replica_id": cmd.replica_id, "device_id": cmd.device_id,
-                   "spec": cmd.spec.to_dict()}
+                   "spec": cmd.spec.to_dict(), "manifest_json": manifest_json}
         if source is not None:
             payload["source"] = source
         await self.conn.call("deploy_replica", payload, timeout_s=10.0)
 
-    async def start_chain(self, cmd: cs.StartChain, chain: list[Any]) -> None:
+    async def start_chain(self, cmd: cs.StartChain, chain: list[Any], fallback: list[Any]) -> None:
         await self.conn.call("start_chain", {
             "transfer_id": cmd.transfer_id, "model": cmd.model, "version": cmd.version,
-            "chain": chain,
+            "chain": chain, "fallback": fallback,
         }, timeout_s=10.0)
 
     async def stop(self, replica_id: str) -> None:
@@ -95,6 +98,7 @@ class WorkerHandle:
     conn: Any
     host_id: str
     timings_s: dict[str, float] = field(default_factory=dict)
+    source: str = ""  # where its cold start got the model bytes
 
     async def infer(self, ps: list[Pending], timeout_s: float) -> list[dict[str, Any]]:
         """One frame for all of ``ps``; one reply (outputs or a wire error) per request."""
@@ -134,6 +138,7 @@ class Controller:
         self._started_s = time.monotonic()
         self._wake = asyncio.Event()
         self._pump_pending: set[str] = set()
+        self._manifests: dict[str, str] = {}  # "name@version" -> manifest JSON (immutable)
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -266,7 +271,8 @@ class Controller:
         try:
             if host is None:
                 raise FlashpointError(f"host {cmd.host_id} has no connection")
-            await host.deploy(cmd, self._resolve_source(cmd.source))
+            key = f"{cmd.spec.model}@{cmd.spec.model_version}"
+            await host.deploy(cmd, self._resolve_source(cmd.source), self._manifests.get(key))
         except FlashpointError as exc:
             log.warning("deploy_failed", replica_id=cmd.replica_id, error=exc.to_wire())
             self._apply(cs.ReplicaFailed(cmd.replica_id, exc.message, during_start=True))
@@ -284,7 +290,7 @@ class Controller:
     def _resolve_source(self, src: cs.SourceAssignment | None) -> dict[str, Any] | None:
         if src is None:
             return None
-        return {"kind": src.kind, "transfer_id": src.transfer_id,
+        return {"kind": src.kind, "transfer_id": src.transfer_id, "sender": src.sender,
                 "chain": self._endpoints(src.chain), "upstream": self._endpoints(src.upstream),
                 "fallback": self._endpoints(src.fallback)}
 
@@ -295,7 +301,7 @@ class Controller:
         try:
             if host is None:
                 raise FlashpointError(f"host {cmd.sender} has no connection")
-            await host.start_chain(cmd, self._endpoints(cmd.receivers))
+            await host.start_chain(cmd, self._endpoints(cmd.receivers), self._endpoints(cmd.fallback))
             log.info("chain_started", transfer_id=cmd.transfer_id, sender=cmd.sender,
                      receivers=list(cmd.receivers))
         except FlashpointError as exc:
@@ -333,7 +339,8 @@ class Controller:
     async def _replica_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
         rid = str(p["replica_id"])
         timings = {str(k): float(v) for k, v in (p.get("timings_s") or {}).items()}
-        self.workers[rid] = WorkerHandle(conn, str(p.get("host_id", "")), timings)
+        self.workers[rid] = WorkerHandle(conn, str(p.get("host_id", "")), timings,
+                                         str(p.get("source", "")))
         self._conn_replica[id(conn)] = rid
         known = self.state.replicas.get(rid)
         if known is not None and known.phase == cs.ReplicaPhase.STARTING:
@@ -476,11 +483,13 @@ class Controller:
                 timings[phase] = handle.timings_s.get(phase, 0.0)
         REQUESTS.labels(name, "ok").inc()
         LATENCY.labels(name).observe(total)
-        return InvokeResult(decode_tensors(reply.get("outputs")), timings, rid, cold)
+        return InvokeResult(decode_tensors(reply.get("outputs")), timings, rid, cold,
+                            handle.source if cold and handle is not None else "")
 
     # functions ---------------------------------------------------------------------------
     async def _apply_function(self, spec: FunctionSpec, persist: bool) -> FunctionSpec:
         manifest = await self.store.get_manifest(spec.model, spec.model_version)
+        self._manifests[f"{manifest.name}@{manifest.version}"] = manifest.to_json()
         io = manifest.io.to_dict()
         if not spec.inputs and io.get("inputs"):
             spec = _replace_io(spec, io)
@@ -536,7 +545,8 @@ class Controller:
                 {"replica_id": r.replica_id, "function": r.function, "host_id": r.host_id,
                  "device_id": r.device_id, "phase": str(r.phase),
                  "inflight": self.dispatcher.inflight_of(r.replica_id),
-                 "timings_s": r.timings_s}
+                 "timings_s": r.timings_s,
+                 "source": w.source if (w := self.workers.get(r.replica_id)) is not None else ""}
                 for r in self.state.replicas.values()
             ],
             "functions": [i.to_dict() for i in self.list_functions()],

@@ -158,6 +158,7 @@ class SourceAssignment:
 
     kind: str
     transfer_id: str = ""
+    sender: str = ""  # the chain's sender: a holder's host id or "registry"
     chain: tuple[str, ...] = ()
     upstream: tuple[str, ...] = ()
     fallback: tuple[str, ...] = ()
@@ -181,6 +182,7 @@ class StartChain:
     model: str
     version: str
     receivers: tuple[str, ...]
+    fallback: tuple[str, ...] = ()  # where receivers pull from if this sender dies
 
 
 @dataclass(frozen=True)
@@ -401,13 +403,15 @@ class ControllerState:
                 for i, host in enumerate(chain.receivers):
                     self.receiving[(host, key)] = now_s
                     if chain.sender == REGISTRY and i == 0:
-                        per_host[host] = SourceAssignment("chain_head", tid, chain.receivers[1:],
-                                                          (REGISTRY,), fallback)
+                        per_host[host] = SourceAssignment("chain_head", tid, REGISTRY,
+                                                          chain.receivers[1:], (REGISTRY,), fallback)
                     else:
-                        per_host[host] = SourceAssignment("chain", tid, fallback=fallback)
+                        per_host[host] = SourceAssignment("chain", tid, chain.sender,
+                                                          fallback=fallback)
                 if chain.sender != REGISTRY:
                     model, version = key.rsplit("@", 1)
-                    extra.append(StartChain(tid, chain.sender, model, version, chain.receivers))
+                    extra.append(StartChain(tid, chain.sender, model, version, chain.receivers,
+                                            fallback))
             for d in deploys:
                 if d.host_id in per_host:
                     assigned[d.replica_id] = per_host[d.host_id]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import sys
@@ -20,14 +21,22 @@ from pathlib import Path
 from typing import Any
 
 from flashpoint.config import ClusterConfig
-from flashpoint.errors import BadRequest, FlashpointError
+from flashpoint.errors import BadRequest, FlashpointError, ModelNotFound, NoCapacity
 from flashpoint.gpu.inventory import Device, discover
 from flashpoint.ids import new_id
 from flashpoint.log import bind_ids, get_logger
+from flashpoint.registry.manifest import Manifest
 from flashpoint.spec import FunctionSpec
-from flashpoint.transfer.cache import HostCache, default_cache_dir
+from flashpoint.transfer.cache import CacheEntry, HostCache, default_cache_dir
+from flashpoint.transfer.plan import Endpoint
 
 log = get_logger("flashpoint.host")
+
+# Test-only fault injection (tests/netns/test_cluster_netns.py): when set, a FaultPlan as JSON
+# (the keys of flashpoint.transfer.plan.FaultPlan.from_dict, e.g. '{"corrupt_forward": [3]}')
+# that this host's data-plane server applies to what it relays, stores and serves as a chain
+# receiver/peer. Never set in production; a host started with it logs a warning.
+DATAPLANE_FAULT_ENV = "FLASHPOINT_DATAPLANE_FAULT"
 
 
 @dataclass
@@ -52,6 +61,8 @@ class ReplicaTask:
     task: asyncio.Task | None = None
     worker: WorkerProcess | None = None
     started_s: float = field(default_factory=time.monotonic)
+    device_bytes: int = 0  # reserved on its device from the moment the cold start began
+    process_bytes: int = 0  # host RAM reserved for its worker process
 
 
 class HostManager:
@@ -65,7 +76,12 @@ class HostManager:
         self.secret = config.secret.encode()
         cache_dir = (Path(self.hc.cache_dir) / self.host_id if self.hc.cache_dir
                      else default_cache_dir(f"{self.host_id}-{os.getpid()}"))
-        self.cache = HostCache(cache_dir, self.hc.cache_bytes, self.host_id)
+        self.cache = HostCache(cache_dir, self.hc.cache_bytes, self.host_id,
+                               memory_bytes=self.hc.host_memory_bytes)
+        self.dataplane: Any = None
+        self.data_endpoint: Endpoint | None = None
+        self._registry_source: Any = None
+        self._device_used: dict[str, int] = {}
         self.devices: list[Device] = []
         self.workers: dict[str, WorkerProcess] = {}
         self.idle: list[WorkerProcess] = []
@@ -82,8 +98,23 @@ class HostManager:
         from flashpoint.rpc import ReconnectingClient, RpcServer
 
         bind_ids(host_id=self.host_id)
+        from flashpoint.transfer.dataplane import DataPlaneServer
+        from flashpoint.transfer.sources import RegistrySource
+
         self.devices = discover(self.hc.cpu_devices, self.hc.device_memory_bytes)
         self.cache.start()
+        self._registry_source = RegistrySource(self.store)
+        fault = None
+        if fault_json := os.environ.get(DATAPLANE_FAULT_ENV):
+            from flashpoint.transfer.plan import FaultPlan
+
+            fault = FaultPlan.from_dict(json.loads(fault_json))
+            log.warning("dataplane_fault_injected", fault=fault_json)
+        self.dataplane = DataPlaneServer(
+            self.cache, self.secret, host_id=self.host_id, listen_host=self.hc.data_listen_host,
+            port=self.hc.data_port, registry_source=self._registry_source, fault=fault)
+        bound = await self.dataplane.start()
+        self.data_endpoint = Endpoint(self.host_id, self.hc.data_advertise_host or bound.addr, bound.port)
         self._server = RpcServer({"worker_hello": self._worker_hello}, secret=self.secret)
         host, port = await self._server.start(self.hc.listen_host, 0)
         self._local_url = f"ws://{host}:{port}/rpc"
@@ -91,12 +122,13 @@ class HostManager:
         self._controller = ReconnectingClient(
             self.hc.controller_url,
             {"deploy_replica": self._deploy, "stop_replica": self._stop_replica,
-             "host_status": self._status},
+             "start_chain": self._start_chain, "host_status": self._status},
             secret=self.secret, on_connected=self._register,
         )
         await self._controller.start()
         self._spawn_task(self._heartbeat_loop(), "heartbeat")
-        log.info("host_started", devices=[d.device_id for d in self.devices], url=self._local_url)
+        log.info("host_started", devices=[d.device_id for d in self.devices], url=self._local_url,
+                 data_endpoint=str(self.data_endpoint))
 
     async def wait_pool_ready(self, timeout_s: float) -> bool:
         """Wait until the warm pool is full (a cold start then pays only for model bytes)."""
@@ -116,6 +148,8 @@ class HostManager:
             await self._controller.stop()
         if self._server is not None:
             await self._server.stop(timeout_s=2.0)
+        if self.dataplane is not None:
+            await self.dataplane.stop()
         self.cache.close()
 
     def _spawn_task(self, coro: Any, name: str) -> asyncio.Task:
@@ -139,6 +173,7 @@ class HostManager:
             "ram_bytes": self.hc.cache_bytes,
             "cached_models": self.cache.keys(),
             "replicas": self._replica_reports(),
+            "data_endpoint": self.data_endpoint.to_wire() if self.data_endpoint else None,
         }, timeout_s=10.0)
 
     async def _heartbeat_loop(self) -> None:
@@ -166,18 +201,150 @@ class HostManager:
             return {"accepted": True, "duplicate": True}
         spec = FunctionSpec.from_dict(payload.get("spec"))
         device_id = str(payload.get("device_id", ""))
-        if device_id not in {d.device_id for d in self.devices}:
+        device = next((d for d in self.devices if d.device_id == device_id), None)
+        if device is None:
             raise BadRequest(f"unknown device {device_id!r} on host {self.host_id}")
+        source = payload.get("source")
+        if source is not None and not isinstance(source, dict):
+            raise BadRequest("deploy source must be a map")
+        manifest_json = payload.get("manifest_json")
+        manifest = Manifest.from_json(manifest_json) if isinstance(manifest_json, str) else None
         rt = ReplicaTask(replica_id, spec.name, device_id)
+        # A cold start reserves its device memory and its worker's host RAM when it begins,
+        # so concurrent starts can never overcommit either.
+        need = (manifest.blob_size if manifest else 0) + self.hc.worker_memory_bytes
+        used = self._device_used.get(device_id, 0)
+        if used + need > device.memory_bytes:
+            raise NoCapacity(f"device {device_id} on {self.host_id}: {need} bytes needed, "
+                             f"{device.memory_bytes - used} free", retry_after_s=5.0)
+        self.cache.reserve_process(self.hc.worker_memory_bytes)
+        rt.process_bytes, rt.device_bytes = self.hc.worker_memory_bytes, need
+        self._device_used[device_id] = used + need
         self.replicas[replica_id] = rt
-        rt.task = self._spawn_task(self._cold_start(rt, spec), f"coldstart:{replica_id}")
+        rt.task = self._spawn_task(self._cold_start(rt, spec, source, manifest),
+                                   f"coldstart:{replica_id}")
         return {"accepted": True}
 
-    async def _cold_start(self, rt: ReplicaTask, spec: FunctionSpec) -> None:
+    def _release(self, rt: ReplicaTask) -> None:
+        """Give back a replica's reservations (idempotent)."""
+        if rt.device_bytes:
+            self._device_used[rt.device_id] = max(0, self._device_used.get(rt.device_id, 0) - rt.device_bytes)
+            rt.device_bytes = 0
+        if rt.process_bytes:
+            self.cache.release_process(rt.process_bytes)
+            rt.process_bytes = 0
+
+    # model bytes -------------------------------------------------------------------------
+    def _chain_fallback(self, wires: Any) -> list[Any]:
+        """A chain header's fallback list: peers as endpoints, the registry as our source."""
+        return [self._registry_source if w == "registry" else Endpoint.from_wire(w)
+                for w in wires or ()] or [self._registry_source]
+
+    def _sources(self, wires: Any) -> list[Any]:
+        """Pull sources from a deploy's wire list: peer endpoints, and "registry"."""
+        from flashpoint.transfer.sources import PeerSource
+
+        out: list[Any] = []
+        for w in wires or ():
+            if w == "registry":
+                out.append(self._registry_source)
+            else:
+                ep = Endpoint.from_wire(w)
+                if ep.host_id != self.host_id:
+                    out.append(PeerSource(ep, self.secret))
+        return out or [self._registry_source]
+
+    async def _obtain(self, spec: FunctionSpec, source: dict[str, Any] | None,
+                      manifest: Manifest | None) -> tuple[CacheEntry, str]:
+        """The model in this host's RAM, from where the controller's plan says; returns the
+        entry and a label of where its bytes came from."""
+        from flashpoint.transfer.chain import send_chain
+
+        key = f"{spec.model}@{spec.model_version}"
+        timeout_s = self.config.controller.deploy_timeout_s
+        entry = self.cache.entry(key)
+        if entry is not None:  # held, or being filled already: one transfer per host and model
+            joined = not entry.complete
+            await entry.segment.wait_complete(timeout_s)
+            return entry, (entry.source if joined else "local")
+        if manifest is None:
+            manifest = await self.store.get_manifest(spec.model, spec.model_version)
+        src = source or {}
+        kind = str(src.get("kind", ""))
+        fallback = self._sources(src.get("fallback") or ["registry"])
+        if kind == "chain":
+            arrived = await self.cache.wait_entry(key, self.hc.chain_wait_s)
+            if arrived is not None:
+                self.cache.set_source(key, f"chain:{src.get('sender', '?')}")
+                await arrived.segment.wait_complete(timeout_s)
+                # HostCache.on_complete (which sets fetch_s) runs in the data plane only after
+                # the upstream's END frame; the segment completes before that, so a cold start
+                # read fetch_s == 0. Time the fetch here when it has not been set yet.
+                if not arrived.fetch_s:
+                    arrived.fetch_s = time.perf_counter() - arrived.started_s
+                return arrived, arrived.source
+            log.warning("chain_never_arrived", transfer_id=src.get("transfer_id"), model=key)
+        elif kind == "chain_head" and src.get("chain"):
+            chain = [Endpoint.from_wire(e) for e in src["chain"]]
+            upstream = self._sources(src.get("upstream"))
+            segment = self.cache.open_for_receive(manifest, source="chain:registry")
+            tid = str(src.get("transfer_id", ""))
+            self._spawn_task(self._relay(send_chain(
+                segment, chain, secret=self.secret, transfer_id=tid, upstream=upstream,
+                fallback=self._chain_fallback(src.get("fallback")), host_id=self.host_id,
+                stall_timeout_s=self.hc.chain_stall_timeout_s,
+                orphan_grace_s=self.hc.orphan_grace_s), tid, key, pinned=False), f"chain:{tid}")
+            try:
+                await segment.wait_complete(timeout_s)
+            except BaseException as exc:
+                self.cache.abort(key, exc)
+                raise
+            self.cache.on_complete(segment)
+            done = self.cache.entry(key)
+            if done is None:
+                raise ModelNotFound(f"{key} left the cache as soon as it arrived")
+            return done, "chain:registry"
+        entry, _ = await self.cache.ensure(manifest, fallback, timeout_s=timeout_s)
+        return entry, entry.source
+
+    async def _relay(self, coro: Any, transfer_id: str, key: str, *, pinned: bool = True) -> None:
+        """Run one chain this host heads; its outcome is logged (receivers report their own)."""
+        try:
+            result = await coro
+            log.info("chain_finished", transfer_id=transfer_id, model=key,
+                     completed=result.completed, failed=result.failed,
+                     seconds=round(result.seconds, 3))
+        except Exception as exc:
+            log.warning("chain_failed", transfer_id=transfer_id, model=key, error=repr(exc))
+        finally:
+            if pinned:
+                self.cache.unpin(key)
+
+    async def _start_chain(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """Stream a model this host holds down a chain the controller built."""
+        from flashpoint.transfer.chain import send_chain
+
+        key = f"{payload.get('model')}@{payload.get('version')}"
+        entry = self.cache.get(key)
+        if entry is None:
+            raise ModelNotFound(f"{key} is not in host {self.host_id}'s RAM")
+        chain = [Endpoint.from_wire(e) for e in payload.get("chain") or []]
+        tid = str(payload.get("transfer_id", ""))
+        self.cache.pin(key)  # not evicted while it streams
+        self._spawn_task(self._relay(send_chain(
+            entry.segment, chain, secret=self.secret, transfer_id=tid, host_id=self.host_id,
+            fallback=self._chain_fallback(payload.get("fallback")),
+            stall_timeout_s=self.hc.chain_stall_timeout_s,
+            orphan_grace_s=self.hc.orphan_grace_s), tid, key), f"chain:{tid}")
+        return {"accepted": True}
+
+    async def _cold_start(self, rt: ReplicaTask, spec: FunctionSpec, source: dict[str, Any] | None,
+                          manifest: Manifest | None) -> None:
         bind_ids(replica_id=rt.replica_id)
         model_key = f"{spec.model}@{spec.model_version}"
         try:
-            entry, hit = await self.cache.ensure(self.store, spec.model, spec.model_version)
+            entry, label = await self._obtain(spec, source, manifest)
+            hit = label == "local"
             self.cache.pin(model_key)
             try:
                 worker = await self._take_worker()
@@ -189,10 +356,10 @@ class HostManager:
                     "replica_id": rt.replica_id, "host_id": self.host_id, "spec": spec.to_dict(),
                     "cache_path": str(entry.path), "manifest_json": entry.manifest_json,
                     "device": device, "controller_url": self.hc.controller_url,
-                    "fetch_s": 0.0 if hit else entry.fetch_s,
+                    "fetch_s": 0.0 if hit else entry.fetch_s, "source": label,
                 }, timeout_s=self.config.controller.deploy_timeout_s)
                 worker.warm = True
-                log.info("replica_started", cache_hit=hit, timings=reply.get("timings_s"))
+                log.info("replica_started", source=label, timings=reply.get("timings_s"))
             finally:
                 self.cache.unpin(model_key)
                 # Refill the warm pool only now: starting a Python+torch process while a
@@ -204,6 +371,7 @@ class HostManager:
             reason = exc.message if isinstance(exc, FlashpointError) else f"{type(exc).__name__}: {exc}"
             log.warning("cold_start_failed", reason=reason)
             self.replicas.pop(rt.replica_id, None)
+            self._release(rt)
             if rt.worker is not None:
                 rt.worker.replica_id = None  # the watcher must not report it twice
                 await self._stop_worker(rt.worker, 2.0)
@@ -214,6 +382,7 @@ class HostManager:
         rt = self.replicas.pop(str(payload.get("replica_id", "")), None)
         if rt is None:
             return {"stopped": False}
+        self._release(rt)
         if rt.task is not None and not rt.task.done():
             rt.task.cancel()
         if rt.worker is not None:
@@ -223,7 +392,8 @@ class HostManager:
 
     async def _status(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         return {"host_id": self.host_id, "replicas": self._replica_reports(),
-                "cache": self.cache.keys(), "idle_workers": len(self.idle),
+                "cache": self.cache.keys(), "cache_stats": self.cache.stats(),
+                "idle_workers": len(self.idle),
                 "worker_pids": [w.proc.pid for w in self.workers.values()]}
 
     # workers ----------------------------------------------------------------------------
@@ -277,7 +447,9 @@ class HostManager:
             w.hello.exception()
         if w.replica_id is not None and not w.stopping and not self._stopping:
             rid, during_start = w.replica_id, not w.warm
-            self.replicas.pop(rid, None)
+            rt = self.replicas.pop(rid, None)
+            if rt is not None:
+                self._release(rt)
             log.warning("worker_died", worker_id=w.worker_id, rc=rc, replica_id=rid)
             await self._report("replica_failed", {
                 "replica_id": rid, "reason": f"worker process exited with status {rc}",

@@ -121,6 +121,7 @@ class Worker:
         self._ready_payload = {
             "replica_id": payload["replica_id"], "host_id": payload["host_id"],
             "function": spec.name, "credits": spec.replica_concurrency, "timings_s": timings,
+            "source": str(payload.get("source", "")),
         }
         from flashpoint.rpc import ReconnectingClient
 

@@ -27,6 +27,9 @@ class InvokeResult:
     timings_s: dict[str, float] = field(default_factory=dict)
     replica_id: str = ""
     cold: bool = False
+    # Where the cold start this request waited for got the model bytes ("local",
+    # "chain:<sender>", "registry", "peer:<host>"); empty when the request found a warm replica.
+    cold_start_source: str = ""
 
 
 @dataclass

@@ -157,6 +157,7 @@ class NativeRoutes:
             "timings_s": result.timings_s,
             "replica_id": result.replica_id,
             "cold": result.cold,
+            "cold_start_source": result.cold_start_source,
             "request_id": rid,
         }
         resp = web.Response(status=200, content_type="application/json")

@@ -1,11 +1,24 @@
-"""Host RAM model cache: one file per model version on a tmpfs, mapped by workers.
+"""Host RAM model cache: one shared-memory segment per model version, mapped by workers.
 
-The host fetches a model once (verified chunk by chunk) into ``<cache_dir>/<name>@<version>``
-and every local worker maps that file copy-on-write (``MAP_PRIVATE``): weights are viewed in
-place with no copy, and a worker can never scribble on the shared bytes. Concurrent requests
-for the same model share one fetch (single flight). Unpinned entries are evicted LRU when
-capacity is needed; a worker's existing mapping survives the unlink, so eviction never breaks
-a running replica.
+A model lives in ``<cache_dir>/<name>@<version>`` (a tmpfs file, i.e. shared memory) as a
+:class:`~flashpoint.transfer.segment.Segment`: the bytes plus a bitmap of verified chunks.
+Workers map the file copy-on-write (``MAP_PRIVATE``): weights are viewed in place with no
+copy, and a worker can never scribble on the shared bytes.
+
+Memory rules (issue 3):
+
+* **Reservations.** A cold start reserves the whole blob when its transfer *begins*
+  (:meth:`HostCache.open_for_receive`), so two concurrent fills can never overcommit RAM.
+* **Cache before processes.** The cache and worker processes share ``memory_bytes``. When a
+  worker's process memory is reserved (:meth:`reserve_process`), unpinned cached models are
+  evicted LRU to make room; process memory is never refused while evictable cache remains.
+* **One transfer per host and model.** Whoever arrives while a segment is being filled (a
+  pull, a chain, another deploy) waits on that segment; nothing is fetched twice.
+* **Only verified bytes count.** A segment is published (listed in :meth:`keys`, offered to
+  peers as complete) only when every chunk's sha256 matched; a failed fill deletes it.
+
+Eviction unlinks the file; a worker's existing mapping survives the unlink, so eviction never
+breaks a running replica (pins still keep models that replicas are starting from).
 """
 
 from __future__ import annotations
@@ -15,32 +28,57 @@ import os
 import tempfile
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from flashpoint.errors import NoCapacity
+from flashpoint.errors import DeadlineExceeded, NoCapacity
 from flashpoint.log import get_logger
+from flashpoint.registry.manifest import Manifest
+from flashpoint.transfer.segment import Segment
+from flashpoint.transfer.sources import ChunkSource, fill
 
 log = get_logger(__name__)
 
 CACHE_HITS = Counter("flashpoint_cache_hits_total", "Model cache hits")
-CACHE_MISSES = Counter("flashpoint_cache_misses_total", "Model cache misses (fetches)")
+CACHE_MISSES = Counter("flashpoint_cache_misses_total", "Model cache misses (fills)")
 CACHE_EVICTIONS = Counter("flashpoint_cache_evictions_total", "Model cache evictions")
+CACHE_FILLED_BYTES = Counter("flashpoint_cache_filled_bytes_total",
+                             "Verified bytes that entered the cache, by source", ["source"])
 CACHE_BYTES = Gauge("flashpoint_cache_bytes", "Bytes held in the host model cache", ["host"])
+CACHE_RESERVED = Gauge("flashpoint_cache_reserved_bytes",
+                       "Bytes reserved by fills in progress and worker processes", ["host", "kind"])
+CACHE_CAPACITY = Gauge("flashpoint_cache_capacity_bytes", "Host cache capacity", ["host"])
 
 
 @dataclass
 class CacheEntry:
     key: str  # "name@version"
-    path: Path
-    size_bytes: int
-    manifest_json: str
-    fetch_s: float
+    segment: Segment
+    started_s: float = field(default_factory=time.perf_counter)
+    fetch_s: float = 0.0
+    source: str = ""  # where the bytes came from: "local", "registry", "peer:<host>", "chain:<id>"
     pins: int = 0
     last_used_s: float = field(default_factory=time.monotonic)
+
+    @property
+    def path(self) -> Path:
+        return self.segment.path
+
+    @property
+    def size_bytes(self) -> int:
+        return self.segment.manifest.blob_size
+
+    @property
+    def manifest_json(self) -> str:
+        return self.segment.manifest.to_json()
+
+    @property
+    def complete(self) -> bool:
+        return self.segment.complete
 
 
 def default_cache_dir(host_id: str) -> Path:
@@ -51,25 +89,29 @@ def default_cache_dir(host_id: str) -> Path:
 
 
 class HostCache:
-    """Model bytes in host RAM, keyed by ``name@version``."""
+    """Model bytes in host RAM, keyed by ``name@version``; also the data plane's segment provider."""
 
-    def __init__(self, directory: Path, capacity_bytes: int, host_id: str = "") -> None:
+    def __init__(self, directory: Path, capacity_bytes: int, host_id: str = "", *,
+                 memory_bytes: int | None = None) -> None:
         self.directory = directory
         self.capacity_bytes = capacity_bytes
+        self.memory_bytes = memory_bytes if memory_bytes is not None else capacity_bytes
         self.host_id = host_id
         self._entries: OrderedDict[str, CacheEntry] = OrderedDict()
-        self._inflight: dict[str, asyncio.Future[CacheEntry]] = {}
-        self._reserved = 0
+        self._process_bytes = 0
+        self._entry_waiters: dict[str, list[asyncio.Future[CacheEntry]]] = {}
+        CACHE_CAPACITY.labels(host_id).set(capacity_bytes)
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        # Leftovers from a previous run are not trusted (no manifest kept with them).
+        # Leftovers from a previous run are not trusted (no bitmap kept with them).
         for p in self.directory.iterdir():
             if p.is_file():
                 p.unlink(missing_ok=True)
 
     def close(self) -> None:
         for entry in self._entries.values():
+            entry.segment.close()
             entry.path.unlink(missing_ok=True)
         self._entries.clear()
         try:
@@ -77,41 +119,74 @@ class HostCache:
         except OSError:
             pass
 
+    # accounting ------------------------------------------------------------------------
     @property
     def used_bytes(self) -> int:
-        return sum(e.size_bytes for e in self._entries.values()) + self._reserved
+        """Bytes of cached and reserved (being filled) model data."""
+        return sum(e.size_bytes for e in self._entries.values())
 
+    def stats(self) -> dict[str, Any]:
+        filling = [e for e in self._entries.values() if not e.complete]
+        return {"capacity_bytes": self.capacity_bytes, "used_bytes": self.used_bytes,
+                "filling_bytes": sum(e.size_bytes for e in filling),
+                "process_bytes": self._process_bytes, "models": self.keys(),
+                "filling": [e.key for e in filling]}
+
+    def _limit(self) -> int:
+        return min(self.capacity_bytes, self.memory_bytes - self._process_bytes)
+
+    def _publish_metrics(self) -> None:
+        CACHE_BYTES.labels(self.host_id).set(self.used_bytes)
+        filling = sum(e.size_bytes for e in self._entries.values() if not e.complete)
+        CACHE_RESERVED.labels(self.host_id, "fill").set(filling)
+        CACHE_RESERVED.labels(self.host_id, "process").set(self._process_bytes)
+
+    def _make_room(self, size: int) -> None:
+        while self.used_bytes + size > self._limit():
+            victim = next((e for e in self._entries.values() if e.pins == 0 and e.complete), None)
+            if victim is None:
+                raise NoCapacity(
+                    f"host {self.host_id} cache full: need {size} bytes, "
+                    f"{max(self._limit() - self.used_bytes, 0)} free", retry_after_s=5.0)
+            self._drop(victim)
+            CACHE_EVICTIONS.inc()
+            log.info("cache_evicted", model=victim.key, size_bytes=victim.size_bytes)
+
+    def _drop(self, entry: CacheEntry) -> None:
+        self._entries.pop(entry.key, None)
+        entry.segment.close()
+        entry.path.unlink(missing_ok=True)
+        self._publish_metrics()
+
+    def reserve_process(self, nbytes: int) -> None:
+        """Reserve host memory for a worker process, evicting cached models first if needed."""
+        self._process_bytes += nbytes
+        try:
+            self._make_room(0)
+        except NoCapacity:
+            self._process_bytes -= nbytes
+            raise NoCapacity(f"host {self.host_id} has no memory for a worker of {nbytes} bytes",
+                             retry_after_s=5.0) from None
+        finally:
+            self._publish_metrics()
+
+    def release_process(self, nbytes: int) -> None:
+        self._process_bytes = max(0, self._process_bytes - nbytes)
+        self._publish_metrics()
+
+    # lookups ---------------------------------------------------------------------------
     def keys(self) -> list[str]:
-        return list(self._entries)
+        """Models held complete and verified."""
+        return [k for k, e in self._entries.items() if e.complete]
 
     def get(self, key: str) -> CacheEntry | None:
-        return self._entries.get(key)
-
-    async def ensure(self, store: Any, name: str, version: str) -> tuple[CacheEntry, bool]:
-        """The cached entry for a model, fetching it once if absent. Returns (entry, hit)."""
-        key = f"{name}@{version}"
+        """The complete entry for ``key``, or None."""
         entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
-            entry.last_used_s = time.monotonic()
-            CACHE_HITS.inc()
-            return entry, True
-        fut = self._inflight.get(key)
-        if fut is not None:
-            return await asyncio.shield(fut), True
-        fut = asyncio.get_running_loop().create_future()
-        self._inflight[key] = fut
-        try:
-            entry = await self._fetch(store, name, version, key)
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # retrieved: waiters re-raise it, no "never retrieved" warning
-            raise
-        finally:
-            self._inflight.pop(key, None)
-        fut.set_result(entry)
-        CACHE_MISSES.inc()
-        return entry, False
+        return entry if entry is not None and entry.complete else None
+
+    def entry(self, key: str) -> CacheEntry | None:
+        """The entry for ``key``, complete or still being filled."""
+        return self._entries.get(key)
 
     def pin(self, key: str) -> None:
         self._entries[key].pins += 1
@@ -121,43 +196,108 @@ class HostCache:
         if entry is not None and entry.pins > 0:
             entry.pins -= 1
 
-    def _make_room(self, size: int) -> None:
-        while self.used_bytes + size > self.capacity_bytes:
-            victim = next((e for e in self._entries.values() if e.pins == 0), None)
-            if victim is None:
-                raise NoCapacity(
-                    f"host cache full: need {size} bytes, {self.capacity_bytes - self.used_bytes} free",
-                    retry_after_s=5.0,
-                )
-            del self._entries[victim.key]
-            victim.path.unlink(missing_ok=True)
-            CACHE_EVICTIONS.inc()
-            log.info("cache_evicted", model=victim.key, size_bytes=victim.size_bytes)
+    # the data plane's SegmentProvider --------------------------------------------------
+    def lookup(self, key: str) -> Segment | None:
+        entry = self._entries.get(key)
+        return entry.segment if entry is not None else None
 
-    async def _fetch(self, store: Any, name: str, version: str, key: str) -> CacheEntry:
-        t0 = time.perf_counter()
-        manifest = await store.get_manifest(name, version)
-        size = manifest.blob_size
-        self._make_room(size)
-        self._reserved += size  # a cold start reserves its RAM when it begins
-        path = self.directory / key
-        tmp = self.directory / f".{key}.partial"
+    def open_for_receive(self, manifest: Manifest, source: str = "") -> Segment:
+        """The segment to fill for ``manifest``: the existing one, or a new one with its RAM reserved."""
+        key = f"{manifest.name}@{manifest.version}"
+        entry = self._entries.get(key)
+        if entry is not None:
+            if entry.segment.manifest.chunk_sha256 != manifest.chunk_sha256:
+                raise NoCapacity(f"{key}: a different blob with the same version is cached")
+            return entry.segment
+        self._make_room(manifest.blob_size)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        segment = Segment(self.directory / key, manifest)
+        entry = self._entries[key] = CacheEntry(key, segment, source=source)
+        for fut in self._entry_waiters.pop(key, []):
+            if not fut.done():
+                fut.set_result(entry)
+        CACHE_MISSES.inc()
+        self._publish_metrics()
+        log.info("cache_fill_started", model=key, size_bytes=manifest.blob_size, source=source)
+        return segment
+
+    def on_complete(self, segment: Segment) -> None:
+        entry = self._entries.get(segment.key)
+        if entry is None or entry.segment is not segment:
+            return
+        entry.fetch_s = time.perf_counter() - entry.started_s
+        self._entries.move_to_end(segment.key)
+        CACHE_FILLED_BYTES.labels(entry.source.split(":")[0] or "unknown").inc(entry.size_bytes)
+        self._publish_metrics()
+        log.info("cache_filled", model=segment.key, size_bytes=entry.size_bytes,
+                 source=entry.source, fetch_s=round(entry.fetch_s, 4))
+
+    def set_source(self, key: str, source: str) -> None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.source = source
+
+    def abort(self, key: str, exc: BaseException) -> None:
+        """A fill failed: wake its waiters with ``exc`` and free the reservation."""
+        entry = self._entries.get(key)
+        if entry is None or entry.complete:
+            return
+        entry.segment.fail(exc)
+        self._drop(entry)
+        log.warning("cache_fill_failed", model=key, error=repr(exc))
+
+    # the cold-start path -----------------------------------------------------------------
+    async def wait_entry(self, key: str, timeout_s: float) -> CacheEntry | None:
+        """The entry for ``key`` once a fill of it begins (a chain reaching this host), or
+        None if none began within ``timeout_s``."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            return entry
+        fut: asyncio.Future[CacheEntry] = asyncio.get_running_loop().create_future()
+        self._entry_waiters.setdefault(key, []).append(fut)
         try:
-            fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
-            try:
-                for index in range(len(manifest.chunk_sha256)):
-                    data = await store.read_chunk(name, version, index)  # verified by the store
-                    await asyncio.to_thread(os.pwrite, fd, data, index * manifest.chunk_size)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+            return await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            return None
         finally:
-            self._reserved -= size
-        entry = CacheEntry(key, path, size, manifest.to_json(), time.perf_counter() - t0)
-        self._entries[key] = entry
-        CACHE_BYTES.labels(self.host_id).set(self.used_bytes)
-        log.info("cache_filled", model=key, size_bytes=size, fetch_s=round(entry.fetch_s, 4))
+            waiters = self._entry_waiters.get(key)
+            if waiters is not None and fut in waiters:
+                waiters.remove(fut)
+                if not waiters:
+                    del self._entry_waiters[key]
+
+    async def wait(self, key: str, timeout_s: float) -> CacheEntry:
+        """Wait for an existing fill of ``key`` to complete."""
+        entry = self._entries.get(key)
+        if entry is None:
+            raise DeadlineExceeded(f"no transfer of {key} on host {self.host_id}")
+        await entry.segment.wait_complete(timeout_s)
         return entry
+
+    async def ensure(self, manifest: Manifest, sources: Sequence[ChunkSource], *,
+                     timeout_s: float = 600.0) -> tuple[CacheEntry, bool]:
+        """The complete entry for ``manifest``'s model, filling it from ``sources`` if absent.
+
+        Returns ``(entry, hit)``; ``hit`` is True when no bytes had to move for this call (held
+        already, or another caller's fill was joined).
+        """
+        key = f"{manifest.name}@{manifest.version}"
+        entry = self._entries.get(key)
+        if entry is not None:
+            if not entry.complete:
+                await entry.segment.wait_complete(timeout_s)
+            self._entries.move_to_end(key)
+            entry.last_used_s = time.monotonic()
+            CACHE_HITS.inc()
+            return entry, True
+        segment = self.open_for_receive(manifest, source=",".join(s.name for s in sources))
+        entry = self._entries[key]
+        try:
+            per_source = await fill(segment, sources, timeout_s=timeout_s)
+        except BaseException as exc:
+            self.abort(key, exc)
+            raise
+        used = [name for name, n in per_source.items() if n > 0]
+        entry.source = "+".join(used) if used else entry.source
+        self.on_complete(segment)
+        return entry, False

@@ -406,10 +406,12 @@ def test_scale_up_puts_receivers_on_chains_from_holders_and_the_registry():
     assert len(peer_chain) == 2 and len(registry_chain) == 1
     (head,) = registry_chain
     assert deploys[head].source == SourceAssignment(
-        "chain_head", deploys[head].source.transfer_id, (), ("registry",), ("holder", "registry"))
+        "chain_head", deploys[head].source.transfer_id, "registry", (), ("registry",),
+        ("holder", "registry"))
     for h in peer_chain:
         src = deploys[h].source
         assert src.kind == "chain" and src.transfer_id == starts[0].transfer_id
+        assert src.sender == "holder"
         assert src.fallback == ("holder", "registry")
     # The sender is told to stream only after the receivers were told to expect it.
     assert cmds.index(starts[0]) > max(cmds.index(d) for d in deploys.values())

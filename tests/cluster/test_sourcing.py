@@ -1,0 +1,67 @@
+"""Where cold starts get model bytes, on a real local cluster: registry first, then a peer's RAM."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from flashpoint.cli import make_store
+from flashpoint.cluster import LocalCluster
+from flashpoint.models.publish import publish
+
+from .conftest import cluster_config, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+async def test_second_host_gets_the_model_from_the_first_hosts_ram(tmp_path: Path) -> None:
+    # One device per host with room for one replica, so the second replica must go elsewhere.
+    cfg = cluster_config(tmp_path, device_memory_bytes=100 << 20, worker_memory_bytes=64 << 20)
+    store = make_store(cfg)
+    manifest = await publish(store, "bert", "tiny", "1", model_name="bert")
+    c = LocalCluster(cfg, hosts=2, store=store)
+    await asyncio.wait_for(c.start(), 90)
+    try:
+        url = c.controller.url
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+            async with s.post(f"{url}/v1/functions", json={
+                    "name": "f", "model": "bert", "min_replicas": 1}) as r:
+                assert r.status == 201, await r.text()
+
+            async def replicas() -> list[dict]:
+                async with s.get(f"{url}/v1/status") as r:
+                    return (await r.json())["replicas"]
+
+            await wait_for("first replica warm", lambda: any(
+                r.phase == "warm" for r in c.controller.state.replicas.values()), 60)
+            (first,) = await replicas()
+            assert first["source"] == "registry"
+            await wait_for("first host reports the model cached", lambda: any(
+                "bert@1" in h.cached_models for h in c.controller.state.hosts.values()), 10)
+
+            async with s.post(f"{url}/v1/functions", json={
+                    "name": "f", "model": "bert", "min_replicas": 2}) as r:
+                assert r.status in (200, 201), await r.text()
+            await wait_for("two replicas warm", lambda: sum(
+                r.phase == "warm" for r in c.controller.state.replicas.values()) == 2, 60)
+            reps = await replicas()
+        by_host = {r["host_id"]: r for r in reps}
+        assert len(by_host) == 2
+        second = next(r for r in reps if r["host_id"] != first["host_id"])
+        assert second["source"] == f"chain:{first['host_id']}"
+        blob = store.blob_path("bert", "1")
+        for h in c.hosts:
+            entry = h.cache.get("bert@1")
+            assert entry is not None and entry.complete
+            assert _sha(entry.path) == _sha(blob)
+        assert manifest.blob_size == blob.stat().st_size
+    finally:
+        await asyncio.wait_for(c.stop(), 60)
