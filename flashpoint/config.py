@@ -30,6 +30,9 @@ class ControllerConfig:
     cold_start_timeout_s: float = 120.0
     max_queued_per_function: int = 10_000
     deploy_timeout_s: float = 180.0
+    # Device memory a replica needs beyond its model bytes (activations, workspace); the
+    # controller places with it and hosts reserve with it, so both agree on what fits.
+    replica_overhead_bytes: int = 64 << 20
 
 
 @dataclass(frozen=True)

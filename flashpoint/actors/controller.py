@@ -122,7 +122,8 @@ class Controller:
         self.cc = config.controller
         self.store = store
         self.state = cs.ControllerState(heartbeat_timeout_s=self.cc.heartbeat_timeout_s,
-                                        cold_start_timeout_s=self.cc.cold_start_timeout_s)
+                                        cold_start_timeout_s=self.cc.cold_start_timeout_s,
+                                        replica_overhead_bytes=self.cc.replica_overhead_bytes)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())

@@ -212,7 +212,7 @@ class HostManager:
         rt = ReplicaTask(replica_id, spec.name, device_id)
         # A cold start reserves its device memory and its worker's host RAM when it begins,
         # so concurrent starts can never overcommit either.
-        need = (manifest.blob_size if manifest else 0) + self.hc.worker_memory_bytes
+        need = (manifest.blob_size if manifest else 0) + self.config.controller.replica_overhead_bytes
         used = self._device_used.get(device_id, 0)
         if used + need > device.memory_bytes:
             raise NoCapacity(f"device {device_id} on {self.host_id}: {need} bytes needed, "
