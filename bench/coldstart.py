@@ -93,7 +93,8 @@ async def main(args: argparse.Namespace) -> dict:
             "controller": {"listen_port": 0}, "log_level": "WARNING",
             # One device per host with room for one replica: the second function must go to
             # the other host, which then sources from the first host's RAM.
-            "host": {"cpu_devices": 1, "warm_pool_size": 1, "device_memory_bytes": int(size * 1.5) + (100 << 20),
+            "host": {"cpu_devices": 1, "warm_pool_size": 1,
+                     "device_memory_bytes": int(size * 1.5) + (100 << 20),
                      "cache_bytes": 3 * size, "host_memory_bytes": 8 * size},
         }).with_home(home)
         inputs = {k: np.asarray(v) for k, v in
