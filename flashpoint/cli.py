@@ -87,6 +87,33 @@ async def _http(method: str, url: str, body: Any = None, key: str | None = None)
             return data
 
 
+async def _wait_deployed(args: argparse.Namespace) -> int:
+    """Redraw transfer bars and replica phases until ``min_replicas`` are warm (or timeout)."""
+    import time
+
+    from flashpoint.progress import ready, render
+
+    deadline = time.monotonic() + args.wait_timeout_s
+    drawn = 0
+    tty = sys.stderr.isatty()
+    while True:
+        status = await _http("GET", f"{args.url}/v1/status", None, args.api_key)
+        lines = render(status, args.function)
+        if tty and drawn:
+            sys.stderr.write(f"\x1b[{drawn}F\x1b[J")  # redraw in place
+        if tty or ready(status, args.function, args.min_replicas):
+            sys.stderr.write("".join(line + "\n" for line in lines))
+            drawn = len(lines)
+        sys.stderr.flush()
+        if ready(status, args.function, args.min_replicas):
+            return 0
+        if time.monotonic() > deadline:
+            sys.stderr.write(f"timed out after {args.wait_timeout_s}s waiting for "
+                             f"{args.min_replicas} warm replica(s)\n")
+            return 1
+        await asyncio.sleep(0.25)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="flashpoint", description=__doc__)
     p.add_argument("--config", help="TOML configuration (see configs/)")
@@ -117,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             sp.add_argument("--min-replicas", type=int, default=0)
             sp.add_argument("--max-replicas", type=int, default=4)
             sp.add_argument("--keep-alive-s", type=float, default=30.0)
+            sp.add_argument("--wait", action="store_true",
+                            help="wait for min-replicas warm, drawing transfer progress bars")
+            sp.add_argument("--wait-timeout-s", type=float, default=600.0)
         if name == "invoke":
             sp.add_argument("function")
             sp.add_argument("--inputs", required=True,
@@ -148,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                 "max_replicas": args.max_replicas, "keep_alive_s": args.keep_alive_s}
         print(json.dumps(uvloop.run(_http("POST", f"{args.url}/v1/functions", body, args.api_key)),
                          indent=2))
+        if args.wait and args.min_replicas > 0:
+            return uvloop.run(_wait_deployed(args))
     elif args.cmd == "invoke":
         body = {"inputs": json.loads(args.inputs)}
         print(json.dumps(uvloop.run(_http("POST", f"{args.url}/v1/functions/{args.function}/invoke",

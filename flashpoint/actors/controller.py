@@ -70,6 +70,7 @@ class HostHandle:
 
     conn: Any
     data_endpoint: Any = None  # the host's data-plane address, as it reported it (opaque here)
+    transfers: dict[str, Any] = field(default_factory=dict)  # model -> [verified, total] bytes
 
     async def deploy(self, cmd: cs.DeployReplica, source: dict[str, Any] | None,
                      manifest_json: str | None) -> None:
@@ -332,9 +333,11 @@ class Controller:
             return
         handle = self.hosts.get(host_id)
         if handle is None:
-            self.hosts[host_id] = HostHandle(conn, p.get("data_endpoint"))
+            handle = self.hosts[host_id] = HostHandle(conn, p.get("data_endpoint"))
         else:
             handle.conn = conn
+        transfers = p.get("transfers")
+        handle.transfers = dict(transfers) if isinstance(transfers, dict) else {}
         self._apply(cs.HostHeartbeat(host_id, frozenset(p.get("cached_models", [])), time.monotonic()))
 
     async def _replica_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
@@ -538,6 +541,7 @@ class Controller:
                 {"host_id": h.host_id, "alive": h.alive, "draining": h.draining,
                  "last_seen_s_ago": round(now - h.last_seen_s, 3),
                  "cached_models": sorted(h.cached_models),
+                 "transfers": (hh.transfers if (hh := self.hosts.get(h.host_id)) else {}),
                  "devices": [{"device_id": d.device_id, "kind": d.kind, "memory_bytes": d.memory_bytes}
                              for d in h.devices.values()]}
                 for h in self.state.hosts.values()

@@ -132,6 +132,11 @@ class HostCache:
                 "process_bytes": self._process_bytes, "models": self.keys(),
                 "filling": [e.key for e in filling]}
 
+    def progress(self) -> dict[str, list[int]]:
+        """Fills in progress: ``{key: [verified_bytes, blob_bytes]}`` (heartbeats carry it)."""
+        return {e.key: [e.segment.valid_bytes, e.size_bytes]
+                for e in self._entries.values() if not e.complete}
+
     def _limit(self) -> int:
         return min(self.capacity_bytes, self.memory_bytes - self._process_bytes)
 
