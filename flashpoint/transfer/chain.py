@@ -148,6 +148,10 @@ class SendOptions:
     deadline: float = field(default_factory=lambda: time.monotonic() + 3600.0)
     fault: FaultPlan | None = None
     rate_bps: float | None = None
+    # Set once a downstream hop is open (or there is none left): a relay answers its own
+    # upstream only then, so a chain is wired end to end before bulk data queues on its
+    # links and delays every later hop's handshake packets (capped links bufferbloat).
+    hop_open: asyncio.Event | None = None
 
     def remaining_s(self) -> float:
         left = self.deadline - time.monotonic()
@@ -246,6 +250,8 @@ async def _run_hop(target: Endpoint, rest: Sequence[Endpoint], segment: Segment,
         todo = missing_chunks(marked)
         log.info("hop_open", peer=str(target), missing_chunks=len(todo),
                  first_missing=reply.get("first_missing"))
+        if opts.hop_open is not None:
+            opts.hop_open.set()
 
         async def forward() -> None:
             bytes_out[0] += await forward_chunks(conn, segment, todo, opts)
@@ -273,7 +279,15 @@ async def relay_downstream(segment: Segment, chain: Sequence[Endpoint],
                            opts: SendOptions) -> tuple[list[str], list[str], int]:
     """Stream ``segment`` down ``chain`` until its first live node answers DONE, splicing out
     every node that fails. Returns (completed, failed, bytes_sent)."""
-    chain = list(chain)
+    try:
+        return await _relay(segment, list(chain), opts)
+    finally:
+        if opts.hop_open is not None:
+            opts.hop_open.set()
+
+
+async def _relay(segment: Segment, chain: list[Endpoint],
+                 opts: SendOptions) -> tuple[list[str], list[str], int]:
     failed: list[str] = []
     bytes_out = [0]
     while chain:

@@ -65,6 +65,7 @@ HANDSHAKE_TIMEOUT_S = 5.0
 HEADER_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 30.0  # an idle pulled connection is dropped after this
 STOP_TIMEOUT_S = 5.0
+DOWNSTREAM_WAIT_S = 5.0  # the longest a receiver delays its reply for its downstream hop
 FINISHED_TTL_S = 600.0  # how long a finished transfer's state stays visible
 
 
@@ -116,11 +117,19 @@ class ChainReceiver:
             manifest_json=header["manifest"], fallback_wire=list(header.get("fallback", [])),
             host_id=server.host_id, role="relay", position=self.position,
             stall_timeout_s=self.stall_timeout_s, orphan_grace_s=self.orphan_grace_s,
-            deadline=self.deadline, fault=server.fault)
+            deadline=self.deadline, fault=server.fault, hop_open=asyncio.Event())
+        if not self.rest:
+            self._relay_opts.hop_open.set()
 
     @property
     def finished(self) -> bool:
         return self.result.done()
+
+    @property
+    def downstream_open(self) -> asyncio.Event:
+        """Set once this node's downstream hop is open (or it has none, or gave up)."""
+        assert self._relay_opts.hop_open is not None
+        return self._relay_opts.hop_open
 
     def status(self) -> dict[str, Any]:
         return {"key": self.segment.key, "state": self.state, "position": self.position,
@@ -530,6 +539,13 @@ class DataPlaneServer:
             await reply_error(conn, err)
             return
         seg = rx.segment
+        # Wire the chain end to end before data flows (see SendOptions.hop_open), but never
+        # keep the upstream waiting near its stall timeout for a slow downstream.
+        try:
+            async with asyncio.timeout(min(rx.stall_timeout_s / 2, DOWNSTREAM_WAIT_S)):
+                await rx.downstream_open.wait()
+        except TimeoutError:
+            log.info("replying_before_downstream_open")
         await conn.send_header({"ok": True, "host_id": self.host_id,
                                 "bitmap": pack_bitmap(seg.marked_flags()),
                                 "first_missing": seg.first_missing()}, HEADER_TIMEOUT_S)

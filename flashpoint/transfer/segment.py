@@ -9,8 +9,9 @@ Two kinds of progress are tracked per chunk, and kept apart on purpose:
   ``missing``, ``valid_bytes`` and ``wait_range`` count only marked chunks, so nothing
   unverified is ever handed to a consumer.
 
-Waiters are woken through one "progress" event that is replaced on every change: cheap for
-the handful of waiters a segment has (a forwarder per downstream, a few range waiters).
+Forwarders wait on per-chunk thresholds (woken only when theirs is reached: progress is
+noted once per socket read); other waiters share one "progress" event that is replaced on
+every verified/failed change, cheap for the handful of them a segment has.
 A segment belongs to one event loop; only :meth:`verify` may run in a thread.
 """
 
@@ -47,6 +48,7 @@ class Segment:
         self._failure: BaseException | None = None
         self._progress = asyncio.Event()
         self._waiters = 0
+        self._chunk_waiters: dict[int, list[tuple[int, asyncio.Future[int]]]] = {}
         self._allocated = manifest.blob_size  # until preallocate() starts: page faults allocate
         self._alloc_started = False
         self._alloc_error: NoCapacity | None = None
@@ -186,16 +188,51 @@ class Segment:
         return self._received[index]
 
     def note_received(self, index: int, nbytes: int) -> None:
-        """A streaming receiver wrote ``nbytes`` more of chunk ``index``: wake forwarders."""
-        self._received[index] += nbytes
-        self._wake()
+        """A streaming receiver wrote ``nbytes`` more of chunk ``index``: wake the forwarders
+        whose threshold it reached (only those: this runs once per socket read)."""
+        got = self._received[index] + nbytes
+        self._received[index] = got
+        if index in self._chunk_waiters:
+            self._release(index, got)
 
     async def wait_received(self, index: int, more_than: int, timeout_s: float) -> int:
         """Wait until more than ``more_than`` bytes of chunk ``index`` have landed; returns
         the count. DeadlineExceeded after ``timeout_s``; the segment's failure if it fails."""
-        return await self._wait(lambda: self._received[index] > more_than,
-                                lambda: self._received[index], timeout_s,
-                                f"chunk {index} past {more_than} bytes")
+        got = self._received[index]
+        if got > more_than:
+            return got
+        if self._failure is not None:
+            raise self._failure
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        entry = (more_than, fut)
+        self._chunk_waiters.setdefault(index, []).append(entry)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await fut
+        except TimeoutError:
+            raise DeadlineExceeded(f"{self.key}: waited {timeout_s}s for chunk {index} past "
+                                   f"{more_than} bytes") from None
+        finally:
+            waiters = self._chunk_waiters.get(index)
+            if waiters is not None and entry in waiters:
+                waiters.remove(entry)
+                if not waiters:
+                    del self._chunk_waiters[index]
+
+    def _release(self, index: int, got: int) -> None:
+        waiters = self._chunk_waiters[index]
+        keep = []
+        for more_than, fut in waiters:
+            if fut.done():
+                continue
+            if got > more_than:
+                fut.set_result(got)
+            else:
+                keep.append((more_than, fut))
+        if keep:
+            waiters[:] = keep
+        else:
+            del self._chunk_waiters[index]
 
     # -- verification ---------------------------------------------------------------------
 
@@ -212,6 +249,8 @@ class Segment:
             self._num_marked += 1
             self._valid_bytes += self.chunk_len(index)
         self._received[index] = self.chunk_len(index)
+        if index in self._chunk_waiters:
+            self._release(index, self._received[index])
         self._wake()
 
     def unmark_received(self, index: int) -> None:
@@ -242,6 +281,10 @@ class Segment:
     def fail(self, exc: BaseException) -> None:
         """Wake every waiter with ``exc`` (the assembly failed for good)."""
         self._failure = exc
+        for waiters in self._chunk_waiters.values():
+            for _, fut in waiters:
+                if not fut.done():
+                    fut.set_exception(exc)
         self._wake()
 
     def clear_failure(self) -> None:
