@@ -61,6 +61,7 @@ class ReplicaTask:
     task: asyncio.Task | None = None
     worker: WorkerProcess | None = None
     started_s: float = field(default_factory=time.monotonic)
+    stage: Any = None  # [first, last] layer of a partition stage, or None for a whole model
     device_bytes: int = 0  # reserved on its device from the moment the cold start began
     process_bytes: int = 0  # host RAM reserved for its worker process
 
@@ -211,6 +212,12 @@ class HostManager:
         manifest_json = payload.get("manifest_json")
         manifest = Manifest.from_json(manifest_json) if isinstance(manifest_json, str) else None
         rt = ReplicaTask(replica_id, spec.name, device_id)
+        stage = payload.get("stage")
+        if stage is not None:
+            if not (isinstance(stage, list) and len(stage) == 2
+                    and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in stage)):
+                raise BadRequest("stage must be [first_layer, last_layer]")
+            rt.stage = stage
         # A cold start reserves its device memory and its worker's host RAM when it begins,
         # so concurrent starts can never overcommit either.
         need = (manifest.blob_size if manifest else 0) + self.config.controller.replica_overhead_bytes
@@ -255,21 +262,48 @@ class HostManager:
                     out.append(PeerSource(ep, self.secret))
         return out or [self._registry_source]
 
+    async def _ready(self, segment: Any, need: tuple[int, int] | None, timeout_s: float) -> None:
+        """Execute-while-load: a stage needs only its own byte range, a whole replica all."""
+        if need is None:
+            await segment.wait_complete(timeout_s)
+        else:
+            await segment.wait_range(need[0], need[1], timeout_s)
+
+    async def _publish_when_complete(self, segment: Any, timeout_s: float) -> None:
+        try:
+            await segment.wait_complete(timeout_s)
+        except Exception as exc:
+            self.cache.abort(segment.key, exc)
+            return
+        self.cache.on_complete(segment)
+
+    async def _fill_logged(self, manifest: Manifest, sources: list[Any], timeout_s: float) -> None:
+        try:
+            await self.cache.ensure(manifest, sources, timeout_s=timeout_s)
+        except Exception as exc:  # waiters on the segment see it; this is the log line
+            log.warning("fill_failed", model=f"{manifest.name}@{manifest.version}", error=repr(exc))
+
     async def _obtain(self, spec: FunctionSpec, source: dict[str, Any] | None,
-                      manifest: Manifest | None) -> tuple[CacheEntry, str]:
+                      manifest: Manifest | None, stage: Any = None) -> tuple[CacheEntry, str]:
         """The model in this host's RAM, from where the controller's plan says; returns the
-        entry and a label of where its bytes came from."""
+        entry and a label of where its bytes came from. With ``stage`` (first and last layer)
+        it returns as soon as that stage's byte range is verified, while the rest still
+        arrives (execute-while-load)."""
+        from flashpoint.registry.manifest import byte_range_for_layers
         from flashpoint.transfer.chain import send_chain
 
         key = f"{spec.model}@{spec.model_version}"
         timeout_s = self.config.controller.deploy_timeout_s
         entry = self.cache.entry(key)
+        if manifest is None and (entry is None or stage is not None):
+            manifest = entry.segment.manifest if entry is not None else \
+                await self.store.get_manifest(spec.model, spec.model_version)
+        need = byte_range_for_layers(manifest, stage[0], stage[1]) if stage is not None else None
         if entry is not None:  # held, or being filled already: one transfer per host and model
             joined = not entry.complete
-            await entry.segment.wait_complete(timeout_s)
+            await self._ready(entry.segment, need, timeout_s)
             return entry, (entry.source if joined else "local")
-        if manifest is None:
-            manifest = await self.store.get_manifest(spec.model, spec.model_version)
+        assert manifest is not None
         src = source or {}
         kind = str(src.get("kind", ""))
         fallback = self._sources(src.get("fallback") or ["registry"])
@@ -277,7 +311,7 @@ class HostManager:
             arrived = await self.cache.wait_entry(key, self.hc.chain_wait_s)
             if arrived is not None:
                 self.cache.set_source(key, f"chain:{src.get('sender', '?')}")
-                await arrived.segment.wait_complete(timeout_s)
+                await self._ready(arrived.segment, need, timeout_s)
                 # HostCache.on_complete (which sets fetch_s) runs in the data plane only after
                 # the upstream's END frame; the segment completes before that, so a cold start
                 # read fetch_s == 0. Time the fetch here when it has not been set yet.
@@ -295,17 +329,20 @@ class HostManager:
                 fallback=self._chain_fallback(src.get("fallback")), host_id=self.host_id,
                 stall_timeout_s=self.hc.chain_stall_timeout_s,
                 orphan_grace_s=self.hc.orphan_grace_s), tid, key, pinned=False), f"chain:{tid}")
-            try:
-                await segment.wait_complete(timeout_s)
-            except BaseException as exc:
-                self.cache.abort(key, exc)
-                raise
-            self.cache.on_complete(segment)
+            self._spawn_task(self._publish_when_complete(segment, timeout_s), f"publish:{key}")
+            await self._ready(segment, need, timeout_s)
             done = self.cache.entry(key)
             if done is None:
                 raise ModelNotFound(f"{key} left the cache as soon as it arrived")
             return done, "chain:registry"
-        entry, _ = await self.cache.ensure(manifest, fallback, timeout_s=timeout_s)
+        if need is None:
+            entry, _ = await self.cache.ensure(manifest, fallback, timeout_s=timeout_s)
+            return entry, entry.source
+        self._spawn_task(self._fill_logged(manifest, fallback, timeout_s), f"fill:{key}")
+        entry = await self.cache.wait_entry(key, timeout_s)  # opened at the fill's first step
+        if entry is None:
+            raise ModelNotFound(f"{key}: the fill did not start")
+        await self._ready(entry.segment, need, timeout_s)
         return entry, entry.source
 
     async def _relay(self, coro: Any, transfer_id: str, key: str, *, pinned: bool = True) -> None:
@@ -344,7 +381,7 @@ class HostManager:
         bind_ids(replica_id=rt.replica_id)
         model_key = f"{spec.model}@{spec.model_version}"
         try:
-            entry, label = await self._obtain(spec, source, manifest)
+            entry, label = await self._obtain(spec, source, manifest, rt.stage)
             hit = label == "local"
             self.cache.pin(model_key)
             try:
@@ -357,7 +394,7 @@ class HostManager:
                     "replica_id": rt.replica_id, "host_id": self.host_id, "spec": spec.to_dict(),
                     "cache_path": str(entry.path), "manifest_json": entry.manifest_json,
                     "device": device, "controller_url": self.hc.controller_url,
-                    "fetch_s": 0.0 if hit else entry.fetch_s, "source": label,
+                    "fetch_s": 0.0 if hit else entry.fetch_s, "source": label, "stage": rt.stage,
                 }, timeout_s=self.config.controller.deploy_timeout_s)
                 worker.warm = True
                 log.info("replica_started", source=label, timings=reply.get("timings_s"))

@@ -151,7 +151,15 @@ class Worker:
             # the bytes every other worker on this host shares.
             mapping = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_PRIVATE,
                                 prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        module = load_module(manifest, memoryview(mapping), device="cpu")
+        stage = payload.get("stage")
+        if stage is not None:
+            # A partition stage (execute-while-load): only its own layers' bytes need to be
+            # in the cache yet; the host has waited for exactly that range.
+            from flashpoint.models.publish import load_stage
+
+            module = load_stage(manifest, memoryview(mapping), stage[0], stage[1], device="cpu")
+        else:
+            module = load_module(manifest, memoryview(mapping), device="cpu")
         t1 = time.perf_counter()
         device = payload.get("device", "cpu")
         if device.startswith("cuda"):
@@ -161,6 +169,12 @@ class Worker:
         io = manifest.io.to_dict()
         inputs = [t["name"] for t in io.get("inputs", [])]
         outputs = [t["name"] for t in io.get("outputs", [])]
+        if stage is not None:
+            # A stage's input is the previous stage's activation; there is no example of it
+            # here, so it is warmed by its first real request instead.
+            self.replica = LoadedReplica(payload["replica_id"], spec, module, device,
+                                         ["activation"], ["activation"], mapping)
+            return {"load": t1 - t0, "to_device": t2 - t1, "first_inference": 0.0}
         self.replica = LoadedReplica(payload["replica_id"], spec, module, device, inputs, outputs,
                                      mapping)
         self._run_batch(_example_inputs(io.get("inputs", [])))

@@ -65,3 +65,44 @@ async def test_second_host_gets_the_model_from_the_first_hosts_ram(tmp_path: Pat
         assert manifest.blob_size == blob.stat().st_size
     finally:
         await asyncio.wait_for(c.stop(), 60)
+
+
+async def test_a_stage_starts_as_soon_as_its_own_bytes_are_in(tmp_path: Path) -> None:
+    """Execute-while-load: a stage replica is warm while later layers are still arriving."""
+    from flashpoint.registry.local import LocalStore
+    from flashpoint.registry.manifest import byte_range_for_layers
+    from flashpoint.spec import FunctionSpec
+
+    class SlowTail(LocalStore):
+        """The registry serves bytes past the first stage slowly."""
+
+        stage_end = 0
+
+        async def read_range(self, name: str, version: str, start: int, end: int) -> bytes:
+            if start >= self.stage_end:
+                await asyncio.sleep(0.5)
+            return await super().read_range(name, version, start, end)
+
+    cfg = cluster_config(tmp_path)
+    store = SlowTail(cfg.registry.root)
+    manifest = await publish(store, "bert", "tiny", "1", 64 * 1024, model_name="bert")
+    start, end = byte_range_for_layers(manifest, 0, 0)
+    store.stage_end = end
+    assert manifest.blob_size - end > 10 * 64 * 1024  # a tail of slow chunks
+    c = LocalCluster(cfg, hosts=1, store=store)
+    await asyncio.wait_for(c.start(), 90)
+    try:
+        host = c.hosts[0]
+        spec = FunctionSpec(name="stage-fn", model="bert")
+        await c.controller.hosts["host0"].conn.call("deploy_replica", {
+            "replica_id": "stage-1", "device_id": "cpu:0", "spec": spec.to_dict(),
+            "manifest_json": manifest.to_json(), "stage": [0, 0]}, timeout_s=10)
+        await wait_for("stage replica warm", lambda: (rt := host.replicas.get("stage-1")) is not None
+                       and rt.worker is not None and rt.worker.warm, 30)
+        entry = host.cache.entry("bert@1")
+        assert entry is not None and not entry.complete, "the whole model arrived first"
+        assert entry.segment.valid_bytes >= end - start
+        await wait_for("the rest of the model", lambda: host.cache.get("bert@1") is not None, 60)
+        assert _sha(host.cache.get("bert@1").path) == _sha(store.blob_path("bert", "1"))
+    finally:
+        await asyncio.wait_for(c.stop(), 60)
