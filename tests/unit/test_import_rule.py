@@ -1,17 +1,23 @@
-"""flashpoint.policy stays pure: no asyncio, networking, torch, NVML, RPC or actors."""
+"""flashpoint.policy and flashpoint.partition stay pure: no asyncio, networking, torch, NVML,
+RPC or actors (STYLE.md, the import rule)."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import flashpoint.partition
 import flashpoint.policy
 
 POLICY_DIR = Path(flashpoint.policy.__file__).parent
 FORBIDDEN = ("asyncio", "aiohttp", "torch", "pynvml", "flashpoint.rpc", "flashpoint.actors")
 MODULES = sorted(POLICY_DIR.glob("*.py"))
+PARTITION_DIR = Path(flashpoint.partition.__file__).parent
+PARTITION_MODULES = sorted(PARTITION_DIR.glob("*.py"))
 
 
 def _forbidden(mod: str) -> bool:
@@ -47,6 +53,26 @@ def test_policy_module_imports_are_pure(path):
     tree = ast.parse(path.read_text(), filename=str(path))
     bad = [m for m in _imports(tree, "flashpoint.policy") if _forbidden(m)]
     assert bad == [], f"{path.name} imports {bad}"
+
+
+def test_partition_modules_found():
+    assert {"model.py", "solver.py", "table.py", "cache.py"} <= {p.name for p in PARTITION_MODULES}
+
+
+@pytest.mark.parametrize("path", PARTITION_MODULES, ids=lambda p: p.name)
+def test_partition_module_imports_are_pure(path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    bad = [m for m in _imports(tree, "flashpoint.partition") if _forbidden(m)]
+    assert bad == [], f"{path.name} imports {bad}"
+
+
+def test_partition_import_pulls_in_nothing_forbidden():
+    """Transitively too: importing the solver loads no forbidden module (numpy is fine)."""
+    code = ("import sys, flashpoint.partition\n"
+            f"bad = [m for m in sys.modules if any(m == f or m.startswith(f + '.') for f in {FORBIDDEN!r})]\n"
+            "print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 @pytest.mark.parametrize("src,bad", [
