@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -63,20 +64,57 @@ class ChunkSource(Protocol):
 
 
 class RegistrySource:
-    """Any ModelStore (LocalStore, S3Store), read through ``store.read_range``."""
+    """Any ModelStore (LocalStore, S3Store), read through ``store.read_range``.
+
+    Chunks are fetched in spans of ``span_bytes`` (one ranged GET for several consecutive
+    chunks): object stores are far better at a few large ranges than at many small ones
+    (AWS S3 wants 8-16 MB requests; moto's server re-reads the whole object per request).
+    Concurrent readers of one span share its GET; at most ``max_spans`` spans are held, so
+    memory stays bounded when only a few chunks of a span are wanted (a refetch).
+    """
 
     name = "registry"
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, *, span_bytes: int = 32 << 20, max_spans: int = 6) -> None:
         self.store = store
+        self.span_bytes = span_bytes
+        self.max_spans = max_spans
+        self._spans: OrderedDict[tuple[str, str, int], asyncio.Future[bytes]] = OrderedDict()
 
     async def read_into(self, manifest: Manifest, index: int, dest: memoryview) -> None:
         start, end = manifest.chunk_range(index)
-        data = await self.store.read_range(manifest.name, manifest.version, start, end)
-        if len(data) != len(dest):
-            raise IntegrityError(f"registry returned {len(data)} bytes for chunk {index}",
-                                 chunk=index)
-        dest[:] = data
+        per_span = max(1, self.span_bytes // manifest.chunk_size)
+        group = index // per_span
+        first = group * per_span
+        last = min(first + per_span, manifest.num_chunks) - 1
+        if first == last:
+            data = await self.store.read_range(manifest.name, manifest.version, start, end)
+            offset = 0
+        else:
+            span_start = manifest.chunk_range(first)[0]
+            data = await self._span(manifest, group, span_start, manifest.chunk_range(last)[1])
+            offset = start - span_start
+        if len(data) < offset + len(dest) or end - start != len(dest):
+            raise IntegrityError(f"registry returned too few bytes for chunk {index}", chunk=index)
+        dest[:] = memoryview(data)[offset:offset + len(dest)]
+
+    async def _span(self, manifest: Manifest, group: int, start: int, end: int) -> bytes:
+        key = (manifest.name, manifest.version, group)
+        fut = self._spans.get(key)
+        if fut is None:
+            fut = asyncio.ensure_future(self.store.read_range(manifest.name, manifest.version,
+                                                              start, end))
+            self._spans[key] = fut
+            while len(self._spans) > self.max_spans:
+                self._spans.popitem(last=False)
+        else:
+            self._spans.move_to_end(key)
+        try:
+            return await asyncio.shield(fut)
+        except BaseException:
+            if self._spans.get(key) is fut:
+                del self._spans[key]  # a failed span is fetched again by the next reader
+            raise
 
     async def aclose(self) -> None:
         return None

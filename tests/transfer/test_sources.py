@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import pytest
 
 from flashpoint.errors import IntegrityError, NotFound, PeerLost, TransferFailed
@@ -151,3 +154,23 @@ def test_dir_provider_round_trip(tmp_path, blob):
     assert q.load_existing() == [seg.key]
     assert q.lookup(seg.key).complete
     q.close()
+
+
+async def test_registry_source_reads_consecutive_chunks_in_shared_spans(tmp_path: Path, blob) -> None:
+    """Several chunks per ranged GET; concurrent readers of a span share it; bytes exact."""
+    from flashpoint.transfer.sources import RegistrySource
+
+    calls: list[tuple[int, int]] = []
+
+    class CountingStore:
+        async def read_range(self, name: str, version: str, start: int, end: int) -> bytes:
+            calls.append((start, end))
+            await asyncio.sleep(0.01)
+            return blob.data[start:end]
+
+    m = blob.manifest
+    src = RegistrySource(CountingStore(), span_bytes=8 * m.chunk_size)
+    bufs = {i: bytearray(m.chunk_range(i)[1] - m.chunk_range(i)[0]) for i in range(m.num_chunks)}
+    await asyncio.gather(*(src.read_into(m, i, memoryview(bufs[i])) for i in range(m.num_chunks)))
+    assert b"".join(bytes(bufs[i]) for i in range(m.num_chunks)) == blob.data
+    assert len(calls) == -(-m.num_chunks // 8)  # one GET per span of 8 chunks
