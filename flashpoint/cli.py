@@ -70,9 +70,13 @@ async def _push(cfg: ClusterConfig, args: argparse.Namespace) -> None:
     from flashpoint.models.publish import publish
 
     manifest = await publish(make_store(cfg), args.model, preset=args.preset, version=args.version,
-                             model_name=args.name or args.model)
-    print(json.dumps({"model": manifest.name, "version": manifest.version,
-                      "bytes": manifest.blob_size, "layers": len(manifest.layers)}))
+                             model_name=args.name or args.model, profile=args.profile,
+                             profile_device=args.profile_device)
+    out: dict[str, Any] = {"model": manifest.name, "version": manifest.version,
+                           "bytes": manifest.blob_size, "layers": len(manifest.layers)}
+    if args.profile:
+        out["profile"] = {layer.name: layer.profile for layer in manifest.layers}
+    print(json.dumps(out))
 
 
 async def _http(method: str, url: str, body: Any = None, key: str | None = None) -> Any:
@@ -131,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     push.add_argument("--preset", default="tiny")
     push.add_argument("--version", default="1")
     push.add_argument("--name", help="registry name (default: the model kind)")
+    push.add_argument("--profile", action="store_true",
+                      help="measure each layer (bytes, exec time, output size) into the manifest")
+    push.add_argument("--profile-device", default="cpu", help="device to profile on (cpu, cuda)")
     for name, helptext in (("deploy", "register a function"), ("invoke", "invoke a function"),
                            ("status", "cluster status")):
         sp = sub.add_parser(name, help=helptext)

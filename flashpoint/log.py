@@ -41,7 +41,10 @@ def configure(level: str = "INFO", json: bool = True, stream: Any = None) -> Non
 
 def get_logger(name: str, **bound: Any) -> Any:
     """A structlog logger named for its module, with optional bound fields."""
-    return structlog.get_logger(name).bind(**bound)
+    # Without bound fields, return structlog's lazy proxy: binding at import time would
+    # freeze structlog's defaults (stdout, every level) before configure() runs.
+    logger = structlog.get_logger(name)
+    return logger.bind(**bound) if bound else logger
 
 
 def bind_ids(**ids: Any) -> None:

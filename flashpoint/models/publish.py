@@ -40,6 +40,9 @@ from flashpoint.registry.manifest import (
 )
 from flashpoint.registry.store import ModelStore
 
+Profiler = Callable[[nn.Module, BlobLayout], Mapping[str, Mapping[str, float]]]
+"""Per-layer profiles of a module whose blob has the given layout (see ``profile.py``)."""
+
 
 def module_layers(module: nn.Module) -> LayerTensors:
     """A module's state dict grouped by layer, for :func:`build_blob`.
@@ -83,21 +86,31 @@ async def publish_module(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     profiles: Mapping[str, Mapping[str, float]] | None = None,
     tmp_dir: str | Path | None = None,
+    profiler: Profiler | None = None,
 ) -> Manifest:
     """Build a module (in a thread), write its blob to a temp file and put it in ``store``.
 
-    ``build`` is called off the event loop and its module dropped once the blob is written.
+    ``build`` is called off the event loop and its module dropped once the blob is written
+    (and, with a ``profiler``, profiled: ``profiler(module, layout)`` runs in the same
+    thread and its per-layer profiles go into the manifest before it is put; a key also
+    given in ``profiles`` keeps the given value).
     """
     validate_name(name, "model name")
     validate_version(version)
 
-    def write(path: Path) -> BlobLayout:
-        return write_module_blob(build(), path, chunk_size=chunk_size)
+    def write(path: Path) -> tuple[BlobLayout, Mapping[str, Mapping[str, float]] | None]:
+        module = build()
+        layout = write_module_blob(module, path, chunk_size=chunk_size)
+        return layout, (profiler(module, layout) if profiler is not None else None)
 
     staging = _staging_dir(store, tmp_dir)
     with tempfile.TemporaryDirectory(prefix="publish-", dir=staging) as td:
         path = Path(td) / "weights.safetensors"
-        layout = await asyncio.to_thread(write, path)
+        layout, measured = await asyncio.to_thread(write, path)
+        if measured is not None:
+            given = profiles or {}
+            profiles = {n: {**measured.get(n, {}), **given.get(n, {})}
+                        for n in {*measured, *given}}
         manifest = make_manifest(
             name=name, version=version, layout=layout, entry_point=entry_point,
             config=config, io=io, profiles=profiles,
@@ -117,23 +130,42 @@ async def publish(
     seed: int = 0,
     profiles: Mapping[str, Mapping[str, float]] | None = None,
     tmp_dir: str | Path | None = None,
+    profile: bool = False,
+    profile_device: str = "cpu",
+    profile_batch: int = 1,
 ) -> Manifest:
     """Publish built-in model ``name`` (a preset or config overrides) into ``store``.
 
     The registry name is ``model_name``, by default ``"<name>-<preset>"`` for a preset
-    (``bert-tiny``) and ``name`` for a config dict.
+    (``bert-tiny``) and ``name`` for a config dict. With ``profile=True`` every layer's
+    ``bytes``, ``exec_time_s`` and ``output_bytes`` are measured on ``profile_device`` for
+    a batch of ``profile_batch`` example inputs
+    (:func:`~flashpoint.models.profile.profile_layers`) and written into the manifest
+    before it is published; without it, publishing runs no model code at all.
     """
     model = zoo.get(name)
     config = model.resolve(preset)
     if model_name is None:
         model_name = f"{name}-{preset}" if isinstance(preset, str) else name
+    profiler = _zoo_profiler(name, config, profile_device, profile_batch) if profile else None
     return await publish_module(
         store,
         lambda: model.build_from_config(config, seed=seed),
         name=model_name, version=version, entry_point=model.entry_point, config=config,
         io=zoo.io_signature(name, config), chunk_size=chunk_size, profiles=profiles,
-        tmp_dir=tmp_dir,
+        tmp_dir=tmp_dir, profiler=profiler,
     )
+
+
+def _zoo_profiler(name: str, config: Mapping[str, Any], device: str, batch: int) -> Profiler:
+    from flashpoint.models.profile import profile_layers
+
+    inputs = zoo.example_inputs(name, config, batch=batch)
+
+    def run(module: nn.Module, layout: BlobLayout) -> dict[str, dict[str, float]]:
+        return profile_layers(module, inputs, device, layout=layout)
+
+    return run
 
 
 def resolve_entry_point(entry_point: str) -> Callable[[Mapping[str, Any]], nn.Module]:
