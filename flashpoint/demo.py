@@ -65,6 +65,11 @@ async def run_demo(cfg: ClusterConfig, *, hosts: int, preset: str, requests: int
         m = await publish(store, kind, preset=pre, version="1", model_name=kind)
         print(f"  pushed {kind} ({pre}): {m.blob_size / 1e6:.1f} MB, {len(m.layers)} layers, "
               f"{time.perf_counter() - t0:.2f}s")
+    # Size each CPU device to hold one bert replica, so the scale-out at the end has to
+    # cross hosts and shows all three sources (registry, own RAM, a peer's RAM).
+    bert_bytes = (await store.get_manifest("bert", "1")).blob_size
+    cfg = dataclasses.replace(cfg, host=dataclasses.replace(
+        cfg.host, device_memory_bytes=bert_bytes * 3 // 2 + cfg.controller.replica_overhead_bytes))
     async with LocalCluster(cfg, hosts=hosts, store=store) as cluster:
         url = cluster.controller.url
         print(f"  cluster up: controller {url}, {hosts} host(s)")
@@ -115,8 +120,22 @@ async def run_demo(cfg: ClusterConfig, *, hosts: int, preset: str, requests: int
                 pc = percentiles(samples) if samples else {"p50_ms": 0, "p90_ms": 0, "p99_ms": 0}
                 lat_rows.append([fn, str(len(samples)), str(errors), f"{len(samples) / elapsed:.1f}",
                                  f"{pc['p50_ms']:.2f}", f"{pc['p90_ms']:.2f}", f"{pc['p99_ms']:.2f}"])
-            async with s.get(f"{url}/v1/status") as r:
-                status = await r.json()
+            # Scale bert-fn out to every device: the new replicas show the sourcing hierarchy
+            # (own RAM on the host that has the model, a chain from it for the other host).
+            want = hosts * cfg.host.cpu_devices - 1  # one device holds resnet-fn
+            async with s.post(f"{url}/v1/functions", json={
+                "name": "bert-fn", "model": "bert", "max_batch_size": 8, "keep_alive_s": 60,
+                "min_replicas": want,
+            }) as r:
+                assert r.status in (200, 201), await r.text()
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                async with s.get(f"{url}/v1/status") as r:
+                    status = await r.json()
+                if sum(x["function"] == "bert-fn" and x["phase"] == "warm"
+                       for x in status["replicas"]) >= want:
+                    break
+                await asyncio.sleep(0.2)
         print("\nCold start (scale from zero), ms:")
         print(_table(cold_rows, ["function", "fetch", "load", "to_device", "first_infer",
                                  "request_to_response", "source"]))
