@@ -1,0 +1,64 @@
+"""Which partition plan a scale-up uses (thesis §4.2.6, Eq 4.14), and scale-down order.
+
+On a scale-up by ``scale`` new GPUs, the thesis estimates the requests a new replica group
+will face while it starts, E(x) = q_l + (λ − μ)·C(1): the queue already waiting plus what
+arrives faster than the current replicas serve during one whole-model cold start C(1). It then
+takes the precomputed best plan with at most ``scale`` parts for that load. Two corrections:
+
+* (λ − μ) can be negative (the replicas already keep up); the load cannot, so E(x) is floored
+  at 1 request — a scale-up is happening, so at least the request that triggered it waits.
+* The plan never has more parts than new GPUs (each stage needs its own GPU) nor than layers;
+  the table's lookup already bounds parts by ``scale``.
+
+Scale-down (§4.2.6): partitioned replica groups are retired before whole replicas, because a
+pipeline holds several GPUs for one replica's worth of concurrency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from flashpoint.partition.model import Plan
+
+
+class PlanLookup(Protocol):
+    def lookup(self, x: float, scale: int) -> Plan: ...
+
+
+@dataclass(frozen=True)
+class ScaleUpLoad:
+    """What the autoscaler knows at a scale-up (rates per second, times in seconds)."""
+
+    queued: int  # q_l: requests waiting now
+    arrival_rate: float  # λ_t
+    service_rate: float  # μ_t: what the current warm replicas complete per second
+    whole_cold_start_s: float  # C(1): a whole-model cold start on one GPU
+
+
+def expected_load(load: ScaleUpLoad) -> float:
+    """E(x) = q_l + (λ − μ)·C(1) (Eq 4.14), floored at 1 request."""
+    return max(1.0, load.queued + (load.arrival_rate - load.service_rate) * load.whole_cold_start_s)
+
+
+def choose_plan(table: PlanLookup, load: ScaleUpLoad, new_gpus: int) -> Plan:
+    """The best plan with at most ``new_gpus`` parts for the expected load."""
+    if new_gpus < 1:
+        raise ValueError("a scale-up needs at least one new GPU")
+    return table.lookup(expected_load(load), new_gpus)
+
+
+@dataclass(frozen=True)
+class GroupSnapshot:
+    """A serving unit: a whole replica (``parts`` = 1) or a pipeline of ``parts`` stages."""
+
+    group_id: str
+    parts: int
+    warm_since_s: float
+
+
+def scale_down_order(groups: Sequence[GroupSnapshot]) -> list[str]:
+    """Retire partitioned groups first (most parts first), then the newest whole replicas."""
+    ranked = sorted(groups, key=lambda g: (-g.parts, -g.warm_since_s, g.group_id))
+    return [g.group_id for g in ranked]
