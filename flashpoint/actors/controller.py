@@ -38,6 +38,7 @@ from flashpoint.gateway.backend import FunctionInfo, InvokeResult
 from flashpoint.ids import new_id
 from flashpoint.log import get_logger
 from flashpoint.policy.sourcing import REGISTRY
+from flashpoint.registry.manifest import Manifest
 from flashpoint.spec import FunctionSpec, TensorSpec
 from flashpoint.tensors import DECODED_DTYPE, decode_tensors, encode_tensors
 
@@ -492,8 +493,12 @@ class Controller:
 
     # functions ---------------------------------------------------------------------------
     async def _apply_function(self, spec: FunctionSpec, persist: bool) -> FunctionSpec:
-        manifest = await self.store.get_manifest(spec.model, spec.model_version)
-        self._manifests[f"{manifest.name}@{manifest.version}"] = manifest.to_json()
+        key = f"{spec.model}@{spec.model_version}"
+        if key in self._manifests:  # versions are immutable: no registry round trip needed
+            manifest = Manifest.from_json(self._manifests[key])
+        else:
+            manifest = await self.store.get_manifest(spec.model, spec.model_version)
+            self._manifests[key] = manifest.to_json()
         io = manifest.io.to_dict()
         if not spec.inputs and io.get("inputs"):
             spec = _replace_io(spec, io)
