@@ -58,6 +58,9 @@ class HostConfig:
     chain_stall_timeout_s: float = 10.0  # a hop that moves no byte for this long is dead
     orphan_grace_s: float = 2.0  # after losing its upstream, wait this long for a splice
     worker_memory_bytes: int = 256 << 20  # host RAM reserved per worker process
+    # Registry pulls read this many bytes per ranged GET (several chunks): object stores
+    # favour few large requests; smaller spans let a stage start sooner (execute-while-load).
+    registry_span_bytes: int = 32 << 20
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ class HostManager:
 
         self.devices = discover(self.hc.cpu_devices, self.hc.device_memory_bytes)
         self.cache.start()
-        self._registry_source = RegistrySource(self.store)
+        self._registry_source = RegistrySource(self.store, span_bytes=self.hc.registry_span_bytes)
         fault = None
         if fault_json := os.environ.get(DATAPLANE_FAULT_ENV):
             from flashpoint.transfer.plan import FaultPlan
@@ -331,6 +331,8 @@ class HostManager:
                 orphan_grace_s=self.hc.orphan_grace_s), tid, key, pinned=False), f"chain:{tid}")
             self._spawn_task(self._publish_when_complete(segment, timeout_s), f"publish:{key}")
             await self._ready(segment, need, timeout_s)
+            if segment.complete:
+                self.cache.on_complete(segment)  # now, so this cold start reports its fetch time
             done = self.cache.entry(key)
             if done is None:
                 raise ModelNotFound(f"{key} left the cache as soon as it arrived")

@@ -63,6 +63,7 @@ class CacheEntry:
     source: str = ""  # where the bytes came from: "local", "registry", "peer:<host>", "chain:<id>"
     pins: int = 0
     last_used_s: float = field(default_factory=time.monotonic)
+    published: bool = False  # on_complete ran (it is called by whoever sees completion first)
 
     @property
     def path(self) -> Path:
@@ -228,8 +229,9 @@ class HostCache:
 
     def on_complete(self, segment: Segment) -> None:
         entry = self._entries.get(segment.key)
-        if entry is None or entry.segment is not segment:
+        if entry is None or entry.segment is not segment or entry.published:
             return
+        entry.published = True
         entry.fetch_s = time.perf_counter() - entry.started_s
         self._entries.move_to_end(segment.key)
         CACHE_FILLED_BYTES.labels(entry.source.split(":")[0] or "unknown").inc(entry.size_bytes)

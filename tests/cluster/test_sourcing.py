@@ -83,7 +83,7 @@ async def test_a_stage_starts_as_soon_as_its_own_bytes_are_in(tmp_path: Path) ->
                 await asyncio.sleep(0.5)
             return await super().read_range(name, version, start, end)
 
-    cfg = cluster_config(tmp_path)
+    cfg = cluster_config(tmp_path, registry_span_bytes=64 * 1024)  # one chunk per GET
     store = SlowTail(cfg.registry.root)
     manifest = await publish(store, "bert", "tiny", "1", 64 * 1024, model_name="bert")
     start, end = byte_range_for_layers(manifest, 0, 0)
