@@ -15,6 +15,7 @@ from flashpoint.actors.controller import Controller
 from flashpoint.actors.host import HostManager
 from flashpoint.config import ClusterConfig
 from flashpoint.errors import Unavailable
+from flashpoint.log import configure
 
 
 class LocalCluster:
@@ -30,6 +31,9 @@ class LocalCluster:
         self.hosts: list[HostManager] = []
 
     async def start(self, ready_timeout_s: float = 60.0) -> None:
+        # The actors log through structlog; honour the configured level in this process
+        # unless the CLI (or a test) configured logging already.
+        configure(self.config.log_level, if_unset=True)
         await self.controller.start()
         host_cfg = dataclasses.replace(self.config.host, controller_url=self.controller.rpc_url)
         cfg = dataclasses.replace(self.config, host=host_cfg)

@@ -15,9 +15,13 @@ import structlog
 _configured = False
 
 
-def configure(level: str = "INFO", json: bool = True, stream: Any = None) -> None:
-    """Configure structlog once per process; later calls only change the level."""
+def configure(level: str = "INFO", json: bool = True, stream: Any = None, *,
+              if_unset: bool = False) -> None:
+    """Configure structlog once per process; later calls only change the level
+    (``if_unset``: not even that — for libraries that must not override the CLI)."""
     global _configured
+    if if_unset and _configured:
+        return
     lvl = getattr(logging, level.upper(), logging.INFO)
     logging.basicConfig(level=lvl, stream=stream or sys.stderr, format="%(message)s")
     logging.getLogger().setLevel(lvl)
