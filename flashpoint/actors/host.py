@@ -5,6 +5,17 @@ reconnect, reporting the replicas it runs so a restarted controller adopts them)
 and carries out ``deploy_replica`` / ``stop_replica``. Deploys are idempotent by replica id
 and acknowledged at once; the cold start runs in the background and ends with the worker
 announcing itself to the controller, or with ``replica_failed``.
+
+Partition stages (issue 4): a deploy with ``stage: [first, last]`` starts as soon as that
+stage's bytes are in (execute-while-load). With ``pipeline: {"listen_host", "port" (0: any),
+"next_hop" (an endpoint's wire form, or None for the last stage)}`` its worker serves a
+StageServer instead of announcing to the controller's dispatch; the bound endpoint is kept
+on the replica and reported (``stages`` in ``register_host`` and ``host_status``; the
+4-tuples of ``replicas`` are unchanged). Model completion: when this host's copy of the
+model is complete, every stage worker on it gets ``complete_replica``: it builds the whole
+module over the bytes it already maps and announces itself to the controller as a whole
+replica (``replica_ready``, same replica id), while its stage server keeps serving (no
+pipeline request in flight fails because of completion) until ``dissolve_stage``.
 """
 
 from __future__ import annotations
@@ -62,6 +73,9 @@ class ReplicaTask:
     worker: WorkerProcess | None = None
     started_s: float = field(default_factory=time.monotonic)
     stage: Any = None  # [first, last] layer of a partition stage, or None for a whole model
+    pipeline: Any = None  # a stage's pipeline options (listen_host, port, next_hop), or None
+    pipeline_endpoint: Endpoint | None = None  # where its StageServer listens, once started
+    whole: bool = False  # a stage that has completed into a whole replica
     device_bytes: int = 0  # reserved on its device from the moment the cold start began
     process_bytes: int = 0  # host RAM reserved for its worker process
 
@@ -123,7 +137,8 @@ class HostManager:
         self._controller = ReconnectingClient(
             self.hc.controller_url,
             {"deploy_replica": self._deploy, "stop_replica": self._stop_replica,
-             "start_chain": self._start_chain, "host_status": self._status},
+             "start_chain": self._start_chain, "host_status": self._status,
+             "dissolve_stage": self._dissolve_stage},
             secret=self.secret, on_connected=self._register,
         )
         await self._controller.start()
@@ -167,6 +182,14 @@ class HostManager:
             out.append([r.replica_id, r.function, r.device_id, warm])
         return out
 
+    def _stage_reports(self) -> list[dict[str, Any]]:
+        """Partition stages on this host (beside the ``replicas`` 4-tuples): the layers,
+        the pipeline endpoint (wire form, or None) and whether it has completed."""
+        return [{"replica_id": r.replica_id, "stage": r.stage, "whole": r.whole,
+                 "warm": bool(r.worker and r.worker.warm),
+                 "pipeline_endpoint": r.pipeline_endpoint.to_wire() if r.pipeline_endpoint else None}
+                for r in self.replicas.values() if r.stage is not None]
+
     async def _register(self, conn: Any) -> None:
         await conn.call("register_host", {
             "host_id": self.host_id,
@@ -174,6 +197,7 @@ class HostManager:
             "ram_bytes": self.hc.cache_bytes,
             "cached_models": self.cache.keys(),
             "replicas": self._replica_reports(),
+            "stages": self._stage_reports(),
             "data_endpoint": self.data_endpoint.to_wire() if self.data_endpoint else None,
         }, timeout_s=10.0)
 
@@ -218,6 +242,18 @@ class HostManager:
                     and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in stage)):
                 raise BadRequest("stage must be [first_layer, last_layer]")
             rt.stage = stage
+        pipeline = payload.get("pipeline")
+        if pipeline is not None:
+            if stage is None or not isinstance(pipeline, dict):
+                raise BadRequest("pipeline options need a stage and must be a map")
+            nxt = pipeline.get("next_hop")
+            if nxt is not None:
+                Endpoint.from_wire(nxt)  # BadRequest now, not in the worker
+            port = pipeline.get("port", 0)
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+                raise BadRequest("pipeline port must be an integer in [0, 65536)")
+            rt.pipeline = {"listen_host": str(pipeline.get("listen_host") or self.hc.listen_host),
+                           "port": port, "next_hop": nxt}
         # A cold start reserves its device memory and its worker's host RAM when it begins,
         # so concurrent starts can never overcommit either.
         need = (manifest.blob_size if manifest else 0) + self.config.controller.replica_overhead_bytes
@@ -397,8 +433,14 @@ class HostManager:
                     "cache_path": str(entry.path), "manifest_json": entry.manifest_json,
                     "device": device, "controller_url": self.hc.controller_url,
                     "fetch_s": 0.0 if hit else entry.fetch_s, "source": label, "stage": rt.stage,
+                    **({"pipeline": rt.pipeline} if rt.pipeline is not None else {}),
                 }, timeout_s=self.config.controller.deploy_timeout_s)
+                if rt.pipeline is not None:
+                    rt.pipeline_endpoint = Endpoint.from_wire(reply.get("pipeline_endpoint"))
                 worker.warm = True
+                if rt.stage is not None:
+                    self._spawn_task(self._complete_stage(rt, entry.segment),
+                                     f"complete:{rt.replica_id}")
                 log.info("replica_started", source=label, timings=reply.get("timings_s"))
             finally:
                 self.cache.unpin(model_key)
@@ -418,6 +460,35 @@ class HostManager:
             await self._report("replica_failed", {
                 "replica_id": rt.replica_id, "reason": reason[:500], "during_start": True})
 
+    async def _complete_stage(self, rt: ReplicaTask, segment: Any) -> None:
+        """Model completion: once this host holds the whole model, turn the stage replica
+        ``rt`` into a whole one (its worker builds the whole module over the bytes it maps;
+        its stage server, if any, keeps serving until ``dissolve_stage``). A failure leaves
+        it a working stage and is logged."""
+        try:
+            await segment.wait_complete(self.config.controller.deploy_timeout_s)
+            w = rt.worker
+            if w is None or self.replicas.get(rt.replica_id) is not rt or w.conn is None:
+                return
+            reply = await w.conn.call("complete_replica", {"replica_id": rt.replica_id},
+                                      timeout_s=self.config.controller.deploy_timeout_s)
+            rt.whole = bool(reply.get("completed"))
+            log.info("stage_completed", replica_id=rt.replica_id, timings=reply.get("timings_s"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("stage_completion_failed", replica_id=rt.replica_id, error=repr(exc))
+
+    async def _dissolve_stage(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """Stop a stage replica's pipeline server (the controller's call, once the pipeline
+        gets no more work); a completed replica keeps serving as a whole one."""
+        rt = self.replicas.get(str(payload.get("replica_id", "")))
+        if rt is None or rt.worker is None or rt.worker.conn is None:
+            return {"dissolved": False}
+        reply = await rt.worker.conn.call("dissolve_stage", {}, timeout_s=10.0)
+        rt.pipeline_endpoint = None
+        return {"dissolved": bool(reply.get("dissolved"))}
+
     async def _stop_replica(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         rt = self.replicas.pop(str(payload.get("replica_id", "")), None)
         if rt is None:
@@ -432,6 +503,7 @@ class HostManager:
 
     async def _status(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         return {"host_id": self.host_id, "replicas": self._replica_reports(),
+                "stages": self._stage_reports(),
                 "cache": self.cache.keys(), "cache_stats": self.cache.stats(),
                 "idle_workers": len(self.idle),
                 "worker_pids": [w.proc.pid for w in self.workers.values()]}

@@ -10,6 +10,17 @@ cold start pays only for the model bytes. Lifecycle:
    so a restarted controller re-learns its replicas); then serve ``infer`` with dynamic
    batching and credit-based flow control (the controller never sends more than the credits).
 
+A partition stage (``load_replica`` with ``stage``) with ``pipeline`` options serves a
+:class:`~flashpoint.pipeline.stage.StageServer` over the stage module instead of announcing
+to the controller, and replies with the server's bound endpoint. Model completion: once the
+host has the whole model, it sends ``complete_replica``; the worker builds the whole module
+over the mapping it already holds (MAP_PRIVATE of the full-size cache file: pages this
+process never wrote are the page cache's, so they show the bytes the host wrote after the
+stage was built), warms it, and announces itself to the controller as a whole replica
+(``replica_ready`` with its replica id). Completion never touches the stage server, so no
+in-flight pipeline request fails because of it: the stage server keeps serving until the
+host sends ``dissolve_stage`` (the controller's call, once the pipeline gets no more work).
+
 The process exits when its host connection is lost (never an orphan) or on ``shutdown``.
 """
 
@@ -44,6 +55,8 @@ class LoadedReplica:
     input_names: list[str]
     output_names: list[str]
     mapping: mmap.mmap
+    manifest: Any = None  # the model's Manifest (a stage builds the whole module from it)
+    stage: Any = None  # [first, last] while this is a partition stage; None once whole
 
 
 def _example_inputs(io_inputs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
@@ -68,6 +81,9 @@ class Worker:
         self._host_conn: Any = None
         self._done = asyncio.Event()
         self._ready_payload: dict[str, Any] | None = None
+        self.stage_server: Any = None  # a StageServer while this worker serves a pipeline stage
+        self._controller_url = ""
+        self._completing: asyncio.Task | None = None
 
     async def run(self) -> None:
         import torch  # imported before any replica is assigned: the warm pool's whole point
@@ -83,7 +99,9 @@ class Worker:
         from flashpoint.rpc import connect
 
         self._host_conn = await connect(
-            self.host_url, {"load_replica": self._load_replica, "shutdown": self._shutdown},
+            self.host_url, {"load_replica": self._load_replica, "shutdown": self._shutdown,
+                            "complete_replica": self._complete_replica,
+                            "dissolve_stage": self._dissolve_stage},
             secret=self.secret, connect_timeout_s=10.0,
         )
         self._host_conn.add_close_callback(lambda *_: self._done.set())
@@ -93,6 +111,8 @@ class Worker:
         await self._teardown()
 
     async def _teardown(self) -> None:
+        if self.stage_server is not None:
+            await self.stage_server.stop()
         if self.batcher is not None:
             await self.batcher.stop()
         if self._controller is not None:
@@ -108,31 +128,136 @@ class Worker:
     async def _load_replica(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         if self.replica is not None:
             if self.replica.replica_id == payload["replica_id"]:
-                return {"timings_s": self._ready_payload["timings_s"] if self._ready_payload else {}}
+                return {"timings_s": self._ready_payload["timings_s"] if self._ready_payload else {},
+                        **self._pipeline_reply()}
             raise BadRequest("worker already serves another replica")
         spec = FunctionSpec.from_dict(payload["spec"])
+        pipeline = payload.get("pipeline")
+        if pipeline is not None and (payload.get("stage") is None or not isinstance(pipeline, dict)):
+            raise BadRequest("pipeline options need a stage and must be a map")
         bind_ids(replica_id=payload["replica_id"])
         timings = await asyncio.to_thread(self._load_blocking, payload, spec)
         timings["fetch"] = float(payload.get("fetch_s", 0.0))
-        from flashpoint.actors.batcher import Batcher
-
-        self.batcher = Batcher(self._run_batch, spec.max_batch_size, spec.batch_wait_ms / 1000.0)
-        self.batcher.start()
         self._ready_payload = {
             "replica_id": payload["replica_id"], "host_id": payload["host_id"],
             "function": spec.name, "credits": spec.replica_concurrency, "timings_s": timings,
             "source": str(payload.get("source", "")),
         }
+        self._controller_url = str(payload["controller_url"])
+        if pipeline is not None:
+            await self._start_stage_server(pipeline)
+            log.info("stage_loaded", endpoint=str(self.stage_server.endpoint),
+                     **{k: round(v, 4) for k, v in timings.items()})
+            return {"timings_s": timings, **self._pipeline_reply()}
+        await self._serve_whole(spec)
+        log.info("replica_loaded", **{k: round(v, 4) for k, v in timings.items()})
+        return {"timings_s": timings}
+
+    async def _serve_whole(self, spec: FunctionSpec) -> None:
+        """Batch requests for the loaded module and announce it to the controller."""
+        from flashpoint.actors.batcher import Batcher
         from flashpoint.rpc import ReconnectingClient
 
+        self.batcher = Batcher(self._run_batch, spec.max_batch_size, spec.batch_wait_ms / 1000.0)
+        self.batcher.start()
         self._controller = ReconnectingClient(
-            payload["controller_url"], {"infer": self._infer, "infer_many": self._infer_many,
+            self._controller_url, {"infer": self._infer, "infer_many": self._infer_many,
              "replica_status": self._status},
             secret=self.secret, on_connected=self._announce,
         )
         await self._controller.start()
-        log.info("replica_loaded", **{k: round(v, 4) for k, v in timings.items()})
-        return {"timings_s": timings}
+
+    # partition stages ---------------------------------------------------------------------
+    def _pipeline_reply(self) -> dict[str, Any]:
+        ep = self.stage_server.endpoint if self.stage_server is not None else None
+        return {"pipeline_endpoint": ep.to_wire() if ep is not None else None}
+
+    async def _start_stage_server(self, pipeline: dict[str, Any]) -> None:
+        """Serve the stage module as one stage of a pipeline (``pipeline``: ``listen_host``,
+        ``port`` (0: any), ``next_hop`` (an endpoint's wire form, or None for the last))."""
+        from flashpoint.pipeline.stage import StageServer
+        from flashpoint.transfer.plan import Endpoint
+
+        rep = self.replica
+        assert rep is not None
+        nxt = pipeline.get("next_hop")
+        port = pipeline.get("port", 0)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+            raise BadRequest("pipeline port must be an integer in [0, 65536)")
+        server = StageServer(
+            rep.module, host=str(pipeline.get("listen_host") or "127.0.0.1"), port=port,
+            secret=self.secret, next_hop=Endpoint.from_wire(nxt) if nxt is not None else None,
+            device=rep.device, stage_id=rep.replica_id)
+        await server.start()
+        self.stage_server = server
+
+    async def _complete_replica(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """Model completion: the host has every byte of the model now. Build the whole
+        module over the mapping this stage already holds, warm it, and announce this worker
+        to the controller as a whole replica. The stage server (if any) keeps serving,
+        untouched, until ``dissolve_stage``, so completion never fails a pipeline request
+        in flight. Idempotent; a whole replica replies at once."""
+        rep = self.replica
+        if rep is None:
+            raise Unavailable("no replica loaded", retry_after_s=0.1)
+        if rep.stage is None:
+            return {"completed": True, "timings_s": {}}
+        if self._completing is None:
+            self._completing = asyncio.get_running_loop().create_task(self._complete())
+        try:
+            timings = await asyncio.shield(self._completing)
+        except BaseException:
+            if self._completing.done():
+                self._completing = None  # the host may try again
+            raise
+        return {"completed": True, "timings_s": timings}
+
+    async def _complete(self) -> dict[str, float]:
+        rep = self.replica
+        assert rep is not None and rep.stage is not None
+        whole, timings = await asyncio.to_thread(self._build_whole, rep)
+        t0 = time.perf_counter()
+        # From here ``_run_batch`` uses the whole module; the stage server holds its own.
+        self.replica = whole
+        assert self._ready_payload is not None
+        self._ready_payload["timings_s"] = {**self._ready_payload["timings_s"], **timings}
+        if self._controller is None:
+            await self._serve_whole(whole.spec)
+        else:  # a stage deployed without pipeline options announced itself already
+            await self._controller.call("replica_ready", self._ready_payload, timeout_s=10.0)
+        log.info("replica_completed", announce_s=round(time.perf_counter() - t0, 4))
+        return dict(self._ready_payload["timings_s"])
+
+    def _build_whole(self, rep: LoadedReplica) -> tuple[LoadedReplica, dict[str, float]]:
+        import torch
+
+        from flashpoint.models.publish import load_module
+
+        t0 = time.perf_counter()
+        module = load_module(rep.manifest, memoryview(rep.mapping), device="cpu")
+        t1 = time.perf_counter()
+        if rep.device.startswith("cuda"):
+            module = module.to(rep.device)
+            torch.cuda.synchronize(rep.device)
+        t2 = time.perf_counter()
+        io = rep.manifest.io.to_dict()
+        whole = LoadedReplica(rep.replica_id, rep.spec, module, rep.device,
+                              [t["name"] for t in io.get("inputs", [])],
+                              [t["name"] for t in io.get("outputs", [])], rep.mapping,
+                              rep.manifest, None)
+        self._run_batch(_example_inputs(io.get("inputs", [])), whole)
+        return whole, {"complete_load": t1 - t0, "complete_to_device": t2 - t1,
+                       "complete_first_inference": time.perf_counter() - t2}
+
+    async def _dissolve_stage(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """Stop serving the pipeline stage (its links close: a request still in it fails
+        with PeerLost, so the controller dissolves a pipeline only once it sends no more
+        work there). The whole replica, if completed, keeps serving."""
+        server, self.stage_server = self.stage_server, None
+        if server is None:
+            return {"dissolved": False}
+        await server.stop()
+        return {"dissolved": True}
 
     async def _announce(self, conn: Any) -> None:
         assert self._ready_payload is not None
@@ -173,18 +298,20 @@ class Worker:
             # A stage's input is the previous stage's activation; there is no example of it
             # here, so it is warmed by its first real request instead.
             self.replica = LoadedReplica(payload["replica_id"], spec, module, device,
-                                         ["activation"], ["activation"], mapping)
+                                         ["activation"], ["activation"], mapping, manifest,
+                                         list(stage))
             return {"load": t1 - t0, "to_device": t2 - t1, "first_inference": 0.0}
         self.replica = LoadedReplica(payload["replica_id"], spec, module, device, inputs, outputs,
-                                     mapping)
+                                     mapping, manifest)
         self._run_batch(_example_inputs(io.get("inputs", [])))
         t3 = time.perf_counter()
         return {"load": t1 - t0, "to_device": t2 - t1, "first_inference": t3 - t2}
 
-    def _run_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run_batch(self, inputs: dict[str, np.ndarray],
+                   rep: LoadedReplica | None = None) -> dict[str, np.ndarray]:
         import torch
 
-        rep = self.replica
+        rep = rep or self.replica
         assert rep is not None
         args = []
         for name in rep.input_names:
