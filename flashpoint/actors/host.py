@@ -285,18 +285,12 @@ class HostManager:
                 for w in wires or ()] or [self._registry_source]
 
     def _sources(self, wires: Any) -> list[Any]:
-        """Pull sources from a deploy's wire list: peer endpoints, and "registry"."""
-        from flashpoint.transfer.sources import PeerSource
+        """Pull sources from a deploy's wire list (peer endpoints, "registry"); the registry
+        when the list names none."""
+        from flashpoint.transfer.sources import sources_from_wire
 
-        out: list[Any] = []
-        for w in wires or ():
-            if w == "registry":
-                out.append(self._registry_source)
-            else:
-                ep = Endpoint.from_wire(w)
-                if ep.host_id != self.host_id:
-                    out.append(PeerSource(ep, self.secret))
-        return out or [self._registry_source]
+        return sources_from_wire(wires or (), secret=self.secret, host_id=self.host_id,
+                                 registry=self._registry_source) or [self._registry_source]
 
     async def _ready(self, segment: Any, need: tuple[int, int] | None, timeout_s: float) -> None:
         """Execute-while-load: a stage needs only its own byte range, a whole replica all."""

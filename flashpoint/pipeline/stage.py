@@ -74,7 +74,7 @@ from flashpoint.pipeline.frames import (
 )
 from flashpoint.pipeline.link import ActivationLink
 from flashpoint.transfer.plan import Endpoint
-from flashpoint.transfer.wire import DataConn, tune_socket
+from flashpoint.transfer.wire import DataConn, listen_socket, tune_socket
 
 log = get_logger(__name__)
 
@@ -193,20 +193,7 @@ class StageServer:
         return self.endpoint
 
     async def _bind(self) -> socket.socket:
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
-                                       flags=socket.AI_PASSIVE)
-        family, _, proto, _, sockaddr = infos[0]
-        sock = socket.socket(family, socket.SOCK_STREAM, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            tune_socket(sock)  # accepted sockets inherit the window set before listen()
-            sock.bind(sockaddr)
-            sock.listen(128)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+        return await listen_socket(self.host, self.port)
 
     async def stop(self) -> None:
         """Cancel every task, close every link and the listening socket (bounded)."""
@@ -537,8 +524,6 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     configure(os.environ.get("FLASHPOINT_LOG_LEVEL", "WARNING"))
-    global log
-    log = get_logger(__name__)  # bound before configure ran; stdout is for JSON lines
     torch.set_num_threads(args.torch_threads)
     try:
         import uvloop

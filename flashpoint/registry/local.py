@@ -58,7 +58,8 @@ def _write_file_synced(path: Path, data: bytes) -> None:
         _fsync_file(f)
 
 
-def _read_exact(f, start: int, n: int) -> bytes:  # noqa: ANN001
+def read_exact(f, start: int, n: int) -> bytes:  # noqa: ANN001
+    """Exactly ``n`` bytes of file ``f`` from ``start`` (RegistryError on a short file)."""
     f.seek(start)
     out = bytearray()
     while len(out) < n:
@@ -76,12 +77,12 @@ def _copy_verified(src: Path, dst: Path, manifest: Manifest) -> None:
         if size != manifest.blob_size:
             raise BadRequest(f"blob is {size} bytes, manifest says {manifest.blob_size}")
         # The header must describe the manifest's tensors (the data offset bounds its size).
-        header, data_offset = parse_header(_read_exact(fin, 0, manifest.data_offset))
+        header, data_offset = parse_header(read_exact(fin, 0, manifest.data_offset))
         check_header(manifest, header, data_offset)
         with open(dst, "wb") as fout:
             for index in range(manifest.num_chunks):
                 start, end = manifest.chunk_range(index)
-                chunk = _read_exact(fin, start, end - start)
+                chunk = read_exact(fin, start, end - start)
                 verify_chunk(manifest, index, chunk)
                 fout.write(chunk)
             _fsync_file(fout)
@@ -237,7 +238,7 @@ class LocalStore:
                 size = os.fstat(f.fileno()).st_size
                 if not 0 <= start <= end <= size:
                     raise BadRequest(f"byte range [{start}, {end}) outside the blob of {size}")
-                return _read_exact(f, start, end - start)
+                return read_exact(f, start, end - start)
         except FileNotFoundError:
             raise ModelNotFound(f"model {name}:{version} not found", name=name,
                                 version=version) from None

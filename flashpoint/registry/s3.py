@@ -53,6 +53,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from flashpoint.errors import BadRequest, Conflict, FlashpointError, ModelNotFound, RegistryError
 from flashpoint.ids import validate_name, validate_version
+from flashpoint.registry.local import read_exact
 from flashpoint.registry.manifest import Manifest, check_header, parse_header, verify_chunk
 from flashpoint.rpc.backoff import Backoff, retry
 
@@ -82,17 +83,6 @@ def _check_offsets(start: Any, end: Any, size: int) -> None:
             raise BadRequest("byte offsets must be integers")
     if not 0 <= start <= end <= size:
         raise BadRequest(f"byte range [{start}, {end}) outside the blob of {size}")
-
-
-def _read_file_range(f: Any, start: int, n: int) -> bytes:
-    f.seek(start)
-    out = bytearray()
-    while len(out) < n:
-        piece = f.read(n - len(out))
-        if not piece:
-            raise RegistryError(f"short read: wanted {n} bytes at {start}, got {len(out)}")
-        out += piece
-    return bytes(out)
 
 
 class _Stopped(Exception):
@@ -427,7 +417,7 @@ class S3Store:
                 size = os.fstat(f.fileno()).st_size
                 if size != manifest.blob_size:
                     raise BadRequest(f"blob is {size} bytes, manifest says {manifest.blob_size}")
-                header, data_offset = parse_header(_read_file_range(f, 0, manifest.data_offset))
+                header, data_offset = parse_header(read_exact(f, 0, manifest.data_offset))
                 check_header(manifest, header, data_offset)
         except FileNotFoundError:
             raise BadRequest(f"blob file {str(path)!r} does not exist") from None
@@ -438,7 +428,7 @@ class S3Store:
         """File bytes ``[start, end)`` (whole chunks), each chunk checked against its hash."""
         try:
             with open(path, "rb") as f:
-                data = _read_file_range(f, start, end - start)
+                data = read_exact(f, start, end - start)
         except OSError as e:
             raise RegistryError(f"reading blob file {str(path)!r}: {e}") from e
         view = memoryview(data)

@@ -35,7 +35,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from flashpoint.errors import DeadlineExceeded, NoCapacity
+from flashpoint.errors import NoCapacity
 from flashpoint.log import get_logger
 from flashpoint.registry.manifest import Manifest
 from flashpoint.transfer.segment import Segment
@@ -272,14 +272,6 @@ class HostCache:
                 waiters.remove(fut)
                 if not waiters:
                     del self._entry_waiters[key]
-
-    async def wait(self, key: str, timeout_s: float) -> CacheEntry:
-        """Wait for an existing fill of ``key`` to complete."""
-        entry = self._entries.get(key)
-        if entry is None:
-            raise DeadlineExceeded(f"no transfer of {key} on host {self.host_id}")
-        await entry.segment.wait_complete(timeout_s)
-        return entry
 
     async def ensure(self, manifest: Manifest, sources: Sequence[ChunkSource], *,
                      timeout_s: float = 600.0) -> tuple[CacheEntry, bool]:

@@ -56,6 +56,7 @@ from flashpoint.transfer.wire import (
     FLAG_ABORT,
     VERIFY_FAILURES,
     DataConn,
+    listen_socket,
     tune_socket,
 )
 
@@ -359,19 +360,7 @@ class DataPlaneServer:
 
     async def start(self) -> Endpoint:
         """Bind and listen; returns the bound address."""
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(self.listen_host, self.port, type=socket.SOCK_STREAM,
-                                       flags=socket.AI_PASSIVE)
-        family, _, proto, _, sockaddr = infos[0]
-        sock = socket.socket(family, socket.SOCK_STREAM, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            tune_socket(sock)  # accepted sockets inherit the window set before listen()
-            sock.bind(sockaddr)
-            sock.listen(128)
-        except BaseException:
-            sock.close()
-            raise
+        sock = await listen_socket(self.listen_host, self.port)
         self._sock = sock
         addr, port = sock.getsockname()[:2]
         self.endpoint = Endpoint(self.host_id, addr, port)

@@ -306,21 +306,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _rebind_loggers() -> None:
-    """Module loggers are bound when their module is imported, i.e. before ``configure``
-    ran, and would print to stdout with structlog's defaults; stdout is for JSON lines."""
-    from flashpoint.transfer import chain, dataplane, sources
-
-    global log
-    for mod in (chain, dataplane, sources):
-        mod.log = get_logger(mod.__name__)
-    log = get_logger(__name__)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure(os.environ.get("FLASHPOINT_LOG_LEVEL", "WARNING"))
-    _rebind_loggers()
     if args.cmd == "make-blob":
         man = make_synthetic(Path(args.out), Path(args.manifest), size_bytes=args.size_bytes,
                              chunk_size=args.chunk_size, seed=args.seed, name=args.name,

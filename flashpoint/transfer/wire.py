@@ -62,6 +62,23 @@ def _mac(secret: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
     return hmac.new(secret, role + first + second, hashlib.sha256).digest()
 
 
+async def listen_socket(host: str, port: int, backlog: int = 128) -> socket.socket:
+    """A tuned, listening TCP socket on ``host:port`` (0 = any free port)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, proto, _, sockaddr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        tune_socket(sock)  # accepted sockets inherit the window set before listen()
+        sock.bind(sockaddr)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def tune_socket(sock: socket.socket) -> None:
     """Non-blocking, no Nagle, big kernel buffers (a 4 MiB window keeps a fast link full)."""
     sock.setblocking(False)
