@@ -325,7 +325,7 @@ class HostManager:
         key = f"{spec.model}@{spec.model_version}"
         timeout_s = self.config.controller.deploy_timeout_s
         entry = self.cache.entry(key)
-        if manifest is None and (entry is None or stage is not None):
+        if manifest is None:
             manifest = entry.segment.manifest if entry is not None else \
                 await self.store.get_manifest(spec.model, spec.model_version)
         need = byte_range_for_layers(manifest, stage[0], stage[1]) if stage is not None else None
@@ -333,10 +333,9 @@ class HostManager:
             joined = not entry.complete
             await self._ready(entry.segment, need, timeout_s)
             return entry, (entry.source if joined else "local")
-        assert manifest is not None
         src = source or {}
         kind = str(src.get("kind", ""))
-        fallback = self._sources(src.get("fallback") or ["registry"])
+        fallback = self._sources(src.get("fallback"))
         if kind == "chain":
             arrived = await self.cache.wait_entry(key, self.hc.chain_wait_s)
             if arrived is not None:
