@@ -33,6 +33,14 @@ class ControllerConfig:
     # Device memory a replica needs beyond its model bytes (activations, workspace); the
     # controller places with it and hosts reserve with it, so both agree on what fits.
     replica_overhead_bytes: int = 64 << 20
+    # The cost model partition plans are solved with (seed 004 §4.2.2; functions opt in with
+    # max_stages > 1): the worst-case rate at which a stage's weights arrive (the thesis's
+    # 2.2 Gbit/s from S3), the GPU-to-GPU rate for activations, and the fixed cost of starting
+    # one stage (process, context, module build) and of one activation hop.
+    partition_bandwidth_bps: float = 2.2e9
+    partition_link_bps: float = 7.5e9
+    partition_overhead_s: float = 0.5
+    partition_link_latency_s: float = 0.0005
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,9 @@ class FunctionSpec:
     # Requests a replica may hold at once (its credits); the autoscaler's per-replica target.
     replica_concurrency: int = 16
     timeout_s: float = 60.0
+    # Most pipeline stages a cold start may split the model into (1 = never partition; the
+    # model needs per-layer profiles for more, see flashpoint/policy/partitioning.py).
+    max_stages: int = 1
     inputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
     outputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
 
@@ -79,6 +82,8 @@ class FunctionSpec:
             raise BadRequest("replica_concurrency must be in 1..4096")
         if not 0 < self.timeout_s <= 3600:
             raise BadRequest("timeout_s must be in (0, 3600]")
+        if not 1 <= self.max_stages <= 64:
+            raise BadRequest("max_stages must be in 1..64")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -101,7 +106,8 @@ class FunctionSpec:
             if not isinstance(raw, list) or len(raw) > 64:
                 raise BadRequest(f"{key} must be a list of at most 64 tensor specs")
             kw[key] = tuple(TensorSpec.from_dict(t) for t in raw)
-        for key in ("max_batch_size", "min_replicas", "max_replicas", "replica_concurrency"):
+        for key in ("max_batch_size", "min_replicas", "max_replicas", "replica_concurrency",
+                    "max_stages"):
             if key in kw and (not isinstance(kw[key], int) or isinstance(kw[key], bool)):
                 raise BadRequest(f"{key} must be an integer")
         for key in ("batch_wait_ms", "keep_alive_s", "timeout_s"):

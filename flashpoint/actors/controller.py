@@ -22,6 +22,8 @@ from prometheus_client import Counter, Histogram
 from flashpoint.actors import controller_state as cs
 from flashpoint.actors.dispatch import Dispatcher
 from flashpoint.actors.persist import FunctionTable
+from flashpoint.actors.pipeline_target import PipelineTarget
+from flashpoint.actors.rates import RateMeter
 from flashpoint.config import ClusterConfig
 from flashpoint.errors import (
     BadRequest,
@@ -37,10 +39,14 @@ from flashpoint.errors import (
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult
 from flashpoint.ids import new_id
 from flashpoint.log import get_logger
+from flashpoint.partition.cache import PlanCache
+from flashpoint.partition.model import CostModel, LayerProfile
+from flashpoint.pipeline.client import PipelineClient
 from flashpoint.policy.sourcing import REGISTRY
 from flashpoint.registry.manifest import Manifest
 from flashpoint.spec import FunctionSpec, TensorSpec
 from flashpoint.tensors import DECODED_DTYPE, decode_tensors, encode_tensors
+from flashpoint.transfer.plan import Endpoint
 
 log = get_logger("flashpoint.controller")
 
@@ -81,6 +87,10 @@ class HostHandle:
                    "spec": cmd.spec.to_dict(), "manifest_json": manifest_json}
         if source is not None:
             payload["source"] = source
+        if cmd.stage is not None:
+            # The next hop is set when the group links (LinkGroup), once every stage serves.
+            payload["stage"] = list(cmd.stage)
+            payload["pipeline"] = {"next_hop": None}
         await self.conn.call("deploy_replica", payload, timeout_s=10.0)
 
     async def start_chain(self, cmd: cs.StartChain, chain: list[Any], fallback: list[Any]) -> None:
@@ -91,6 +101,13 @@ class HostHandle:
 
     async def stop(self, replica_id: str) -> None:
         await self.conn.call("stop_replica", {"replica_id": replica_id}, timeout_s=10.0)
+
+    async def link_stage(self, replica_id: str, next_hop: Any) -> None:
+        await self.conn.call("link_stage", {"replica_id": replica_id, "next_hop": next_hop},
+                             timeout_s=10.0)
+
+    async def dissolve_stage(self, replica_id: str) -> None:
+        await self.conn.call("dissolve_stage", {"replica_id": replica_id}, timeout_s=10.0)
 
 
 @dataclass
@@ -142,6 +159,10 @@ class Controller:
         self._wake = asyncio.Event()
         self._pump_pending: set[str] = set()
         self._manifests: dict[str, str] = {}  # "name@version" -> manifest JSON (immutable)
+        self._arrivals = RateMeter()
+        self._completions = RateMeter()
+        self._stage_endpoints: dict[str, Any] = {}  # stage replica id -> pipeline endpoint
+        self._plans = PlanCache()
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -162,7 +183,8 @@ class Controller:
                                             default_timeout_s=gw.default_timeout_s))
         self._rpc = RpcServer(
             {"register_host": self._register_host, "heartbeat": self._heartbeat,
-             "replica_ready": self._replica_ready, "replica_failed": self._replica_failed},
+             "replica_ready": self._replica_ready, "replica_failed": self._replica_failed,
+             "stage_ready": self._stage_ready},
             secret=self.config.secret.encode(), on_disconnect=self._on_disconnect,
         )
         self._rpc.add_to_app(app, "/rpc")
@@ -206,14 +228,20 @@ class Controller:
 
     def _tick(self) -> None:
         now = time.monotonic()
+        self._arrivals.update(now)
+        self._completions.update(now)
         loads = {
             name: cs.FunctionLoad(self.dispatcher.queued(name), self.dispatcher.inflight(name),
-                                  self._last_request.get(name))
+                                  self._last_request.get(name), self._arrivals.rate(name),
+                                  self._completions.rate(name))
             for name in self.state.functions
         }
         idle = frozenset(
             r.replica_id for r in self.state.replicas.values()
             if r.phase == cs.ReplicaPhase.STOPPING and self.dispatcher.inflight_of(r.replica_id) == 0
+        ) | frozenset(
+            g.group_id for g in self.state.groups.values()
+            if g.phase == cs.GroupPhase.STOPPING and self.dispatcher.inflight_of(g.group_id) == 0
         )
         self._execute(self.state.handle(cs.Tick(now, loads, idle)))
         self._fail_unplaceable(now)
@@ -256,6 +284,14 @@ class Controller:
                     err = FunctionNotFound(cmd.reason) if cmd.code == "function_not_found" \
                         else ModelFailed(cmd.reason)
                     self._fail_queue(cmd.name, err)
+                case cs.LinkGroup():
+                    self._spawn(self._link_group(cmd), f"link:{cmd.group_id}")
+                case cs.ServeGroup():
+                    if cmd.group_id in self.workers:
+                        self.dispatcher.add_replica(cmd.group_id, cmd.function, cmd.credits)
+                        log.info("group_serving", group_id=cmd.group_id, function=cmd.function)
+                case cs.DissolveStages():
+                    self._spawn(self._dissolve_stages(cmd), f"dissolve:{cmd.group_id}")
         self._sync_dispatch()
 
     def _sync_dispatch(self) -> None:
@@ -310,6 +346,48 @@ class Controller:
         except FlashpointError as exc:
             log.warning("chain_start_failed", transfer_id=cmd.transfer_id, error=exc.to_wire())
 
+    async def _link_group(self, cmd: cs.LinkGroup) -> None:
+        """Point each stage at the next (last first), then open the pipeline's client."""
+        try:
+            eps = [self._stage_endpoints.get(rid) for rid, _ in cmd.stages]
+            if any(ep is None for ep in eps):
+                raise FlashpointError("a stage's pipeline endpoint is unknown")
+            for (rid, host_id), nxt in reversed(list(zip(cmd.stages[:-1], eps[1:], strict=True))):
+                host = self.hosts.get(host_id)
+                if host is None:
+                    raise FlashpointError(f"host {host_id} has no connection")
+                await host.link_stage(rid, nxt)
+            fn = self.state.functions.get(cmd.function)
+            if fn is None:
+                raise FunctionNotFound(f"function {cmd.function!r} is gone")
+            manifest = Manifest.from_json(self._manifests[fn.model_key])
+            io = manifest.io.to_dict()
+            client = PipelineClient(
+                Endpoint.from_wire(eps[0]), self.config.secret.encode(),
+                timeout_s=fn.spec.timeout_s, name=f"controller:{cmd.group_id}",
+                input_names=[t["name"] for t in io.get("inputs", [])] or None)
+            self.workers[cmd.group_id] = PipelineTarget(
+                client, cmd.stages[0][1], [t["name"] for t in io.get("outputs", [])],
+                source=f"pipeline:{len(cmd.stages)}")
+            self._apply(cs.GroupLinked(cmd.group_id, True, "", time.monotonic()))
+            log.info("group_linked", group_id=cmd.group_id, stages=[r for r, _ in cmd.stages])
+        except FlashpointError as exc:
+            log.warning("group_link_failed", group_id=cmd.group_id, error=exc.to_wire())
+            self._apply(cs.GroupLinked(cmd.group_id, False, exc.message, time.monotonic()))
+
+    async def _dissolve_stages(self, cmd: cs.DissolveStages) -> None:
+        """Stop the stages' pipeline servers (their completed replicas keep serving)."""
+        for rid, host_id in cmd.stages:
+            self._stage_endpoints.pop(rid, None)
+            host = self.hosts.get(host_id)
+            if host is None:
+                continue
+            try:
+                await host.dissolve_stage(rid)
+            except FlashpointError as exc:
+                log.warning("dissolve_failed", replica_id=rid, error=exc.code)
+        log.info("group_dissolved", group_id=cmd.group_id)
+
     async def _stop_on_host(self, host: HostHandle, replica_id: str) -> None:
         try:
             await host.stop(replica_id)
@@ -353,6 +431,14 @@ class Controller:
                 COLD_STARTS.labels(phase).observe(secs)
         self._apply(cs.ReplicaWarmed(rid, timings, time.monotonic()))
         log.info("replica_warm", replica_id=rid, timings=timings)
+        return {"ok": True}
+
+    async def _stage_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
+        rid = str(p["replica_id"])
+        self._stage_endpoints[rid] = Endpoint.from_wire(p.get("pipeline_endpoint")).to_wire()
+        log.info("stage_ready", replica_id=rid, source=p.get("source"),
+                 timings=p.get("timings_s"))
+        self._apply(cs.StageReady(rid, time.monotonic()))
         return {"ok": True}
 
     async def _replica_failed(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
@@ -414,6 +500,7 @@ class Controller:
         finally:
             for _ in ps:
                 self.dispatcher.release(rid)
+            self._completions.add(ps[0].function, len(ps))
             self._pump(ps[0].function)
 
     def _retry_or_fail(self, p: Pending, err: FlashpointError) -> None:
@@ -460,10 +547,13 @@ class Controller:
             REQUESTS.labels(name, "overloaded").inc()
             raise Overloaded(f"queue for {name!r} is full", retry_after_s=1.0)
         timeout = min(timeout_s or fn.spec.timeout_s, fn.spec.timeout_s)
-        cold = not any(r.phase == cs.ReplicaPhase.WARM for r in self.state.replicas_of(name))
+        cold = not any(r.phase == cs.ReplicaPhase.WARM for r in self.state.replicas_of(name)) \
+            and not any(g.function == name and g.phase == cs.GroupPhase.SERVING
+                        for g in self.state.groups.values())
         p = Pending(request_id, name, {"request_id": request_id, "inputs": encode_tensors(inputs)},
                     asyncio.get_running_loop().create_future(), t0, t0 + timeout, cold)
         self._last_request[name] = t0
+        self._arrivals.add(name)
         self.dispatcher.enqueue(name, p)
         self._pump(name)
         if cold or self.dispatcher.queued(name):
@@ -502,10 +592,30 @@ class Controller:
         io = manifest.io.to_dict()
         if not spec.inputs and io.get("inputs"):
             spec = _replace_io(spec, io)
+        plans, whole_cold_s = None, 0.0
+        if spec.max_stages > 1:
+            plans, whole_cold_s = await self._plan_table(spec, manifest)
         if persist:
             await self.table.upsert(spec)
-        self._apply(cs.FunctionUpserted(spec, int(manifest.blob_size)))
+        self._apply(cs.FunctionUpserted(spec, int(manifest.blob_size), plans, whole_cold_s))
         return spec
+
+    async def _plan_table(self, spec: FunctionSpec, manifest: Manifest) -> tuple[Any, float]:
+        """The model version's partition plan table (cached) and C(1) for Eq 4.14."""
+        keys = ("bytes", "exec_time_s", "output_bytes")
+        if not manifest.layers or any(not all(k in layer.profile for k in keys)
+                                      for layer in manifest.layers):
+            raise BadRequest(f"model {spec.model}@{spec.model_version} has no per-layer profile; "
+                             "publish it with profiling (flashpoint model push --profile) "
+                             "to allow max_stages > 1")
+        cc = self.cc
+        cost = CostModel(cc.partition_bandwidth_bps, cc.partition_link_bps,
+                         cc.partition_overhead_s, cc.partition_link_latency_s)
+        profiles = [LayerProfile.from_manifest(layer.name, layer.profile)
+                    for layer in manifest.layers]
+        table = await asyncio.to_thread(self._plans.get, spec.model, spec.model_version,
+                                        profiles, cost, p_max=64, x_max=3000)
+        return table, cost.cold_s(sum(p.bytes for p in profiles))
 
     async def register_function(self, spec: FunctionSpec) -> FunctionInfo:
         spec = await self._apply_function(spec, persist=True)
@@ -556,8 +666,16 @@ class Controller:
                  "device_id": r.device_id, "phase": str(r.phase),
                  "inflight": self.dispatcher.inflight_of(r.replica_id),
                  "timings_s": r.timings_s,
+                 "stage": list(r.stage) if r.stage is not None else None,
+                 "group_id": r.group_id,
                  "source": w.source if (w := self.workers.get(r.replica_id)) is not None else ""}
                 for r in self.state.replicas.values()
+            ],
+            "groups": [
+                {"group_id": g.group_id, "function": g.function, "stages": list(g.stages),
+                 "phase": str(g.phase), "reason": g.reason,
+                 "inflight": self.dispatcher.inflight_of(g.group_id)}
+                for g in self.state.groups.values()
             ],
             "functions": [i.to_dict() for i in self.list_functions()],
         }

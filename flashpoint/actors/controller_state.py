@@ -8,11 +8,22 @@ idempotent on the host.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from flashpoint.policy import autoscale
+from flashpoint.policy.partitioning import (
+    GroupSnapshot,
+    PlanLookup,
+    ScaleUpLoad,
+    choose_plan,
+    place_spread,
+    scale_down_order,
+    stage_ranges,
+)
 from flashpoint.policy.placement import PlacementRequest, place
 from flashpoint.policy.snapshot import (
     ClusterSnapshot,
@@ -31,6 +42,13 @@ class ReplicaPhase(StrEnum):
     STARTING = "starting"
     WARM = "warm"
     STOPPING = "stopping"
+
+
+class GroupPhase(StrEnum):
+    STARTING = "starting"  # its stages load (each only waits for its own bytes)
+    LINKING = "linking"  # every stage serves; the actor links them into a pipeline
+    SERVING = "serving"  # one dispatch target: requests enter at the first stage
+    STOPPING = "stopping"  # no new work; dissolved once nothing is in flight
 
 
 @dataclass
@@ -62,6 +80,25 @@ class ReplicaRecord:
     requested_s: float
     warm_s: float | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
+    # A partition stage: its layers and its group. It turns WARM only once it has completed
+    # into a whole replica; until then it serves as one stage of its group's pipeline.
+    stage: tuple[int, int] | None = None
+    group_id: str | None = None
+
+
+@dataclass
+class GroupRecord:
+    """A partitioned replica group: ``stages`` (replica ids, first stage first) served as
+    one pipeline until every stage has completed into a whole replica (thesis §4.2.5)."""
+
+    group_id: str
+    function: str
+    stages: tuple[str, ...]
+    phase: GroupPhase
+    requested_s: float
+    ready: set[str] = field(default_factory=set)
+    serving_s: float | None = None
+    reason: str = ""  # why it stops
 
 
 @dataclass
@@ -71,6 +108,8 @@ class FunctionRecord:
     last_request_s: float | None = None
     start_failures: int = 0
     broken: str | None = None  # reason, once starts keep failing
+    plans: PlanLookup | None = None  # the model's plan table, when it may be partitioned
+    whole_cold_s: float = 0.0  # C(1): the cost model's whole-model cold start
 
     @property
     def model_key(self) -> str:
@@ -100,6 +139,8 @@ class HostHeartbeat:
 class FunctionUpserted:
     spec: FunctionSpec
     model_bytes: int
+    plans: PlanLookup | None = None
+    whole_cold_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -127,22 +168,43 @@ class ReplicaStopped:
 
 
 @dataclass(frozen=True)
+class StageReady:
+    """A partition stage serves its layers (its pipeline endpoint is the actor's to keep)."""
+
+    replica_id: str
+    now_s: float
+
+
+@dataclass(frozen=True)
+class GroupLinked:
+    """The actor linked (``ok``) or failed to link a group's stages into one pipeline."""
+
+    group_id: str
+    ok: bool
+    reason: str
+    now_s: float
+
+
+@dataclass(frozen=True)
 class FunctionLoad:
     queued: int
     inflight: int
     last_request_s: float | None
+    arrival_rate: float = 0.0  # λ: requests per second arriving lately
+    service_rate: float = 0.0  # μ: requests per second completed lately
 
 
 @dataclass(frozen=True)
 class Tick:
     now_s: float
     loads: dict[str, FunctionLoad]
-    # replicas in STOPPING with no request in flight; the actor knows in-flight counts
+    # replicas and groups in STOPPING with no request in flight; the actor knows in-flight
+    # counts
     idle_replicas: frozenset[str] = frozenset()
 
 
 Event = (HostRegistered | HostHeartbeat | FunctionUpserted | FunctionDeleted | ReplicaWarmed
-         | ReplicaFailed | ReplicaStopped | Tick)
+         | ReplicaFailed | ReplicaStopped | StageReady | GroupLinked | Tick)
 
 
 # Commands ----------------------------------------------------------------------------------
@@ -171,6 +233,8 @@ class DeployReplica:
     device_id: str
     spec: FunctionSpec
     source: SourceAssignment | None = None
+    stage: tuple[int, int] | None = None  # a partition stage's (first, last) layer
+    group_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -214,7 +278,36 @@ class FailFunction:
     reason: str
 
 
-Command = DeployReplica | StartChain | StopAccepting | StopReplica | ForgetReplica | FailFunction
+@dataclass(frozen=True)
+class LinkGroup:
+    """Point every stage of a group at the next one and open the pipeline (the actor then
+    reports :class:`GroupLinked`). ``stages``: (replica id, host id), first stage first."""
+
+    group_id: str
+    function: str
+    stages: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class ServeGroup:
+    """Dispatch to the group's pipeline, with ``credits`` requests in flight at most."""
+
+    group_id: str
+    function: str
+    credits: int
+
+
+@dataclass(frozen=True)
+class DissolveStages:
+    """Stop the pipeline servers of these stage replicas (replica id, host id); a stage that
+    completed keeps serving as a whole replica."""
+
+    group_id: str
+    stages: tuple[tuple[str, str], ...]
+
+
+Command = (DeployReplica | StartChain | StopAccepting | StopReplica | ForgetReplica
+           | FailFunction | LinkGroup | ServeGroup | DissolveStages)
 
 
 class ControllerState:
@@ -233,11 +326,16 @@ class ControllerState:
         self.hosts: dict[str, HostRecord] = {}
         self.replicas: dict[str, ReplicaRecord] = {}
         self.functions: dict[str, FunctionRecord] = {}
+        self.groups: dict[str, GroupRecord] = {}
         self._seq = itertools.count(1)
         self.epoch = "r"  # prefix for replica ids; the actor sets a per-boot value
 
     # ---------------------------------------------------------------------------------
     def handle(self, event: Event) -> list[Command]:
+        cmds = self._handle(event)
+        return cmds + self._settle_groups()
+
+    def _handle(self, event: Event) -> list[Command]:
         match event:
             case HostRegistered():
                 return self._host_registered(event)
@@ -251,7 +349,8 @@ class ControllerState:
                 return []
             case FunctionUpserted():
                 old = self.functions.get(event.spec.name)
-                rec = FunctionRecord(event.spec, event.model_bytes)
+                rec = FunctionRecord(event.spec, event.model_bytes, plans=event.plans,
+                                     whole_cold_s=event.whole_cold_s)
                 if old is not None:
                     rec.last_request_s = old.last_request_s
                 self.functions[event.spec.name] = rec
@@ -280,6 +379,10 @@ class ControllerState:
                 if self.replicas.pop(event.replica_id, None) is not None:
                     return [ForgetReplica(event.replica_id)]
                 return []
+            case StageReady():
+                return self._stage_ready(event)
+            case GroupLinked():
+                return self._group_linked(event)
             case Tick():
                 return self._tick(event)
         raise TypeError(f"unknown event {event!r}")
@@ -335,6 +438,12 @@ class ControllerState:
     def _retire(self, reps: object) -> list[Command]:
         cmds: list[Command] = []
         for rep in list(reps):  # type: ignore[call-overload]
+            group = self.groups.get(rep.group_id) if rep.group_id else None
+            if group is not None:
+                # A stage may carry pipeline requests: the group stops taking work first
+                # and its stages stop when it dissolves (see _dissolve).
+                cmds += self._stop_group(group, "retired")
+                continue
             if rep.phase == ReplicaPhase.STARTING:
                 # Nothing dispatched to it yet: stop at once.
                 del self.replicas[rep.replica_id]
@@ -360,10 +469,15 @@ class ControllerState:
             cmds += self._replica_failed(ReplicaFailed(
                 rep.replica_id, f"cold start exceeded {self.cold_start_timeout_s}s", during_start=True))
             cmds.append(StopReplica(rep.replica_id, rep.host_id))
-        # Replicas drained of work finish stopping.
+        # Groups and replicas drained of work finish stopping (a group's stages first).
+        for gid in ev.idle_replicas:
+            group = self.groups.get(gid)
+            if group is not None and group.phase == GroupPhase.STOPPING:
+                cmds += self._dissolve(group)
         for rid in ev.idle_replicas:
             rep = self.replicas.get(rid)
-            if rep is not None and rep.phase == ReplicaPhase.STOPPING:
+            if rep is not None and rep.phase == ReplicaPhase.STOPPING \
+                    and rep.group_id not in self.groups:
                 del self.replicas[rid]
                 cmds += [ForgetReplica(rid), StopReplica(rid, rep.host_id)]
         for name, fn in self.functions.items():
@@ -377,6 +491,78 @@ class ControllerState:
                 del self.receiving[key]
         return self._source(cmds, ev.now_s)
 
+    # partitioned groups ---------------------------------------------------------------
+    def _stage_ready(self, ev: StageReady) -> list[Command]:
+        rep = self.replicas.get(ev.replica_id)
+        group = self.groups.get(rep.group_id) if rep is not None and rep.group_id else None
+        if group is None or group.phase != GroupPhase.STARTING:
+            return []
+        group.ready.add(ev.replica_id)
+        if not group.ready >= set(group.stages):
+            return []
+        group.phase = GroupPhase.LINKING
+        return [LinkGroup(group.group_id, group.function,
+                          tuple((r, self.replicas[r].host_id) for r in group.stages))]
+
+    def _group_linked(self, ev: GroupLinked) -> list[Command]:
+        group = self.groups.get(ev.group_id)
+        if group is None or group.phase != GroupPhase.LINKING:
+            # Dissolved or stopping meanwhile: close what the actor opened.
+            return [ForgetReplica(ev.group_id)] if ev.ok else []
+        if not ev.ok:
+            return self._stop_group(group, f"link failed: {ev.reason}")
+        group.phase, group.serving_s = GroupPhase.SERVING, ev.now_s
+        fn = self.functions.get(group.function)
+        return [ServeGroup(group.group_id, group.function,
+                           fn.spec.replica_concurrency if fn is not None else 1)]
+
+    def _stop_group(self, group: GroupRecord, reason: str) -> list[Command]:
+        """No new work for the group; it dissolves at the first tick with none in flight."""
+        if group.phase == GroupPhase.STOPPING:
+            return []
+        serving = group.phase == GroupPhase.SERVING
+        group.phase, group.reason = GroupPhase.STOPPING, reason
+        return [StopAccepting(group.group_id)] if serving else []
+
+    def _dissolve(self, group: GroupRecord) -> list[Command]:
+        """The pipeline is gone; its stages live on as the replicas they complete into,
+        unless the group was retired (then they stop too)."""
+        del self.groups[group.group_id]
+        members = [self.replicas[r] for r in group.stages if r in self.replicas]
+        for rep in members:
+            rep.group_id = None
+        cmds: list[Command] = [ForgetReplica(group.group_id), DissolveStages(
+            group.group_id, tuple((r.replica_id, r.host_id) for r in members))]
+        if group.reason == "retired":
+            cmds += self._retire(members)
+        return cmds
+
+    def _settle_groups(self) -> list[Command]:
+        """After every event: a group missing a stage cannot serve; a group whose stages all
+        completed into whole replicas is no longer needed (thesis §4.2.5: it dissolves)."""
+        cmds: list[Command] = []
+        for group in list(self.groups.values()):
+            if group.phase == GroupPhase.STOPPING:
+                continue
+            if any(r not in self.replicas for r in group.stages):
+                cmds += self._stop_group(group, "stage lost")
+            elif all(self.replicas[r].phase == ReplicaPhase.WARM for r in group.stages):
+                cmds += self._stop_group(group, "completed")
+        return cmds
+
+    def _partition_plan(self, fn: FunctionRecord, count: int, load: FunctionLoad) -> Any:
+        """The plan for a scale-up by ``count`` GPUs (Eq 4.14), or None for whole replicas:
+        the function must allow stages and have a plan table, and no host may hold the
+        model in RAM (a local load beats any pipeline)."""
+        if fn.plans is None or fn.spec.max_stages < 2 or count < 2:
+            return None
+        if any(h.alive and fn.model_key in h.cached_models for h in self.hosts.values()):
+            return None
+        plan = choose_plan(fn.plans, ScaleUpLoad(load.queued, load.arrival_rate,
+                                                 load.service_rate, fn.whole_cold_s),
+                           min(count, fn.spec.max_stages))
+        return plan if plan.p > 1 else None
+
     def _settle_receiving(self, host: HostRecord) -> None:
         for key in [k for k in self.receiving if k[0] == host.host_id and k[1] in host.cached_models]:
             del self.receiving[key]
@@ -384,12 +570,21 @@ class ControllerState:
     def _source(self, cmds: list[Command], now_s: float) -> list[Command]:
         """Attach a sourcing plan to this tick's deploys, one plan per model."""
         by_model: dict[str, list[DeployReplica]] = {}
-        for c in cmds:
-            if isinstance(c, DeployReplica):
-                by_model.setdefault(f"{c.spec.model}@{c.spec.model_version}", []).append(c)
-        if not by_model:
-            return cmds
         assigned: dict[str, SourceAssignment] = {}  # replica_id -> source
+        for c in cmds:
+            if not isinstance(c, DeployReplica):
+                continue
+            key = f"{c.spec.model}@{c.spec.model_version}"
+            if c.stage is None:
+                by_model.setdefault(key, []).append(c)
+                continue
+            # A stage pulls its own byte range first, then the rest (for completion): a
+            # chain would deliver the bytes in file order, and the last stage would wait for
+            # all of them.
+            holders = tuple(h.host_id for h in self.hosts.values()
+                            if h.alive and not h.draining and key in h.cached_models)
+            assigned[c.replica_id] = SourceAssignment("pull", fallback=(*holders, REGISTRY))
+            self.receiving[(c.host_id, key)] = now_s
         extra: list[Command] = []
         for key, deploys in by_model.items():
             holders = [h.host_id for h in self.hosts.values()
@@ -418,7 +613,7 @@ class ControllerState:
         out: list[Command] = []
         for c in cmds:
             if isinstance(c, DeployReplica) and c.replica_id in assigned:
-                c = DeployReplica(c.replica_id, c.host_id, c.device_id, c.spec, assigned[c.replica_id])
+                c = dataclasses.replace(c, source=assigned[c.replica_id])
             out.append(c)
         # Receivers learn their chain (deploys) before the sender starts streaming to them.
         return out + extra
@@ -426,7 +621,11 @@ class ControllerState:
     def _scale(self, fn: FunctionRecord, load: FunctionLoad, now_s: float) -> list[Command]:
         if fn.broken is not None:
             return []
-        mine = [r for r in self.replicas.values() if r.function == fn.spec.name]
+        # Stages of a retired group are on their way out: they are not capacity any more.
+        leaving = {r for g in self.groups.values() if g.function == fn.spec.name
+                   and g.phase == GroupPhase.STOPPING and g.reason == "retired" for r in g.stages}
+        mine = [r for r in self.replicas.values()
+                if r.function == fn.spec.name and r.replica_id not in leaving]
         warm = [r for r in mine if r.phase == ReplicaPhase.WARM]
         starting = [r for r in mine if r.phase == ReplicaPhase.STARTING]
         spec = fn.spec
@@ -437,20 +636,60 @@ class ControllerState:
         ))
         current = len(warm) + len(starting)
         if decision.desired > current:
-            return self._scale_up(fn, decision.desired - current, now_s)
+            return self._scale_up(fn, decision.desired - current, now_s, load)
         if decision.desired < current:
-            # Starting replicas go first (no work on them), then the most recently warmed
-            # (the oldest replicas keep the warmest caches and JIT state).
-            victims = sorted(starting, key=lambda r: -r.requested_s) + sorted(
-                warm, key=lambda r: -(r.warm_s or 0.0))
-            return self._retire(victims[: current - decision.desired])
+            excess = current - decision.desired
+            cmds: list[Command] = []
+            # Partitioned groups first (§4.2.6): a pipeline holds several GPUs for one
+            # replica's worth of throughput.
+            groups = [g for g in self.groups.values()
+                      if g.function == fn.spec.name and g.phase != GroupPhase.STOPPING]
+            for gid in scale_down_order([GroupSnapshot(g.group_id, len(g.stages),
+                                                       g.serving_s or g.requested_s)
+                                         for g in groups]):
+                if excess <= 0:
+                    break
+                group = self.groups[gid]
+                excess -= sum(r in self.replicas for r in group.stages)
+                cmds += self._stop_group(group, "retired")
+            # Then starting replicas (no work on them), then the most recently warmed (the
+            # oldest replicas keep the warmest caches and JIT state).
+            victims = [r for r in sorted(starting, key=lambda r: -r.requested_s)
+                       + sorted(warm, key=lambda r: -(r.warm_s or 0.0))
+                       if r.group_id not in self.groups]
+            return cmds + self._retire(victims[: max(0, excess)])
         return []
 
-    def _scale_up(self, fn: FunctionRecord, count: int, now_s: float) -> list[Command]:
+    def _scale_up(self, fn: FunctionRecord, count: int, now_s: float,
+                  load: FunctionLoad) -> list[Command]:
         need = fn.model_bytes + self.replica_overhead_bytes
+        cmds: list[Command] = []
+        plan = self._partition_plan(fn, count, load)
+        if plan is not None:
+            for _ in range(count // plan.p):
+                spots = place_spread(self.snapshot(now_s), PlacementRequest(
+                    fn.spec.name, fn.model_key, plan.p, device_bytes=need,
+                    host_bytes=fn.model_bytes))
+                if len(spots) < plan.p:
+                    break  # too few hosts with room: whole replicas below
+                gid = f"{fn.spec.name}-{self.epoch}g{next(self._seq)}"
+                rids = []
+                # Each stage reserves a whole replica's device memory: it completes into one.
+                for stage, p in zip(stage_ranges(plan), spots, strict=True):
+                    rid = f"{fn.spec.name}-{self.epoch}{next(self._seq)}"
+                    rids.append(rid)
+                    self.replicas[rid] = ReplicaRecord(rid, fn.spec.name, p.host_id, p.device_id,
+                                                       need, ReplicaPhase.STARTING, now_s,
+                                                       stage=stage, group_id=gid)
+                    cmds.append(DeployReplica(rid, p.host_id, p.device_id, fn.spec,
+                                              stage=stage, group_id=gid))
+                self.groups[gid] = GroupRecord(gid, fn.spec.name, tuple(rids),
+                                               GroupPhase.STARTING, now_s)
+                count -= plan.p
+        if count <= 0:
+            return cmds
         placements = place(self.snapshot(now_s), PlacementRequest(
             fn.spec.name, fn.model_key, count, device_bytes=need, host_bytes=fn.model_bytes))
-        cmds: list[Command] = []
         for p in placements:
             rid = f"{fn.spec.name}-{self.epoch}{next(self._seq)}"
             self.replicas[rid] = ReplicaRecord(rid, fn.spec.name, p.host_id, p.device_id, need,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from flashpoint.config import ClusterConfig
-from flashpoint.errors import BadRequest, FlashpointError, ModelNotFound, NoCapacity
+from flashpoint.errors import BadRequest, FlashpointError, ModelNotFound, NoCapacity, NotFound
 from flashpoint.gpu.inventory import Device, discover
 from flashpoint.ids import new_id
 from flashpoint.log import bind_ids, get_logger
@@ -138,7 +138,7 @@ class HostManager:
             self.hc.controller_url,
             {"deploy_replica": self._deploy, "stop_replica": self._stop_replica,
              "start_chain": self._start_chain, "host_status": self._status,
-             "dissolve_stage": self._dissolve_stage},
+             "dissolve_stage": self._dissolve_stage, "link_stage": self._link_stage},
             secret=self.secret, on_connected=self._register,
         )
         await self._controller.start()
@@ -178,7 +178,9 @@ class HostManager:
     def _replica_reports(self) -> list[list[Any]]:
         out = []
         for r in self.replicas.values():
-            warm = bool(r.worker and r.worker.warm)
+            # A stage is a whole replica only once it has completed (a controller that adopts
+            # it after a restart must not dispatch whole requests to a stage).
+            warm = bool(r.worker and r.worker.warm) and (r.stage is None or r.whole)
             out.append([r.replica_id, r.function, r.device_id, warm])
         return out
 
@@ -252,7 +254,8 @@ class HostManager:
             port = pipeline.get("port", 0)
             if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
                 raise BadRequest("pipeline port must be an integer in [0, 65536)")
-            rt.pipeline = {"listen_host": str(pipeline.get("listen_host") or self.hc.listen_host),
+            # Stages on other hosts dial it: it listens where the data plane does.
+            rt.pipeline = {"listen_host": str(pipeline.get("listen_host") or self.hc.data_listen_host),
                            "port": port, "next_hop": nxt}
         # A cold start reserves its device memory and its worker's host RAM when it begins,
         # so concurrent starts can never overcommit either.
@@ -307,9 +310,10 @@ class HostManager:
             return
         self.cache.on_complete(segment)
 
-    async def _fill_logged(self, manifest: Manifest, sources: list[Any], timeout_s: float) -> None:
+    async def _fill_logged(self, manifest: Manifest, sources: list[Any], timeout_s: float,
+                           first: tuple[int, int] | None = None) -> None:
         try:
-            await self.cache.ensure(manifest, sources, timeout_s=timeout_s)
+            await self.cache.ensure(manifest, sources, timeout_s=timeout_s, first=first)
         except Exception as exc:  # waiters on the segment see it; this is the log line
             log.warning("fill_failed", model=f"{manifest.name}@{manifest.version}", error=repr(exc))
 
@@ -369,7 +373,7 @@ class HostManager:
         if need is None:
             entry, _ = await self.cache.ensure(manifest, fallback, timeout_s=timeout_s)
             return entry, entry.source
-        self._spawn_task(self._fill_logged(manifest, fallback, timeout_s), f"fill:{key}")
+        self._spawn_task(self._fill_logged(manifest, fallback, timeout_s, need), f"fill:{key}")
         entry = await self.cache.wait_entry(key, timeout_s)  # opened at the fill's first step
         if entry is None:
             raise ModelNotFound(f"{key}: the fill did not start")
@@ -429,8 +433,16 @@ class HostManager:
                     **({"pipeline": rt.pipeline} if rt.pipeline is not None else {}),
                 }, timeout_s=self.config.controller.deploy_timeout_s)
                 if rt.pipeline is not None:
-                    rt.pipeline_endpoint = Endpoint.from_wire(reply.get("pipeline_endpoint"))
+                    ep = Endpoint.from_wire(reply.get("pipeline_endpoint"))
+                    if self.hc.data_advertise_host:
+                        ep = Endpoint(ep.host_id, self.hc.data_advertise_host, ep.port)
+                    rt.pipeline_endpoint = ep
                 worker.warm = True
+                if rt.pipeline_endpoint is not None:
+                    await self._report("stage_ready", {
+                        "replica_id": rt.replica_id, "host_id": self.host_id,
+                        "pipeline_endpoint": rt.pipeline_endpoint.to_wire(), "source": label,
+                        "timings_s": reply.get("timings_s") or {}})
                 if rt.stage is not None:
                     self._spawn_task(self._complete_stage(rt, entry.segment),
                                      f"complete:{rt.replica_id}")
@@ -471,6 +483,17 @@ class HostManager:
             raise
         except Exception as exc:
             log.warning("stage_completion_failed", replica_id=rt.replica_id, error=repr(exc))
+
+    async def _link_stage(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """Point a stage replica's pipeline server at the next stage (the controller links a
+        group once every stage serves; the link opens on the first request)."""
+        rt = self.replicas.get(str(payload.get("replica_id", "")))
+        if rt is None or rt.worker is None or rt.worker.conn is None or rt.pipeline is None:
+            raise NotFound(f"no pipeline stage {payload.get('replica_id')!r} on {self.host_id}")
+        nxt = Endpoint.from_wire(payload.get("next_hop"))  # BadRequest here, not in the worker
+        await rt.worker.conn.call("set_next_hop", {"next_hop": nxt.to_wire()}, timeout_s=10.0)
+        rt.pipeline["next_hop"] = nxt.to_wire()
+        return {"linked": True}
 
     async def _dissolve_stage(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         """Stop a stage replica's pipeline server (the controller's call, once the pipeline

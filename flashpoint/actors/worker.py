@@ -101,7 +101,8 @@ class Worker:
         self._host_conn = await connect(
             self.host_url, {"load_replica": self._load_replica, "shutdown": self._shutdown,
                             "complete_replica": self._complete_replica,
-                            "dissolve_stage": self._dissolve_stage},
+                            "dissolve_stage": self._dissolve_stage,
+                            "set_next_hop": self._set_next_hop},
             secret=self.secret, connect_timeout_s=10.0,
         )
         self._host_conn.add_close_callback(lambda *_: self._done.set())
@@ -248,6 +249,17 @@ class Worker:
         self._run_batch(_example_inputs(io.get("inputs", [])), whole)
         return whole, {"complete_load": t1 - t0, "complete_to_device": t2 - t1,
                        "complete_first_inference": time.perf_counter() - t2}
+
+    async def _set_next_hop(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """Where this stage forwards its outputs: the controller links a pipeline only after
+        every stage serves, so stages load in parallel without knowing each other first.
+        (The stage server dials its next hop on its first request.)"""
+        from flashpoint.transfer.plan import Endpoint
+
+        if self.stage_server is None:
+            raise BadRequest("this worker serves no pipeline stage")
+        self.stage_server.next_hop = Endpoint.from_wire(payload.get("next_hop"))
+        return {"ok": True}
 
     async def _dissolve_stage(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         """Stop serving the pipeline stage (its links close: a request still in it fails

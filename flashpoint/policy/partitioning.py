@@ -10,6 +10,13 @@ takes the precomputed best plan with at most ``scale`` parts for that load. Two 
 * The plan never has more parts than new GPUs (each stage needs its own GPU) nor than layers;
   the table's lookup already bounds parts by ``scale``.
 
+Stage placement: the parts of one pipeline load in parallel only over independent paths
+(§4.1.2), so each stage goes to a different host (:func:`place_spread`); two stages on one
+host would share its one download, and the later stage would wait for the earlier one's bytes.
+Where fewer hosts have room than the plan has parts, the scale-up starts whole replicas
+instead. A host that already holds the model in RAM loads it in well under a second, so a
+scale-up of a model some host holds is not partitioned (the controller decides that).
+
 Scale-down (§4.2.6): partitioned replica groups are retired before whole replicas, because a
 pipeline holds several GPUs for one replica's worth of concurrency.
 """
@@ -21,6 +28,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from flashpoint.partition.model import Plan
+from flashpoint.policy.placement import Placement, PlacementRequest, place
+from flashpoint.policy.snapshot import ClusterSnapshot
 
 
 class PlanLookup(Protocol):
@@ -62,3 +71,24 @@ def scale_down_order(groups: Sequence[GroupSnapshot]) -> list[str]:
     """Retire partitioned groups first (most parts first), then the newest whole replicas."""
     ranked = sorted(groups, key=lambda g: (-g.parts, -g.warm_since_s, g.group_id))
     return [g.group_id for g in ranked]
+
+
+def place_spread(snapshot: ClusterSnapshot, req: PlacementRequest) -> list[Placement]:
+    """Up to ``req.count`` placements on pairwise different hosts, in :func:`place`'s order."""
+    out: list[Placement] = []
+    used: set[str] = set()
+    for _ in range(req.count):
+        rest = ClusterSnapshot(snapshot.now_s,
+                               tuple(h for h in snapshot.hosts if h.host_id not in used))
+        got = place(rest, PlacementRequest(req.function, req.model_key, 1, req.device_bytes,
+                                           req.host_bytes))
+        if not got:
+            break
+        out.append(got[0])
+        used.add(got[0].host_id)
+    return out
+
+
+def stage_ranges(plan: Plan) -> tuple[tuple[int, int], ...]:
+    """The plan's parts as (first layer, last layer) pairs, first stage first."""
+    return tuple((part.first_layer, part.last_layer) for part in plan.parts)

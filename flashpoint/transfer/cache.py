@@ -274,11 +274,14 @@ class HostCache:
                     del self._entry_waiters[key]
 
     async def ensure(self, manifest: Manifest, sources: Sequence[ChunkSource], *,
-                     timeout_s: float = 600.0) -> tuple[CacheEntry, bool]:
+                     timeout_s: float = 600.0,
+                     first: tuple[int, int] | None = None) -> tuple[CacheEntry, bool]:
         """The complete entry for ``manifest``'s model, filling it from ``sources`` if absent.
 
-        Returns ``(entry, hit)``; ``hit`` is True when no bytes had to move for this call (held
-        already, or another caller's fill was joined).
+        ``first`` (a byte range): fetch the chunks covering it before the others (a partition
+        stage serves as soon as its own range is in). Returns ``(entry, hit)``; ``hit`` is
+        True when no bytes had to move for this call (held already, or another caller's
+        fill was joined).
         """
         key = f"{manifest.name}@{manifest.version}"
         entry = self._entries.get(key)
@@ -292,7 +295,12 @@ class HostCache:
         segment = self.open_for_receive(manifest, source=",".join(s.name for s in sources))
         entry = self._entries[key]
         try:
-            per_source = await fill(segment, sources, timeout_s=timeout_s)
+            per_source: dict[str, int] = {}
+            if first is not None:
+                per_source = await fill(segment, sources, indices=manifest.chunks_for_range(*first),
+                                        timeout_s=timeout_s)
+            rest = await fill(segment, sources, timeout_s=timeout_s)
+            per_source = {k: per_source.get(k, 0) + rest.get(k, 0) for k in {*per_source, *rest}}
         except BaseException as exc:
             self.abort(key, exc)
             raise
