@@ -3,7 +3,9 @@
 Starts a local cluster on embedded defaults (a fresh state directory), publishes built-in
 models, registers functions over the HTTP API, sends a first request (a scale from zero),
 then a burst, and prints real model outputs, the cold-start breakdown and latency
-percentiles.
+percentiles. Then a partitioned cold start (a profiled model split over two hosts, served
+as a pipeline, completed into whole replicas) and a scale-out that shows every source of
+model bytes.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ async def run_demo(cfg: ClusterConfig, *, hosts: int, preset: str, requests: int
                 pc = percentiles(samples) if samples else {"p50_ms": 0, "p90_ms": 0, "p99_ms": 0}
                 lat_rows.append([fn, str(len(samples)), str(errors), f"{len(samples) / elapsed:.1f}",
                                  f"{pc['p50_ms']:.2f}", f"{pc['p90_ms']:.2f}", f"{pc['p99_ms']:.2f}"])
+            part_lines = await _partitioned_cold_start(s, url, store, preset)
             # Scale bert-fn out to every device: the new replicas show the sourcing hierarchy
             # (own RAM on the host that has the model, a chain from it for the other host).
             want = hosts * cfg.host.cpu_devices - 1  # one device holds resnet-fn
@@ -145,4 +148,54 @@ async def run_demo(cfg: ClusterConfig, *, hosts: int, preset: str, requests: int
               "(local = own RAM, chain:<host> = a peer's RAM over a TCP chain, registry):")
         print(_table([[r["replica_id"], r["host_id"], r["phase"], r.get("source") or "-"]
                       for r in status["replicas"]], ["replica", "host", "phase", "source"]))
+        print("\nPartitioned cold start (bert v2, profiled; at most 2 stages, 2 GPUs wanted):")
+        print("\n".join(part_lines))
     return 0 if all(r[2] == "0" for r in lat_rows) else 1
+
+
+async def _partitioned_cold_start(s: aiohttp.ClientSession, url: str, store: Any,
+                                  preset: str) -> list[str]:
+    """Register a function over a profiled model that no host holds, wanting two replicas:
+    the controller plans the scale-up (thesis Eq 4.14) and, where the plan splits the
+    model, starts one stage per host, serves them as a pipeline, and dissolves the group
+    once both hosts hold the whole model. Returns the lines to print; deletes the function
+    after, so the scale-out that follows has the devices."""
+    from flashpoint.models.publish import publish
+
+    m = await publish(store, "bert", preset=preset, version="2", model_name="bert", profile=True)
+    lines = [f"  pushed bert v2 with per-layer profiles ({len(m.layers)} layers)"]
+    async with s.post(f"{url}/v1/functions", json={
+        "name": "bert-part", "model": "bert", "model_version": "2", "max_stages": 2,
+        "min_replicas": 2, "max_replicas": 2, "keep_alive_s": 60,
+    }) as r:
+        info = await r.json()
+        assert r.status == 201, info
+    t0 = time.perf_counter()
+    async with s.post(f"{url}/v1/functions/bert-part/invoke",
+                      json={"inputs": example_request(info["spec"]["inputs"], 1, 0)}) as r:
+        first = await r.json()
+        assert r.status == 200, first
+    lines.append(f"  first response after {(time.perf_counter() - t0) * 1e3:.1f} ms, served by "
+                 f"{first['replica_id']} (source: {first.get('cold_start_source') or '-'})")
+    async with s.get(f"{url}/v1/status") as r:
+        status = await r.json()
+    stages = [x for x in status["replicas"] if x["function"] == "bert-part"]
+    rows = [[x["replica_id"], x["host_id"], str(x.get("stage") or "whole"),
+             x.get("group_id") or "-", x["phase"]] for x in stages]
+    lines.append(_table(rows, ["replica", "host", "layers", "group", "phase"]))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        async with s.get(f"{url}/v1/status") as r:
+            status = await r.json()
+        mine = [x for x in status["replicas"] if x["function"] == "bert-part"]
+        if not any(g["function"] == "bert-part" for g in status["groups"]) \
+                and mine and all(x["phase"] == "warm" for x in mine):
+            lines.append(f"  completed: {len(mine)} whole replicas, group dissolved, "
+                         f"{(time.perf_counter() - t0):.1f} s after the first request")
+            break
+        await asyncio.sleep(0.2)
+    else:
+        lines.append("  the group did not complete within 120 s")
+    async with s.delete(f"{url}/v1/functions/bert-part") as r:
+        assert r.status in (200, 204), await r.text()
+    return lines
