@@ -189,26 +189,32 @@ class NetCluster:
     @classmethod
     async def start(cls, make_lab: Callable[..., NetLab], tmp: Path, num_hosts: int, *,
                     rate_mbit: float | None, host_env: dict[str, dict[str, str]] | None = None,
-                    device_memory_bytes: int = 128 * MIB) -> NetCluster:
+                    device_memory_bytes: int = 128 * MIB, registry_capped: bool = True,
+                    controller: dict[str, Any] | None = None) -> NetCluster:
         """Build the lab and start every process; returns once all hosts registered and
         every host's warm worker is connected. :meth:`aclose` stops it all (also when
-        starting fails); ``make_lab``'s teardown closes the lab again (idempotent)."""
+        starting fails); ``make_lab``'s teardown closes the lab again (idempotent).
+        ``registry_capped=False`` leaves the registry's link uncapped (an object store
+        serves many hosts at once; each host's own link is the bottleneck); ``controller``
+        adds keys to the controller's ``[controller]`` config."""
         n = FIRST_HOST + num_hosts
         # Registry and hosts are capped (their uplinks carry model bytes); the controller not.
-        rates = [rate_mbit if i != CONTROLLER else None for i in range(n)]
+        rates = [None if i == CONTROLLER or (i == REGISTRY and not registry_capped)
+                 else rate_mbit for i in range(n)]
         lab = make_lab(n, rate_mbit=rates, root_link=True)
         env = {k: v for k, v in os.environ.items() if k not in UNSET_ENV}
         env.update(FAKE_AWS_ENV, PYTHONUNBUFFERED="1", FLASHPOINT_HOME=str(tmp / "home"))
         c = cls(lab, tmp, [f"host{i}" for i in range(num_hosts)], rate_mbit, env)
         try:
-            await c._start(device_memory_bytes, host_env or {})
+            await c._start(device_memory_bytes, host_env or {}, controller or {})
         except BaseException:
             with contextlib.suppress(Exception):
                 await c.aclose()
             raise
         return c
 
-    async def _start(self, device_memory_bytes: int, host_env: dict[str, dict[str, str]]) -> None:
+    async def _start(self, device_memory_bytes: int, host_env: dict[str, dict[str, str]],
+                     controller: dict[str, Any]) -> None:
         lab, tmp = self.lab, self.tmp
         registry = {"kind": "s3", "bucket": BUCKET, "endpoint_url": self.s3_url,
                     "region": "us-east-1"}
@@ -220,7 +226,8 @@ class NetCluster:
             "controller": {"listen_host": ctl_addr, "listen_port": HTTP_PORT,
                            "state_path": str(tmp / "controller.sqlite"),
                            "heartbeat_timeout_s": 3.0, "loop_interval_s": 0.1,
-                           "cold_start_timeout_s": 60.0, "deploy_timeout_s": 60.0},
+                           "cold_start_timeout_s": 60.0, "deploy_timeout_s": 60.0,
+                           **controller},
             "registry": registry,
         })
         self._exec("controller", CONTROLLER,

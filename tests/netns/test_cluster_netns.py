@@ -230,3 +230,56 @@ async def test_corrupted_forwarded_chunk_is_repaired_downstream(start_cluster: A
                               - model.manifest.chunk_range(bad_chunk)[0]}, done
     assert set(bad("host3")) <= {bad_chunk}, bad("host3")
     assert bad("host0") == bad("host1") == []
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory: pytest.TempPathFactory) -> Model:
+    """The same weights as ``model``, published as version 2 with per-layer profiles (what
+    a function needs to be partitioned)."""
+    store = LocalStore(tmp_path_factory.mktemp("profiled") / "registry")
+    manifest = asyncio.run(publish(store, "bert", CONFIG, "2", chunk_size=CHUNK_BYTES,
+                                   model_name=MODEL, profile=True))
+    blob = store.blob_path(MODEL, "2")
+    return Model(manifest, blob, sha256_file(blob))
+
+
+async def test_partitioned_scale_up_serves_across_hosts_then_completes(
+        start_cluster: Any, profiled: Model) -> None:
+    """Issue 4 end to end over real TCP: the controller splits a scale-up by two GPUs into
+    two stages on two hosts (each pulls its own range from S3 first), serves the first
+    request through the pipeline, and dissolves the group into two whole replicas once both
+    hosts hold every byte (verified against the registry's blob)."""
+    # The cost model matches the lab: each host's link is the bottleneck.
+    c = await start_cluster(2, registry_capped=False, controller={
+        "partition_bandwidth_bps": RATE_MBIT * 1e6, "partition_overhead_s": 0.2})
+    await c.publish(profiled.manifest, profiled.blob)
+    await c.deploy("part-fn", MODEL, model_version="2", max_stages=2, min_replicas=2,
+                   max_replicas=2, keep_alive_s=300)
+    body, expected = _inputs()
+    reply = await c.invoke("part-fn", body)
+    assert reply["cold_start_source"] == "pipeline:2", reply["cold_start_source"]
+    logits = reply["outputs"]["logits"]
+    got = torch.tensor(np.asarray(logits["data"], np.float32).reshape(logits["shape"]))
+    assert torch.allclose(got, expected, atol=1e-4), (got, expected)
+    stages = [r for r in (await c.status())["replicas"] if r["function"] == "part-fn"]
+    assert sorted(r["host_id"] for r in stages) == c.host_ids
+    assert {r["group_id"] for r in stages} == {reply["replica_id"]}
+    first, second = sorted(stages, key=lambda r: r["stage"][0])
+    assert first["stage"][0] == 0 and second["stage"][0] == first["stage"][1] + 1
+    assert second["stage"][1] == len(profiled.manifest.layers) - 1
+
+    async def dissolved() -> tuple[bool, Any]:
+        status = await c.status()
+        mine = [(r["host_id"], r["phase"]) for r in status["replicas"]
+                if r["function"] == "part-fn"]
+        groups = [g for g in status["groups"] if g["function"] == "part-fn"]
+        return not groups and len(mine) == 2 and all(p == "warm" for _, p in mine), (mine, groups)
+    await c.wait("the group dissolved into two whole replicas", dissolved, 60.0)
+    for h in c.host_ids:
+        path = c.cache_file(h, f"{MODEL}@2")
+        assert sha256_file(path) == profiled.sha256, f"{h}: cached blob differs"
+    reply = await c.invoke("part-fn", body)
+    assert reply["replica_id"] in {r["replica_id"] for r in stages}
+    logits = reply["outputs"]["logits"]
+    got = torch.tensor(np.asarray(logits["data"], np.float32).reshape(logits["shape"]))
+    assert torch.allclose(got, expected, atol=1e-4)
