@@ -373,6 +373,7 @@ class HostManager:
         if need is None:
             entry, _ = await self.cache.ensure(manifest, fallback, timeout_s=timeout_s)
             return entry, entry.source
+        self._registry_source.break_spans_at(manifest, manifest.chunks_for_range(*need))
         self._spawn_task(self._fill_logged(manifest, fallback, timeout_s, need), f"fill:{key}")
         entry = await self.cache.wait_entry(key, timeout_s)  # opened at the fill's first step
         if entry is None:

@@ -10,6 +10,7 @@ op) before the registry (:class:`RegistrySource`).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -80,13 +81,31 @@ class RegistrySource:
         self.span_bytes = span_bytes
         self.max_spans = max_spans
         self._spans: OrderedDict[tuple[str, str, int], asyncio.Future[bytes]] = OrderedDict()
+        self._breaks: dict[tuple[str, str], list[int]] = {}
+
+    def break_spans_at(self, manifest: Manifest, chunks: range) -> None:
+        """No span of ``manifest`` crosses the edges of ``chunks`` (a partition stage's
+        chunks): a stage then waits for its own bytes only, not for a span that starts in
+        the previous stage's range."""
+        edges = self._breaks.setdefault((manifest.name, manifest.version), [0])
+        for edge in (chunks.start, chunks.stop):
+            if 0 < edge < manifest.num_chunks and edge not in edges:
+                bisect.insort(edges, edge)
+
+    def _span_of(self, manifest: Manifest, index: int) -> tuple[int, int]:
+        """First and last chunk of the span holding chunk ``index``."""
+        per_span = max(1, self.span_bytes // manifest.chunk_size)
+        edges = self._breaks.get((manifest.name, manifest.version), [0])
+        i = bisect.bisect_right(edges, index) - 1
+        base = edges[i]
+        stop = edges[i + 1] if i + 1 < len(edges) else manifest.num_chunks
+        first = base + (index - base) // per_span * per_span
+        return first, min(first + per_span, stop) - 1
 
     async def read_into(self, manifest: Manifest, index: int, dest: memoryview) -> None:
         start, end = manifest.chunk_range(index)
-        per_span = max(1, self.span_bytes // manifest.chunk_size)
-        group = index // per_span
-        first = group * per_span
-        last = min(first + per_span, manifest.num_chunks) - 1
+        first, last = self._span_of(manifest, index)
+        group = first  # spans are named by their first chunk
         if first == last:
             data = await self.store.read_range(manifest.name, manifest.version, start, end)
             offset = 0

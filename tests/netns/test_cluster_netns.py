@@ -1,7 +1,7 @@
 """Flashpoint across real hosts: a controller, host managers and an S3 registry as separate
 processes in network namespaces, joined by rate-capped links (issue 3, item 6).
 
-Each test builds its own lab (see tests/netns/cluster.py) and checks model bytes end to end:
+Each test builds its own lab (see flashpoint/testing/netcluster.py) and checks model bytes end to end:
 every host's cache file is hashed against the published blob (read back from S3 and checked
 in the first test). Placement
 is deterministic (equal hosts are ranked by id, flashpoint/policy/placement.py), so a chain
@@ -29,9 +29,8 @@ from flashpoint.models import build, example_inputs, run_example
 from flashpoint.models.publish import publish
 from flashpoint.registry import LocalStore
 from flashpoint.registry.manifest import Manifest
+from flashpoint.testing.netcluster import FAKE_AWS_ENV, REGISTRY, S3_PORT, UNSET_ENV, NetCluster, sha256_file
 from flashpoint.testing.netns import NetLab
-
-from .cluster import FAKE_AWS_ENV, REGISTRY, S3_PORT, UNSET_ENV, NetCluster, sha256_file
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -174,3 +174,33 @@ async def test_registry_source_reads_consecutive_chunks_in_shared_spans(tmp_path
     await asyncio.gather(*(src.read_into(m, i, memoryview(bufs[i])) for i in range(m.num_chunks)))
     assert b"".join(bytes(bufs[i]) for i in range(m.num_chunks)) == blob.data
     assert len(calls) == -(-m.num_chunks // 8)  # one GET per span of 8 chunks
+
+
+async def test_registry_spans_never_cross_a_stage_edge(blob) -> None:
+    """A partition stage's chunks start their own span: its first GET carries none of the
+    previous stage's bytes, and no span runs past its end."""
+    from flashpoint.transfer.sources import RegistrySource
+
+    calls: list[tuple[int, int]] = []
+
+    class CountingStore:
+        async def read_range(self, name: str, version: str, start: int, end: int) -> bytes:
+            calls.append((start, end))
+            return blob.data[start:end]
+
+    m = blob.manifest
+    assert m.num_chunks >= 6
+    stage = range(3, 5)
+    src = RegistrySource(CountingStore(), span_bytes=8 * m.chunk_size)
+    src.break_spans_at(m, stage)
+    buf = bytearray(m.chunk_range(3)[1] - m.chunk_range(3)[0])
+    await src.read_into(m, 3, memoryview(buf))
+    assert bytes(buf) == blob.data[slice(*m.chunk_range(3))]
+    assert calls == [(m.chunk_range(3)[0], m.chunk_range(4)[1])]
+    # The rest of the blob: spans before the stage and after it, none crossing its edges.
+    bufs = {i: bytearray(m.chunk_range(i)[1] - m.chunk_range(i)[0]) for i in range(m.num_chunks)}
+    for i in range(m.num_chunks):
+        await src.read_into(m, i, memoryview(bufs[i]))
+    assert b"".join(bytes(bufs[i]) for i in range(m.num_chunks)) == blob.data
+    edges = {m.chunk_range(3)[0], m.chunk_range(4)[1]}
+    assert all(not (a < e < b) for a, b in calls for e in edges), calls

@@ -1,4 +1,4 @@
-"""A Flashpoint cluster of real processes in a NetLab (used by test_cluster_netns.py).
+"""A Flashpoint cluster of real processes in a NetLab (tests/netns, bench/partition_cluster.py).
 
 Lab layout (``NetLab`` indices)::
 
@@ -194,14 +194,18 @@ class NetCluster:
         """Build the lab and start every process; returns once all hosts registered and
         every host's warm worker is connected. :meth:`aclose` stops it all (also when
         starting fails); ``make_lab``'s teardown closes the lab again (idempotent).
-        ``registry_capped=False`` leaves the registry's link uncapped (an object store
-        serves many hosts at once; each host's own link is the bottleneck); ``controller``
+        ``registry_capped=False`` leaves the registry's link uncapped and caps every host's
+        downlink too (an object store serves many hosts at once; each host's own link is the
+        bottleneck); ``controller``
         adds keys to the controller's ``[controller]`` config."""
         n = FIRST_HOST + num_hosts
         # Registry and hosts are capped (their uplinks carry model bytes); the controller not.
         rates = [None if i == CONTROLLER or (i == REGISTRY and not registry_capped)
                  else rate_mbit for i in range(n)]
-        lab = make_lab(n, rate_mbit=rates, root_link=True)
+        # With the registry uncapped, each host's downlink is its bottleneck: cap it too.
+        ingress = [rate_mbit if i >= FIRST_HOST and not registry_capped else None
+                   for i in range(n)]
+        lab = make_lab(n, rate_mbit=rates, ingress_rate_mbit=ingress, root_link=True)
         env = {k: v for k, v in os.environ.items() if k not in UNSET_ENV}
         env.update(FAKE_AWS_ENV, PYTHONUNBUFFERED="1", FLASHPOINT_HOME=str(tmp / "home"))
         c = cls(lab, tmp, [f"host{i}" for i in range(num_hosts)], rate_mbit, env)

@@ -1,0 +1,213 @@
+"""Partitioned cold start through the whole system: controller, host managers, workers, S3.
+
+`bench/partition.py` drives stage processes by hand; this one lets Flashpoint do it. A
+:class:`~flashpoint.testing.netcluster.NetCluster` runs moto's S3 server, the controller and
+``--hosts`` host managers as processes in network namespaces; every host's link is capped at
+``--rate-mbit`` each way, the registry's link is not (an object store serves many hosts at
+once; each host's own link is the bottleneck, the case the thesis's parallel part loads
+assume). The controller's cost model is told the same rate.
+
+For k = 1, 2, 4 (one model version per k, so no host holds it): register a function with
+``max_stages = k`` and ``min_replicas = max_replicas = k`` — one scale-up by k GPUs, which the
+controller plans (Eq 4.14 with x = 1), places one stage per host, links into a pipeline and
+later dissolves into k whole replicas — then invoke it at once. Reported per k:
+
+* **TTFR**: registration → first response (what a user of a scaled-from-zero function sees);
+* **steady**: median latency of ``--requests`` sequential requests right after, counting only
+  those the pipeline served (k > 1) — the pipelining penalty;
+* **complete**: registration → every stage whole and the group dissolved;
+* the plan the controller chose (stage layer ranges, from ``/v1/status``) and the analytical
+  ``C + I(p)`` from the same profiles and cost model, raw and with the per-stage overhead
+  calibrated from k = 1 (``measured(1) − C(1) − I(1)``).
+
+Outputs of every k are checked allclose against the model run in this process.
+
+    sudo .venv/bin/python bench/partition_cluster.py [--rate-mbit 250 --preset base] [--quick]
+
+The last line of the output is one JSON object with every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from flashpoint.models import build, example_inputs, run_example  # noqa: E402
+from flashpoint.models.publish import publish  # noqa: E402
+from flashpoint.partition.model import CostModel, LayerProfile  # noqa: E402
+from flashpoint.partition.table import plan_table  # noqa: E402
+from flashpoint.registry import LocalStore  # noqa: E402
+from flashpoint.testing.netcluster import FAKE_AWS_ENV, UNSET_ENV, NetCluster  # noqa: E402
+from flashpoint.testing.netns import NetLab  # noqa: E402
+
+MODEL = "bertp"
+KS = (1, 2, 4)
+CHUNK_BYTES = 4 << 20
+
+
+def _body(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    return {n: {"data": a.ravel().tolist(), "shape": list(a.shape), "datatype": "INT64"}
+            for n, a in arrays.items()}
+
+
+def _logits(reply: dict[str, Any]) -> np.ndarray:
+    out = reply["outputs"]["logits"]
+    return np.asarray(out["data"], np.float32).reshape(out["shape"])
+
+
+async def run_k(c: NetCluster, k: int, version: str, body: dict[str, Any],
+                expected: np.ndarray, requests: int) -> dict[str, Any]:
+    fn = f"part-k{k}"
+    t0 = time.monotonic()
+    await c.deploy(fn, MODEL, model_version=version, max_stages=k, min_replicas=k,
+                   max_replicas=k, keep_alive_s=600, timeout_s=300)
+    first = await c.invoke(fn, body)
+    ttfr = time.monotonic() - t0
+    np.testing.assert_allclose(_logits(first), expected, rtol=1e-3, atol=1e-4)
+    status = await c.status()
+    reps = sorted((r for r in status["replicas"] if r["function"] == fn),
+                  key=lambda r: (r.get("stage") or [0])[0])
+    stages = [r.get("stage") for r in reps if r.get("group_id")]
+    lat, by_pipeline = [], 0
+    for _ in range(requests):
+        t = time.monotonic()
+        reply = await c.invoke(fn, body)
+        dt = time.monotonic() - t
+        np.testing.assert_allclose(_logits(reply), expected, rtol=1e-3, atol=1e-4)
+        if k == 1 or reply["replica_id"] == first["replica_id"]:
+            lat.append(dt)
+            by_pipeline += k > 1
+
+    async def complete() -> tuple[bool, Any]:
+        st = await c.status()
+        mine = [r["phase"] for r in st["replicas"] if r["function"] == fn]
+        groups = [g for g in st["groups"] if g["function"] == fn]
+        return not groups and len(mine) == k and all(p == "warm" for p in mine), (mine, groups)
+
+    await c.wait(f"{fn}: every stage whole", complete, 300.0, interval_s=0.1)
+    done_s = time.monotonic() - t0
+    assert c.session is not None
+    async with c.session.delete(f"{c.url}/v1/functions/{fn}") as r:
+        assert r.status in (200, 204), await r.text()
+
+    async def gone() -> tuple[bool, Any]:
+        st = await c.status()
+        return not [r for r in st["replicas"] if r["function"] == fn], None
+
+    await c.wait(f"{fn}: replicas stopped", gone, 60.0)
+    return {"k": k, "ttfr_s": ttfr, "served_by": first["cold_start_source"],
+            "stages": stages, "steady_ms": statistics.median(lat) * 1e3 if lat else None,
+            "steady_samples": len(lat), "complete_s": done_s}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    for key, value in FAKE_AWS_ENV.items():
+        os.environ[key] = value
+    for key in UNSET_ENV:
+        os.environ.pop(key, None)
+    tmp = Path(tempfile.mkdtemp(prefix="fp-partition-cluster-"))
+    store = LocalStore(tmp / "models")
+    rate_bps = args.rate_mbit * 1e6
+    cost = CostModel(rate_bps, rate_bps, args.overhead_s, 0.0005)
+    manifests = {}
+    for k in KS:
+        t = time.monotonic()
+        manifests[k] = await publish(store, "bert", args.preset, str(k), CHUNK_BYTES,
+                                     model_name=MODEL, profile=True)
+        print(f"  published {MODEL}@{k} ({args.preset}): {manifests[k].blob_size / 1e6:.1f} MB, "
+              f"{len(manifests[k].layers)} layers ({time.monotonic() - t:.1f}s)", flush=True)
+    module, config = build("bert", args.preset)
+    arrays = example_inputs("bert", config, batch=1)
+    expected = run_example(module, arrays).numpy()
+    del module
+    body = _body(arrays)
+
+    (tmp / "lab").mkdir()
+    c = await NetCluster.start(NetLab, tmp / "lab", args.hosts, rate_mbit=args.rate_mbit,
+                               registry_capped=False, device_memory_bytes=4 << 30,
+                               controller={"partition_bandwidth_bps": rate_bps,
+                                           "partition_link_bps": rate_bps,
+                                           "partition_overhead_s": args.overhead_s,
+                                           "cold_start_timeout_s": 300.0,
+                                           "deploy_timeout_s": 300.0})
+    rows = []
+    try:
+        for k in KS:
+            await c.publish(manifests[k], store.blob_path(MODEL, str(k)))
+            # The previous k's workers were stopped: every host's pool must be full again,
+            # or a stage would wait for a fresh Python + torch process.
+            await c.wait("every host's warm worker connected", c._pools_ready, 120.0)
+            row = await run_k(c, k, str(k), body, expected, args.requests)
+            rows.append(row)
+            steady = f"{row['steady_ms']:.1f} ms" if row["steady_ms"] is not None else "-"
+            print(f"  k={k}: TTFR {row['ttfr_s']:.2f}s via {row['served_by']}, steady "
+                  f"{steady} ({row['steady_samples']} samples), whole after "
+                  f"{row['complete_s']:.1f}s, stages {row['stages']}", flush=True)
+    finally:
+        with contextlib.suppress(Exception):
+            await c.aclose()
+    # Analytical, from the same profiles and cost model the controller planned with.
+    profiles = [LayerProfile.from_manifest(layer.name, layer.profile)
+                for layer in manifests[1].layers]
+    table = plan_table(profiles, cost, p_max=max(KS), x_max=8)
+    base = rows[0]
+    pred1 = table.lookup(1, 1)
+    calib = base["ttfr_s"] - (pred1.terms.cold_s + pred1.terms.inference_s) + args.overhead_s
+    for row in rows:
+        plan = table.lookup(1, row["k"])
+        pure = plan.terms.cold_s - args.overhead_s + plan.terms.inference_s
+        row.update(plan_p=plan.p, plan_cuts=list(plan.cuts), predicted_pure_s=pure,
+                   predicted_cal_s=pure + calib, ttfr_ratio=row["ttfr_s"] / base["ttfr_s"],
+                   target_ratio=1.2 / row["k"],
+                   steady_ratio=(row["steady_ms"] / base["steady_ms"]
+                                 if row["steady_ms"] and base["steady_ms"] else None))
+    return {"bench": "partition_cluster", "preset": args.preset, "hosts": args.hosts,
+            "rate_mbit": args.rate_mbit, "overhead_s": args.overhead_s,
+            "model_mb": manifests[1].blob_size / 1e6, "calibrated_overhead_s": calib,
+            "rows": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="base")
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--rate-mbit", type=float, default=250.0)
+    ap.add_argument("--overhead-s", type=float, default=0.5,
+                    help="per-stage start cost the controller plans with")
+    ap.add_argument("--requests", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="small model, fewer requests")
+    args = ap.parse_args()
+    if args.quick:
+        args.preset, args.requests = "small", 5
+    if os.geteuid() != 0:
+        sys.exit("bench/partition_cluster.py builds network namespaces: run it as root")
+    summary = asyncio.run(main_async(args))
+    print(f"\nPartitioned cold start through the controller: {summary['preset']} "
+          f"({summary['model_mb']:.1f} MB), {args.hosts} hosts, links {args.rate_mbit:g} Mbit/s")
+    print(f"{'k':>2} {'TTFR s':>8} {'÷k=1':>6} {'target':>7} {'pred s':>7} {'steady ms':>10} "
+          f"{'÷k=1':>6} {'whole s':>8}  stages")
+    for r in summary["rows"]:
+        steady = f"{r['steady_ms']:.1f}" if r["steady_ms"] else "-"
+        ratio = f"{r['steady_ratio']:.2f}" if r["steady_ratio"] else "-"
+        print(f"{r['k']:>2} {r['ttfr_s']:>8.2f} {r['ttfr_ratio']:>6.3f} {r['target_ratio']:>7.2f} "
+              f"{r['predicted_cal_s']:>7.2f} {steady:>10} {ratio:>6} {r['complete_s']:>8.1f}  "
+              f"{r['stages']}")
+    print(json.dumps(summary, default=float))
+
+
+if __name__ == "__main__":
+    main()
