@@ -162,6 +162,7 @@ class Controller:
         self._arrivals = RateMeter()
         self._completions = RateMeter()
         self._stage_endpoints: dict[str, Any] = {}  # stage replica id -> pipeline endpoint
+        self._stage_timings: dict[str, dict[str, float]] = {}  # stage replica id -> cold start
         self._plans = PlanCache()
 
     # lifecycle ---------------------------------------------------------------------------
@@ -276,6 +277,8 @@ class Controller:
                         self._spawn(self._stop_on_host(host, cmd.replica_id), f"stop:{cmd.replica_id}")
                 case cs.ForgetReplica():
                     self.dispatcher.remove_replica(cmd.replica_id)
+                    self._stage_endpoints.pop(cmd.replica_id, None)
+                    self._stage_timings.pop(cmd.replica_id, None)
                     handle = self.workers.pop(cmd.replica_id, None)
                     if handle is not None:
                         self._conn_replica.pop(id(handle.conn), None)
@@ -366,9 +369,14 @@ class Controller:
                 Endpoint.from_wire(eps[0]), self.config.secret.encode(),
                 timeout_s=fn.spec.timeout_s, name=f"controller:{cmd.group_id}",
                 input_names=[t["name"] for t in io.get("inputs", [])] or None)
+            # The group's cold start is its slowest stage's, phase by phase.
+            timings: dict[str, float] = {}
+            for rid, _ in cmd.stages:
+                for phase, secs in self._stage_timings.get(rid, {}).items():
+                    timings[phase] = max(timings.get(phase, 0.0), secs)
             self.workers[cmd.group_id] = PipelineTarget(
                 client, cmd.stages[0][1], [t["name"] for t in io.get("outputs", [])],
-                source=f"pipeline:{len(cmd.stages)}")
+                timings, source=f"pipeline:{len(cmd.stages)}")
             self._apply(cs.GroupLinked(cmd.group_id, True, "", time.monotonic()))
             log.info("group_linked", group_id=cmd.group_id, stages=[r for r, _ in cmd.stages])
         except FlashpointError as exc:
@@ -379,6 +387,7 @@ class Controller:
         """Stop the stages' pipeline servers (their completed replicas keep serving)."""
         for rid, host_id in cmd.stages:
             self._stage_endpoints.pop(rid, None)
+            self._stage_timings.pop(rid, None)
             host = self.hosts.get(host_id)
             if host is None:
                 continue
@@ -436,6 +445,7 @@ class Controller:
     async def _stage_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
         rid = str(p["replica_id"])
         self._stage_endpoints[rid] = Endpoint.from_wire(p.get("pipeline_endpoint")).to_wire()
+        self._stage_timings[rid] = {str(k): float(v) for k, v in (p.get("timings_s") or {}).items()}
         log.info("stage_ready", replica_id=rid, source=p.get("source"),
                  timings=p.get("timings_s"))
         self._apply(cs.StageReady(rid, time.monotonic()))

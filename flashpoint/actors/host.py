@@ -430,7 +430,10 @@ class HostManager:
                     "replica_id": rt.replica_id, "host_id": self.host_id, "spec": spec.to_dict(),
                     "cache_path": str(entry.path), "manifest_json": entry.manifest_json,
                     "device": device, "controller_url": self.hc.controller_url,
-                    "fetch_s": 0.0 if hit else entry.fetch_s, "source": label, "stage": rt.stage,
+                    "source": label, "stage": rt.stage,
+                    # A stage starts before its entry completes: its fetch is until now.
+                    "fetch_s": 0.0 if hit else (entry.fetch_s
+                                                or time.perf_counter() - entry.started_s),
                     **({"pipeline": rt.pipeline} if rt.pipeline is not None else {}),
                 }, timeout_s=self.config.controller.deploy_timeout_s)
                 if rt.pipeline is not None:

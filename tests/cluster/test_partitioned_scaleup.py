@@ -101,6 +101,8 @@ async def test_partitioned_scale_up_serves_a_pipeline_then_dissolves(tmp_path: P
             # The burst was served by the pipeline, before the stages completed.
             assert {o["replica_id"] for o in outs} == {group.group_id}
             assert outs[0]["cold_start_source"] == "pipeline:2"
+            # A cold start's breakdown is its slowest stage's (fetch = until its range was in).
+            assert outs[0]["cold"] and outs[0]["timings_s"]["fetch"] > 0, outs[0]["timings_s"]
             assert all(r.phase == cs.ReplicaPhase.STARTING for r in stages)
             status = c.controller.cluster_status()
             assert status["groups"][0]["phase"] == "serving"
