@@ -37,6 +37,9 @@ class ControllerConfig:
     # max_stages > 1): the worst-case rate at which a stage's weights arrive (the thesis's
     # 2.2 Gbit/s from S3), the GPU-to-GPU rate for activations, and the fixed cost of starting
     # one stage (process, context, module build) and of one activation hop.
+    # Stop replicas a host reports that this controller never placed (e.g. a stop that was
+    # lost). Off only for tests that deploy to hosts directly.
+    stop_unknown_replicas: bool = True
     partition_bandwidth_bps: float = 2.2e9
     partition_link_bps: float = 7.5e9
     partition_overhead_s: float = 0.5

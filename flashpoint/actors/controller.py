@@ -142,7 +142,8 @@ class Controller:
         self.store = store
         self.state = cs.ControllerState(heartbeat_timeout_s=self.cc.heartbeat_timeout_s,
                                         cold_start_timeout_s=self.cc.cold_start_timeout_s,
-                                        replica_overhead_bytes=self.cc.replica_overhead_bytes)
+                                        replica_overhead_bytes=self.cc.replica_overhead_bytes,
+                                        stop_unknown_replicas=self.cc.stop_unknown_replicas)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())
@@ -426,7 +427,9 @@ class Controller:
             handle.conn = conn
         transfers = p.get("transfers")
         handle.transfers = dict(transfers) if isinstance(transfers, dict) else {}
-        self._apply(cs.HostHeartbeat(host_id, frozenset(p.get("cached_models", [])), time.monotonic()))
+        reps = p.get("replicas")
+        self._apply(cs.HostHeartbeat(host_id, frozenset(p.get("cached_models", [])), time.monotonic(),
+                                     frozenset(map(str, reps)) if isinstance(reps, list) else None))
 
     async def _replica_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
         rid = str(p["replica_id"])
@@ -688,6 +691,8 @@ class Controller:
                 for g in self.state.groups.values()
             ],
             "functions": [i.to_dict() for i in self.list_functions()],
+            "scaling": [{"function": name, **self.state.counts(name)}
+                        for name in self.state.functions],
         }
 
     def is_live(self) -> bool:

@@ -67,6 +67,7 @@ class HostRecord:
     last_seen_s: float
     alive: bool = True
     draining: bool = False
+    reported: frozenset[str] = frozenset()  # replica ids in its last report
 
 
 @dataclass
@@ -110,6 +111,7 @@ class FunctionRecord:
     broken: str | None = None  # reason, once starts keep failing
     plans: PlanLookup | None = None  # the model's plan table, when it may be partitioned
     whole_cold_s: float = 0.0  # C(1): the cost model's whole-model cold start
+    desired: int = 0  # the autoscaler's last decision (the planned replica count)
 
     @property
     def model_key(self) -> str:
@@ -133,6 +135,9 @@ class HostHeartbeat:
     host_id: str
     cached_models: frozenset[str]
     now_s: float
+    # The replicas the host runs (ids), when it reports them: the controller reconciles its
+    # records against them (observed vs requested).
+    replicas: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -314,8 +319,10 @@ class ControllerState:
     """Cluster view and scaling decisions. Mutated only through :meth:`handle`."""
 
     def __init__(self, heartbeat_timeout_s: float = 5.0, replica_overhead_bytes: int = 64 << 20,
-                 cold_start_timeout_s: float = 120.0, registry_sends: bool = True) -> None:
+                 cold_start_timeout_s: float = 120.0, registry_sends: bool = True,
+                 stop_unknown_replicas: bool = True) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.stop_unknown_replicas = stop_unknown_replicas
         self.registry_sends = registry_sends
         # (host_id, model_key) -> when a transfer to that host began; such a host is neither a
         # holder nor a new receiver (its own single flight joins later deploys to it).
@@ -341,12 +348,13 @@ class ControllerState:
                 return self._host_registered(event)
             case HostHeartbeat():
                 host = self.hosts.get(event.host_id)
-                if host is not None:
-                    host.last_seen_s = event.now_s
-                    host.cached_models = set(event.cached_models)
-                    host.alive = True
-                    self._settle_receiving(host)
-                return []
+                if host is None:
+                    return []
+                host.last_seen_s = event.now_s
+                host.cached_models = set(event.cached_models)
+                host.alive = True
+                self._settle_receiving(host)
+                return self._reconcile(host, event.replicas, event.now_s)
             case FunctionUpserted():
                 old = self.functions.get(event.spec.name)
                 rec = FunctionRecord(event.spec, event.model_bytes, plans=event.plans,
@@ -419,6 +427,26 @@ class ControllerState:
             if rep.replica_id not in reported:
                 del self.replicas[rep.replica_id]
                 cmds.append(ForgetReplica(rep.replica_id))
+        return cmds
+
+    def _reconcile(self, host: HostRecord, reported: frozenset[str] | None,
+                   now_s: float) -> list[Command]:
+        """Requested vs observed: a replica we placed on ``host`` that it does not run (its
+        deploy was lost, or the host restarted) is forgotten, so the autoscaler replaces it;
+        one it runs that we do not know (we stopped it and the stop was lost) is stopped.
+        A deploy younger than the grace may simply not have reached the host yet."""
+        if reported is None:
+            return []
+        host.reported = reported
+        grace_s = max(2.0 * self.heartbeat_timeout_s, 5.0)
+        cmds: list[Command] = []
+        for rep in [r for r in self.replicas.values() if r.host_id == host.host_id]:
+            if rep.replica_id not in reported and now_s - rep.requested_s > grace_s:
+                del self.replicas[rep.replica_id]
+                cmds.append(ForgetReplica(rep.replica_id))
+        if self.stop_unknown_replicas:
+            for rid in sorted(reported - set(self.replicas)):
+                cmds.append(StopReplica(rid, host.host_id))
         return cmds
 
     def _replica_failed(self, ev: ReplicaFailed) -> list[Command]:
@@ -635,6 +663,7 @@ class ControllerState:
             spec.keep_alive_s,
         ))
         current = len(warm) + len(starting)
+        fn.desired = decision.desired
         if decision.desired > current:
             return self._scale_up(fn, decision.desired - current, now_s, load)
         if decision.desired < current:
@@ -723,3 +752,13 @@ class ControllerState:
 
     def replicas_of(self, function: str) -> list[ReplicaRecord]:
         return [r for r in self.replicas.values() if r.function == function]
+
+    def counts(self, function: str) -> dict[str, int]:
+        """Planned (the autoscaler's last decision), requested (replicas we placed) and
+        observed (of those, the ones their hosts last reported running)."""
+        fn = self.functions.get(function)
+        mine = self.replicas_of(function)
+        observed = sum(r.replica_id in self.hosts[r.host_id].reported for r in mine
+                       if r.host_id in self.hosts)
+        return {"planned": fn.desired if fn is not None else 0, "requested": len(mine),
+                "observed": observed}

@@ -209,7 +209,7 @@ class HostManager:
             try:
                 await self._controller.notify("heartbeat", {
                     "host_id": self.host_id, "cached_models": self.cache.keys(),
-                    "transfers": self.cache.progress(),
+                    "transfers": self.cache.progress(), "replicas": list(self.replicas),
                 })
             except FlashpointError as exc:
                 log.debug("heartbeat_failed", error=exc.code)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import mmap
 import os
 from pathlib import Path
@@ -80,6 +81,9 @@ async def _stages(c: LocalCluster, host_id: str) -> dict[str, dict[str, Any]]:
 
 async def test_stages_serve_a_pipeline_then_complete_into_whole_replicas(tmp_path: Path) -> None:
     cfg = cluster_config(tmp_path, registry_span_bytes=64 * 1024)  # one chunk per GET
+    # This test deploys to hosts directly, not through the controller's state.
+    cfg = dataclasses.replace(cfg, controller=dataclasses.replace(
+        cfg.controller, stop_unknown_replicas=False))
     store = SlowTail(cfg.registry.root)
     manifest = await publish(store, "bert", "tiny", "1", 64 * 1024, model_name="bert")
     last = len(manifest.layers) - 1

@@ -448,3 +448,28 @@ def test_stale_receiving_entries_expire_with_the_cold_start_timeout():
     st.handle(FunctionDeleted("fn"))
     st.handle(Tick(7.0, {}))
     assert ("h1", "m@1") not in st.receiving
+
+
+def test_reconcile_forgets_a_replica_its_host_never_ran_after_the_grace():
+    st = new_state()
+    register(st, "h1")
+    st.handle(FunctionUpserted(spec(min_replicas=1), 100 * MIB))
+    (dep,) = of(st.handle(Tick(0.0, {})), DeployReplica)
+    # Not yet reported: the deploy may still be on its way (within the grace).
+    assert st.handle(HostHeartbeat("h1", frozenset(), 1.0, frozenset())) == []
+    assert st.counts("fn") == {"planned": 1, "requested": 1, "observed": 0}
+    # Reported once, then no longer (the host restarted and lost it): forgotten, replaced.
+    st.handle(HostHeartbeat("h1", frozenset(), 2.0, frozenset({dep.replica_id})))
+    assert st.counts("fn")["observed"] == 1
+    cmds = st.handle(HostHeartbeat("h1", frozenset(), 11.0, frozenset()))
+    assert cmds == [ForgetReplica(dep.replica_id)]
+    assert len(of(st.handle(Tick(11.1, {})), DeployReplica)) == 1
+
+
+def test_reconcile_stops_a_replica_the_controller_does_not_know():
+    st = new_state()
+    register(st, "h1")
+    cmds = st.handle(HostHeartbeat("h1", frozenset(), 1.0, frozenset({"ghost-1"})))
+    assert cmds == [StopReplica("ghost-1", "h1")]
+    # A heartbeat without a replica list (an older host) changes nothing.
+    assert st.handle(HostHeartbeat("h1", frozenset(), 2.0)) == []
