@@ -49,6 +49,7 @@ class ControllerConfig:
 @dataclass(frozen=True)
 class HostConfig:
     host_id: str = ""  # empty = hostname
+    leaf: str = ""  # the leaf switch (rack) this host hangs off; placement prefers same-leaf
     controller_url: str = "ws://127.0.0.1:8080/rpc"
     listen_host: str = "127.0.0.1"  # local RPC endpoint for this host's workers
     cpu_devices: int = 2  # placement units offered when no GPU is present

@@ -143,7 +143,8 @@ class Controller:
         self.state = cs.ControllerState(heartbeat_timeout_s=self.cc.heartbeat_timeout_s,
                                         cold_start_timeout_s=self.cc.cold_start_timeout_s,
                                         replica_overhead_bytes=self.cc.replica_overhead_bytes,
-                                        stop_unknown_replicas=self.cc.stop_unknown_replicas)
+                                        stop_unknown_replicas=self.cc.stop_unknown_replicas,
+                                        process_bytes=config.host.worker_memory_bytes)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())
@@ -255,7 +256,8 @@ class Controller:
                 first = self._oldest(name)
                 if first is not None and now - first.enqueued_s > 2 * self.cc.loop_interval_s + 1.0:
                     self._fail_queue(name, NoCapacity(
-                        f"no device can host {fn.model_key} now", retry_after_s=5.0))
+                        f"no device can host {fn.model_key} now"
+                        + (f": {fn.unplaced}" if fn.unplaced else ""), retry_after_s=5.0))
 
     def _oldest(self, name: str) -> Pending | None:
         return self.dispatcher.peek(name)
@@ -412,7 +414,8 @@ class Controller:
                         for d in p.get("devices", []))
         replicas = tuple((str(r[0]), str(r[1]), str(r[2]), bool(r[3])) for r in p.get("replicas", []))
         self._apply(cs.HostRegistered(host_id, devices, int(p.get("ram_bytes", 0)),
-                                      frozenset(p.get("cached_models", [])), replicas, time.monotonic()))
+                                      frozenset(p.get("cached_models", [])), replicas, time.monotonic(),
+                                      str(p.get("leaf") or "")))
         log.info("host_registered", host_id=host_id, devices=len(devices), replicas=len(replicas))
         return {"ok": True}
 

@@ -24,7 +24,7 @@ from flashpoint.policy.partitioning import (
     scale_down_order,
     stage_ranges,
 )
-from flashpoint.policy.placement import PlacementRequest, place
+from flashpoint.policy.placement import PlacementRequest, select_receivers
 from flashpoint.policy.snapshot import (
     ClusterSnapshot,
     DeviceSnapshot,
@@ -68,6 +68,7 @@ class HostRecord:
     alive: bool = True
     draining: bool = False
     reported: frozenset[str] = frozenset()  # replica ids in its last report
+    leaf: str = ""  # the leaf switch (rack) it hangs off, as it reported it
 
 
 @dataclass
@@ -112,6 +113,7 @@ class FunctionRecord:
     plans: PlanLookup | None = None  # the model's plan table, when it may be partitioned
     whole_cold_s: float = 0.0  # C(1): the cost model's whole-model cold start
     desired: int = 0  # the autoscaler's last decision (the planned replica count)
+    unplaced: str = ""  # why the last scale-up could not place every replica ("" = it could)
 
     @property
     def model_key(self) -> str:
@@ -128,6 +130,7 @@ class HostRegistered:
     # replicas the host already runs: (replica_id, function, device_id, warm)
     replicas: tuple[tuple[str, str, str, bool], ...]
     now_s: float
+    leaf: str = ""
 
 
 @dataclass(frozen=True)
@@ -320,9 +323,10 @@ class ControllerState:
 
     def __init__(self, heartbeat_timeout_s: float = 5.0, replica_overhead_bytes: int = 64 << 20,
                  cold_start_timeout_s: float = 120.0, registry_sends: bool = True,
-                 stop_unknown_replicas: bool = True) -> None:
+                 stop_unknown_replicas: bool = True, process_bytes: int = 0) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.stop_unknown_replicas = stop_unknown_replicas
+        self.process_bytes = process_bytes  # host RAM of one worker process (placement)
         self.registry_sends = registry_sends
         # (host_id, model_key) -> when a transfer to that host began; such a host is neither a
         # holder nor a new receiver (its own single flight joins later deploys to it).
@@ -399,7 +403,7 @@ class ControllerState:
     def _host_registered(self, ev: HostRegistered) -> list[Command]:
         self.hosts[ev.host_id] = HostRecord(
             ev.host_id, {d.device_id: d for d in ev.devices}, ev.ram_bytes,
-            set(ev.cached_models), ev.now_s,
+            set(ev.cached_models), ev.now_s, leaf=ev.leaf,
         )
         self._settle_receiving(self.hosts[ev.host_id])
         cmds: list[Command] = []
@@ -696,9 +700,7 @@ class ControllerState:
         plan = self._partition_plan(fn, count, load)
         if plan is not None:
             for _ in range(count // plan.p):
-                spots = place_spread(self.snapshot(now_s), PlacementRequest(
-                    fn.spec.name, fn.model_key, plan.p, device_bytes=need,
-                    host_bytes=fn.model_bytes))
+                spots = place_spread(self.snapshot(now_s), self._request(fn, plan.p))
                 if len(spots) < plan.p:
                     break  # too few hosts with room: whole replicas below
                 gid = f"{fn.spec.name}-{self.epoch}g{next(self._seq)}"
@@ -717,14 +719,19 @@ class ControllerState:
                 count -= plan.p
         if count <= 0:
             return cmds
-        placements = place(self.snapshot(now_s), PlacementRequest(
-            fn.spec.name, fn.model_key, count, device_bytes=need, host_bytes=fn.model_bytes))
-        for p in placements:
+        decision = select_receivers(self.snapshot(now_s), self._request(fn, count))
+        fn.unplaced = decision.reason if decision.unplaced else ""
+        for p in decision.placements:
             rid = f"{fn.spec.name}-{self.epoch}{next(self._seq)}"
             self.replicas[rid] = ReplicaRecord(rid, fn.spec.name, p.host_id, p.device_id, need,
                                                ReplicaPhase.STARTING, now_s)
             cmds.append(DeployReplica(rid, p.host_id, p.device_id, fn.spec))
         return cmds
+
+    def _request(self, fn: FunctionRecord, count: int) -> PlacementRequest:
+        return PlacementRequest(fn.spec.name, fn.model_key, count,
+                                device_bytes=fn.model_bytes + self.replica_overhead_bytes,
+                                host_bytes=fn.model_bytes, process_bytes=self.process_bytes)
 
     # ---------------------------------------------------------------------------------
     def snapshot(self, now_s: float) -> ClusterSnapshot:
@@ -746,8 +753,10 @@ class ControllerState:
                                count.get((h.host_id, d.device_id), 0))
                 for d in h.devices.values()
             )
-            hosts.append(HostSnapshot(h.host_id, h.alive, h.draining, h.ram_bytes - cached_bytes,
-                                      frozenset(h.cached_models), devs))
+            processes = sum(count.get((h.host_id, d), 0) for d in h.devices) * self.process_bytes
+            hosts.append(HostSnapshot(h.host_id, h.alive, h.draining,
+                                      h.ram_bytes - cached_bytes - processes,
+                                      frozenset(h.cached_models), devs, leaf=h.leaf))
         return ClusterSnapshot(now_s, tuple(hosts))
 
     def replicas_of(self, function: str) -> list[ReplicaRecord]:

@@ -196,7 +196,7 @@ class HostManager:
         await conn.call("register_host", {
             "host_id": self.host_id,
             "devices": [d.to_dict() for d in self.devices],
-            "ram_bytes": self.hc.cache_bytes,
+            "ram_bytes": self.hc.cache_bytes, "leaf": self.hc.leaf,
             "cached_models": self.cache.keys(),
             "replicas": self._replica_reports(),
             "stages": self._stage_reports(),

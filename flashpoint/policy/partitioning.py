@@ -23,6 +23,7 @@ pipeline holds several GPUs for one replica's worth of concurrency.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -80,8 +81,7 @@ def place_spread(snapshot: ClusterSnapshot, req: PlacementRequest) -> list[Place
     for _ in range(req.count):
         rest = ClusterSnapshot(snapshot.now_s,
                                tuple(h for h in snapshot.hosts if h.host_id not in used))
-        got = place(rest, PlacementRequest(req.function, req.model_key, 1, req.device_bytes,
-                                           req.host_bytes))
+        got = place(rest, dataclasses.replace(req, count=1))
         if not got:
             break
         out.append(got[0])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flashpoint.policy.replica_config import ReplicaConfig
+
 
 @dataclass(frozen=True)
 class DeviceSnapshot:
@@ -17,6 +19,9 @@ class DeviceSnapshot:
     memory_total_bytes: int
     memory_free_bytes: int  # after replicas placed and reservations
     replicas: int
+    # Fraction of the device's compute not yet reserved: 1.0 = idle (the default, for callers
+    # that do not track compute); each replica reserves its profiled average (thesis §5.2.1).
+    compute_free: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,8 @@ class HostSnapshot:
     ram_free_bytes: int
     cached_models: frozenset[str]  # "name@version"
     devices: tuple[DeviceSnapshot, ...]
+    leaf: str = ""  # leaf switch (rack) the host hangs off; "" = unknown, matches no other host
+    hops: int = 0  # switch hops to the model registry (cloud egress); 0 = unknown or all equal
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,13 @@ class ClusterSnapshot:
 
 @dataclass(frozen=True)
 class FunctionLoadSnapshot:
-    """One function's load as the autoscaler sees it."""
+    """One function's load as the autoscaler sees it.
+
+    The first eleven fields are what every policy needs; the rest feed the research
+    policies (flashpoint/policy/autoscalers.py, rpr.py) and default to "not measured", so a
+    policy that lacks its input falls back to the concurrency rule rather than guessing.
+    Rates are requests per second.
+    """
 
     name: str
     now_s: float
@@ -50,3 +63,27 @@ class FunctionLoadSnapshot:
     max_replicas: int
     replica_concurrency: int
     keep_alive_s: float
+    # λ: arrivals per second lately (the controller's smoothed RateMeter).
+    arrival_rate: float = 0.0
+    # Mean execution time of one request on a warm replica (profile or moving average);
+    # 0 = not known yet.
+    exec_time_s: float = 0.0
+    # Requests per second one replica sustains (profiled); 0 = derive it as
+    # replica_concurrency / exec_time_s. Capacity μ = replicas × this, never the observed
+    # completion rate, which cannot exceed λ and so would never show a surplus.
+    replica_rate: float = 0.0
+    # Age of the oldest queued request; 0 when the queue is empty.
+    queue_latency_s: float = 0.0
+    # Busy fraction of the warm replicas, 0..1 (GPU compute utilisation where measured);
+    # None = estimate it as inflight / (replicas_warm × replica_concurrency).
+    utilisation: float | None = None
+    # Requests accepted for this function since the controller started: a monotonic counter
+    # (a decrease reads as a restart), so windows survive skipped or uneven ticks.
+    invocations_total: int = 0
+    # Latency objective for RPR's configuration filter; 0 = none.
+    slo_s: float = 0.0
+    # RPR: the profiled configurations this function may run in, and the configuration name
+    # of each current replica (warm and starting; shorter than the replica count = the rest
+    # are unknown).
+    configs: tuple[ReplicaConfig, ...] = ()
+    replica_configs: tuple[str, ...] = ()
