@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flashpoint.errors import BadRequest
+from flashpoint.policy.autoscale import make_autoscaler
 
 DEFAULT_HOME = Path(os.environ.get("FLASHPOINT_HOME", Path.home() / ".flashpoint"))
 DEFAULT_SECRET = "flashpoint-local-dev-secret"  # local clusters only; production sets its own
@@ -40,10 +41,18 @@ class ControllerConfig:
     # Stop replicas a host reports that this controller never placed (e.g. a stop that was
     # lost). Off only for tests that deploy to hosts directly.
     stop_unknown_replicas: bool = True
+    # The autoscaler plug-in (flashpoint/policy/autoscale.py: concurrency, atl, tsk, owk,
+    # smstar, eq412, dilu, rpr) and its parameters, plus the wrapper's (scale_up_delay_s,
+    # scale_down_delay_s, keep_alive_partial); checked when the config is built.
+    autoscaler: str = "concurrency"
+    autoscaler_params: dict[str, float] = field(default_factory=dict)
     partition_bandwidth_bps: float = 2.2e9
     partition_link_bps: float = 7.5e9
     partition_overhead_s: float = 0.5
     partition_link_latency_s: float = 0.0005
+
+    def __post_init__(self) -> None:
+        make_autoscaler(self.autoscaler, self.autoscaler_params)  # BadRequest names the fault
 
 
 @dataclass(frozen=True)

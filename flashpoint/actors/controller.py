@@ -42,6 +42,7 @@ from flashpoint.log import get_logger
 from flashpoint.partition.cache import PlanCache
 from flashpoint.partition.model import CostModel, LayerProfile
 from flashpoint.pipeline.client import PipelineClient
+from flashpoint.policy.autoscale import make_autoscaler
 from flashpoint.policy.sourcing import REGISTRY
 from flashpoint.registry.manifest import Manifest
 from flashpoint.spec import FunctionSpec, TensorSpec
@@ -144,7 +145,9 @@ class Controller:
                                         cold_start_timeout_s=self.cc.cold_start_timeout_s,
                                         replica_overhead_bytes=self.cc.replica_overhead_bytes,
                                         stop_unknown_replicas=self.cc.stop_unknown_replicas,
-                                        process_bytes=config.host.worker_memory_bytes)
+                                        process_bytes=config.host.worker_memory_bytes,
+                                        autoscaler=make_autoscaler(self.cc.autoscaler,
+                                                                   self.cc.autoscaler_params))
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())
@@ -163,6 +166,8 @@ class Controller:
         self._manifests: dict[str, str] = {}  # "name@version" -> manifest JSON (immutable)
         self._arrivals = RateMeter()
         self._completions = RateMeter()
+        self._invocations: dict[str, int] = {}  # accepted per function, since start
+        self._exec_s: dict[str, float] = {}  # EWMA of one request's service time
         self._stage_endpoints: dict[str, Any] = {}  # stage replica id -> pipeline endpoint
         self._stage_timings: dict[str, dict[str, float]] = {}  # stage replica id -> cold start
         self._plans = PlanCache()
@@ -236,7 +241,9 @@ class Controller:
         loads = {
             name: cs.FunctionLoad(self.dispatcher.queued(name), self.dispatcher.inflight(name),
                                   self._last_request.get(name), self._arrivals.rate(name),
-                                  self._completions.rate(name))
+                                  self._completions.rate(name), self._exec_s.get(name, 0.0),
+                                  now - oldest.enqueued_s if (oldest := self._oldest(name))
+                                  else 0.0, self._invocations.get(name, 0))
             for name in self.state.functions
         }
         idle = frozenset(
@@ -502,6 +509,9 @@ class Controller:
                 p.sent_s = now
             timeout = max(0.001, max(p.deadline_s for p in live) - now)
             replies = await handle.infer(live, timeout)
+            took = (time.monotonic() - now) / len(live)  # a batch shares the replica's time
+            prev = self._exec_s.get(live[0].function)
+            self._exec_s[live[0].function] = took if prev is None else prev + 0.2 * (took - prev)
             for p, reply in zip(live, replies, strict=True):
                 if p.future.done():
                     continue
@@ -570,6 +580,7 @@ class Controller:
                     asyncio.get_running_loop().create_future(), t0, t0 + timeout, cold)
         self._last_request[name] = t0
         self._arrivals.add(name)
+        self._invocations[name] = self._invocations.get(name, 0) + 1
         self.dispatcher.enqueue(name, p)
         self._pump(name)
         if cold or self.dispatcher.queued(name):

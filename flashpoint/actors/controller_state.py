@@ -113,6 +113,8 @@ class FunctionRecord:
     plans: PlanLookup | None = None  # the model's plan table, when it may be partitioned
     whole_cold_s: float = 0.0  # C(1): the cost model's whole-model cold start
     desired: int = 0  # the autoscaler's last decision (the planned replica count)
+    scaler_memory: Any = None  # the autoscaler's memory for this function (windows, delays)
+    reason: str = ""  # why the autoscaler decided what it did, last time
     unplaced: str = ""  # why the last scale-up could not place every replica ("" = it could)
 
     @property
@@ -200,6 +202,9 @@ class FunctionLoad:
     last_request_s: float | None
     arrival_rate: float = 0.0  # λ: requests per second arriving lately
     service_rate: float = 0.0  # μ: requests per second completed lately
+    exec_time_s: float = 0.0  # mean service time of one request (0 = not measured yet)
+    queue_latency_s: float = 0.0  # age of the oldest queued request
+    invocations_total: int = 0  # requests accepted since the controller started
 
 
 @dataclass(frozen=True)
@@ -323,10 +328,12 @@ class ControllerState:
 
     def __init__(self, heartbeat_timeout_s: float = 5.0, replica_overhead_bytes: int = 64 << 20,
                  cold_start_timeout_s: float = 120.0, registry_sends: bool = True,
-                 stop_unknown_replicas: bool = True, process_bytes: int = 0) -> None:
+                 stop_unknown_replicas: bool = True, process_bytes: int = 0,
+                 autoscaler: autoscale.Autoscaler | None = None) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.stop_unknown_replicas = stop_unknown_replicas
         self.process_bytes = process_bytes  # host RAM of one worker process (placement)
+        self.autoscaler = autoscaler or autoscale.make_autoscaler("concurrency")
         self.registry_sends = registry_sends
         # (host_id, model_key) -> when a transfer to that host began; such a host is neither a
         # holder nor a new receiver (its own single flight joins later deploys to it).
@@ -365,6 +372,7 @@ class ControllerState:
                                      whole_cold_s=event.whole_cold_s)
                 if old is not None:
                     rec.last_request_s = old.last_request_s
+                    rec.scaler_memory = old.scaler_memory
                 self.functions[event.spec.name] = rec
                 # A changed model or device need means old replicas no longer match.
                 if old is not None and (old.spec.model, old.spec.model_version) != (
@@ -661,13 +669,14 @@ class ControllerState:
         warm = [r for r in mine if r.phase == ReplicaPhase.WARM]
         starting = [r for r in mine if r.phase == ReplicaPhase.STARTING]
         spec = fn.spec
-        decision = autoscale.decide(FunctionLoadSnapshot(
+        decision, fn.scaler_memory = self.autoscaler.decide(FunctionLoadSnapshot(
             spec.name, now_s, load.queued, load.inflight, len(warm), len(starting),
             fn.last_request_s, spec.min_replicas, spec.max_replicas, spec.replica_concurrency,
-            spec.keep_alive_s,
-        ))
+            spec.keep_alive_s, arrival_rate=load.arrival_rate, exec_time_s=load.exec_time_s,
+            queue_latency_s=load.queue_latency_s, invocations_total=load.invocations_total,
+        ), fn.scaler_memory)
         current = len(warm) + len(starting)
-        fn.desired = decision.desired
+        fn.desired, fn.reason = decision.desired, decision.reason
         if decision.desired > current:
             return self._scale_up(fn, decision.desired - current, now_s, load)
         if decision.desired < current:
@@ -762,7 +771,7 @@ class ControllerState:
     def replicas_of(self, function: str) -> list[ReplicaRecord]:
         return [r for r in self.replicas.values() if r.function == function]
 
-    def counts(self, function: str) -> dict[str, int]:
+    def counts(self, function: str) -> dict[str, Any]:
         """Planned (the autoscaler's last decision), requested (replicas we placed) and
         observed (of those, the ones their hosts last reported running)."""
         fn = self.functions.get(function)
@@ -770,4 +779,4 @@ class ControllerState:
         observed = sum(r.replica_id in self.hosts[r.host_id].reported for r in mine
                        if r.host_id in self.hosts)
         return {"planned": fn.desired if fn is not None else 0, "requested": len(mine),
-                "observed": observed}
+                "observed": observed, "reason": fn.reason if fn is not None else ""}

@@ -108,3 +108,14 @@ def test_shipped_configs_load(name):
     if not p.exists():
         pytest.skip(f"{p} not present")
     assert isinstance(load_config(p), ClusterConfig)
+
+
+def test_autoscaler_is_chosen_by_name_and_checked_when_the_config_loads():
+    cfg = load_config(overrides={"controller": {"autoscaler": "atl",
+                                                "autoscaler_params": {"window_s": 30}}})
+    assert cfg.controller.autoscaler == "atl"
+    with pytest.raises(BadRequest, match="unknown autoscaler 'nope'"):
+        load_config(overrides={"controller": {"autoscaler": "nope"}})
+    with pytest.raises(BadRequest, match="unknown parameters"):
+        load_config(overrides={"controller": {"autoscaler": "atl",
+                                              "autoscaler_params": {"bogus": 1}}})

@@ -457,7 +457,7 @@ def test_reconcile_forgets_a_replica_its_host_never_ran_after_the_grace():
     (dep,) = of(st.handle(Tick(0.0, {})), DeployReplica)
     # Not yet reported: the deploy may still be on its way (within the grace).
     assert st.handle(HostHeartbeat("h1", frozenset(), 1.0, frozenset())) == []
-    assert st.counts("fn") == {"planned": 1, "requested": 1, "observed": 0}
+    assert st.counts("fn") == {"planned": 1, "requested": 1, "observed": 0, "reason": "demand+bounds"}
     # Reported once, then no longer (the host restarted and lost it): forgotten, replaced.
     st.handle(HostHeartbeat("h1", frozenset(), 2.0, frozenset({dep.replica_id})))
     assert st.counts("fn")["observed"] == 1
@@ -473,3 +473,18 @@ def test_reconcile_stops_a_replica_the_controller_does_not_know():
     assert cmds == [StopReplica("ghost-1", "h1")]
     # A heartbeat without a replica list (an older host) changes nothing.
     assert st.handle(HostHeartbeat("h1", frozenset(), 2.0)) == []
+
+
+def test_the_configured_autoscaler_decides_and_keeps_its_memory():
+    from flashpoint.policy.autoscale import make_autoscaler
+
+    st = ControllerState(heartbeat_timeout_s=60.0, replica_overhead_bytes=0,
+                         autoscaler=make_autoscaler("atl", {"window_s": 10}))
+    register(st, "h1", devices=8)
+    st.handle(FunctionUpserted(spec(max_replicas=8, replica_concurrency=1), 10 * MIB))
+    # ATL: ceil(p99 arrival rate x execution time) replicas, whatever is queued now.
+    cmds = st.handle(Tick(1.0, {"fn": FunctionLoad(1, 0, 1.0, arrival_rate=20.0,
+                                                   exec_time_s=0.2)}))
+    assert len(of(cmds, DeployReplica)) == 4
+    assert st.functions["fn"].scaler_memory is not None
+    assert st.counts("fn")["planned"] == 4
