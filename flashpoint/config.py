@@ -41,6 +41,8 @@ class ControllerConfig:
     # Stop replicas a host reports that this controller never placed (e.g. a stop that was
     # lost). Off only for tests that deploy to hosts directly.
     stop_unknown_replicas: bool = True
+    # Longest TCP chain the sourcing plan builds (0 = no cap); see flashpoint/policy/sourcing.py.
+    max_chain_length: int = 8
     # The autoscaler plug-in (flashpoint/policy/autoscale.py: concurrency, atl, tsk, owk,
     # smstar, eq412, dilu, rpr) and its parameters, plus the wrapper's (scale_up_delay_s,
     # scale_down_delay_s, keep_alive_partial); checked when the config is built.

@@ -147,7 +147,8 @@ class Controller:
                                         stop_unknown_replicas=self.cc.stop_unknown_replicas,
                                         process_bytes=config.host.worker_memory_bytes,
                                         autoscaler=make_autoscaler(self.cc.autoscaler,
-                                                                   self.cc.autoscaler_params))
+                                                                   self.cc.autoscaler_params),
+                                        max_chain_length=self.cc.max_chain_length)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())

@@ -329,12 +329,14 @@ class ControllerState:
     def __init__(self, heartbeat_timeout_s: float = 5.0, replica_overhead_bytes: int = 64 << 20,
                  cold_start_timeout_s: float = 120.0, registry_sends: bool = True,
                  stop_unknown_replicas: bool = True, process_bytes: int = 0,
-                 autoscaler: autoscale.Autoscaler | None = None) -> None:
+                 autoscaler: autoscale.Autoscaler | None = None,
+                 max_chain_length: int = 8) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.stop_unknown_replicas = stop_unknown_replicas
         self.process_bytes = process_bytes  # host RAM of one worker process (placement)
         self.autoscaler = autoscaler or autoscale.make_autoscaler("concurrency")
         self.registry_sends = registry_sends
+        self.max_chain_length = max_chain_length
         # (host_id, model_key) -> when a transfer to that host began; such a host is neither a
         # holder nor a new receiver (its own single flight joins later deploys to it).
         self.receiving: dict[tuple[str, str], float] = {}
@@ -630,7 +632,8 @@ class ControllerState:
             holders = [h.host_id for h in self.hosts.values()
                        if h.alive and not h.draining and key in h.cached_models]
             receivers = [d.host_id for d in deploys if (d.host_id, key) not in self.receiving]
-            plan = plan_sourcing(key, receivers, holders, registry_sends=self.registry_sends)
+            plan = plan_sourcing(key, receivers, holders, registry_sends=self.registry_sends,
+                                 max_chain_length=self.max_chain_length)
             per_host: dict[str, SourceAssignment] = {h: SourceAssignment("local") for h in plan.local}
             for chain in plan.chains:
                 tid = f"t-{self.epoch}{next(self._transfer_seq)}"

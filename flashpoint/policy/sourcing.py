@@ -13,6 +13,15 @@ the hosts that must hold it after this scale-up:
 * each receiver's fallback list (used when its chain breaks and nobody splices it back) names
   the peers that hold the model, then the registry: peer RAM before the registry, always.
 
+Chain length is capped (``max_chain_length``, 0 = no cap). A relay forwards each frame as
+it arrives, so a hop costs little bandwidth, but the tail's first byte (what
+execute-while-load waits for) and the blast radius of one failed relay both grow with the
+length; ``bench/multicast.py`` measured 8-host chains at 1.05× one point-to-point transfer,
+and nothing longer. When the receivers need more chains than there are senders, senders head
+several chains each, round-robin (their uplink is then shared; the registry serves many
+readers at once, a holder's NIC does not, so extra chains go to the registry first when it
+sends).
+
 The registry is a sender only while it is cheaper to use it than to lengthen a peer chain:
 ``registry_sends`` says whether it heads a chain when peers hold the model (default on, as
 the thesis does; an operator whose registry is far slower than the cluster network turns it
@@ -50,7 +59,7 @@ class SourcingPlan:
 
 
 def plan_sourcing(model_key: str, receivers: Sequence[str], holders: Sequence[str], *,
-                  registry_sends: bool = True) -> SourcingPlan:
+                  registry_sends: bool = True, max_chain_length: int = 0) -> SourcingPlan:
     """The sourcing plan for ``receivers`` (host ids, duplicates ignored, order kept).
 
     ``holders`` are live hosts holding ``model_key`` complete in RAM (any order; sorted here
@@ -65,10 +74,20 @@ def plan_sourcing(model_key: str, receivers: Sequence[str], holders: Sequence[st
     senders: list[str] = list(peers)
     if registry_sends or not senders:
         senders.append(REGISTRY)
+    if max_chain_length < 0:
+        raise ValueError("max_chain_length must be >= 0 (0 = no cap)")
+    chains_needed = len(senders)
+    if max_chain_length and len(need) > chains_needed * max_chain_length:
+        chains_needed = -(-len(need) // max_chain_length)
+    # Extra chains go to the registry first (it serves many readers at once), then to the
+    # holders in turn.
+    extra = [REGISTRY] if REGISTRY in senders else []
+    extra += [s for s in senders if s != REGISTRY]
+    heads = senders + [extra[i % len(extra)] for i in range(chains_needed - len(senders))]
     # Only as many chains as there are receivers: an empty chain is no chain.
-    senders = senders[: max(len(need), 0)]
-    buckets: dict[str, list[str]] = {s: [] for s in senders}
+    heads = heads[: max(len(need), 0)]
+    buckets: list[list[str]] = [[] for _ in heads]
     for i, host in enumerate(need):
-        buckets[senders[i % len(senders)]].append(host)
-    chains = tuple(ChainPlan(s, tuple(buckets[s])) for s in senders if buckets[s])
+        buckets[i % len(heads)].append(host)
+    chains = tuple(ChainPlan(s, tuple(b)) for s, b in zip(heads, buckets, strict=True) if b)
     return SourcingPlan(model_key, local, chains, (*peers, REGISTRY))

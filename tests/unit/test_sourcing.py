@@ -60,3 +60,17 @@ def test_every_receiver_is_served_exactly_once_and_chains_are_balanced(receivers
         lengths = [len(c.receivers) for c in plan.chains]
         assert max(lengths) - min(lengths) <= 1
     assert plan.fallback[-1] == REGISTRY and set(plan.fallback[:-1]) == set(holders)
+
+
+def test_chain_length_cap_adds_chains_registry_first_then_holders():
+    receivers = [f"r{i}" for i in range(10)]
+    plan = plan_sourcing("m@1", receivers, ["h1"], max_chain_length=3)
+    assert all(len(c.receivers) <= 3 for c in plan.chains)
+    assert sorted(r for c in plan.chains for r in c.receivers) == sorted(receivers)
+    assert [c.sender for c in plan.chains] == ["h1", REGISTRY, REGISTRY, "h1"]
+    # No cap: one chain per sender.
+    assert len(plan_sourcing("m@1", receivers, ["h1"]).chains) == 2
+    # Without the registry as a sender, the holder heads every extra chain.
+    only_peer = plan_sourcing("m@1", receivers, ["h1"], registry_sends=False, max_chain_length=4)
+    assert [c.sender for c in only_peer.chains] == ["h1"] * 3
+    assert max(len(c.receivers) for c in only_peer.chains) <= 4
