@@ -63,6 +63,9 @@ class FunctionSpec:
     # Most pipeline stages a cold start may split the model into (1 = never partition; the
     # model needs per-layer profiles for more, see flashpoint/policy/partitioning.py).
     max_stages: int = 1
+    # Fraction of one device's compute a replica reserves (placement never over-commits it);
+    # 0 = not reserved (a replica may share a device with others freely).
+    compute: float = 0.0
     inputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
     outputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
 
@@ -84,6 +87,8 @@ class FunctionSpec:
             raise BadRequest("timeout_s must be in (0, 3600]")
         if not 1 <= self.max_stages <= 64:
             raise BadRequest("max_stages must be in 1..64")
+        if not 0.0 <= self.compute <= 1.0:
+            raise BadRequest("compute must be a fraction in [0, 1]")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -110,7 +115,7 @@ class FunctionSpec:
                     "max_stages"):
             if key in kw and (not isinstance(kw[key], int) or isinstance(kw[key], bool)):
                 raise BadRequest(f"{key} must be an integer")
-        for key in ("batch_wait_ms", "keep_alive_s", "timeout_s"):
+        for key in ("batch_wait_ms", "keep_alive_s", "timeout_s", "compute"):
             if key in kw and (not isinstance(kw[key], (int, float)) or isinstance(kw[key], bool)):
                 raise BadRequest(f"{key} must be a number")
         for key in ("name", "model", "model_version"):

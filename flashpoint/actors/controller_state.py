@@ -86,6 +86,7 @@ class ReplicaRecord:
     # into a whole replica; until then it serves as one stage of its group's pipeline.
     stage: tuple[int, int] | None = None
     group_id: str | None = None
+    compute: float = 0.0  # fraction of its device's compute it reserves
 
 
 @dataclass
@@ -434,7 +435,7 @@ class ControllerState:
                     replica_id, function, ev.host_id, device_id,
                     fn.model_bytes + self.replica_overhead_bytes,
                     ReplicaPhase.WARM if warm else ReplicaPhase.STARTING, ev.now_s,
-                    ev.now_s if warm else None,
+                    ev.now_s if warm else None, compute=fn.spec.compute,
                 )
         # Replicas we believed on this host that it no longer has are gone.
         for rep in [r for r in self.replicas.values() if r.host_id == ev.host_id]:
@@ -723,7 +724,8 @@ class ControllerState:
                     rids.append(rid)
                     self.replicas[rid] = ReplicaRecord(rid, fn.spec.name, p.host_id, p.device_id,
                                                        need, ReplicaPhase.STARTING, now_s,
-                                                       stage=stage, group_id=gid)
+                                                       stage=stage, group_id=gid,
+                                                       compute=fn.spec.compute)
                     cmds.append(DeployReplica(rid, p.host_id, p.device_id, fn.spec,
                                               stage=stage, group_id=gid))
                 self.groups[gid] = GroupRecord(gid, fn.spec.name, tuple(rids),
@@ -736,23 +738,27 @@ class ControllerState:
         for p in decision.placements:
             rid = f"{fn.spec.name}-{self.epoch}{next(self._seq)}"
             self.replicas[rid] = ReplicaRecord(rid, fn.spec.name, p.host_id, p.device_id, need,
-                                               ReplicaPhase.STARTING, now_s)
+                                               ReplicaPhase.STARTING, now_s,
+                                               compute=fn.spec.compute)
             cmds.append(DeployReplica(rid, p.host_id, p.device_id, fn.spec))
         return cmds
 
     def _request(self, fn: FunctionRecord, count: int) -> PlacementRequest:
         return PlacementRequest(fn.spec.name, fn.model_key, count,
                                 device_bytes=fn.model_bytes + self.replica_overhead_bytes,
-                                host_bytes=fn.model_bytes, process_bytes=self.process_bytes)
+                                host_bytes=fn.model_bytes, process_bytes=self.process_bytes,
+                                compute=fn.spec.compute)
 
     # ---------------------------------------------------------------------------------
     def snapshot(self, now_s: float) -> ClusterSnapshot:
         """A frozen view for the policies."""
         used: dict[tuple[str, str], int] = {}
         count: dict[tuple[str, str], int] = {}
+        compute: dict[tuple[str, str], float] = {}
         for r in self.replicas.values():
             key = (r.host_id, r.device_id)
             used[key] = used.get(key, 0) + r.device_bytes
+            compute[key] = compute.get(key, 0.0) + r.compute
             count[key] = count.get(key, 0) + 1
         hosts = []
         for h in self.hosts.values():
@@ -762,7 +768,8 @@ class ControllerState:
             devs = tuple(
                 DeviceSnapshot(h.host_id, d.device_id, d.kind, d.memory_bytes,
                                d.memory_bytes - used.get((h.host_id, d.device_id), 0),
-                               count.get((h.host_id, d.device_id), 0))
+                               count.get((h.host_id, d.device_id), 0),
+                               max(0.0, 1.0 - compute.get((h.host_id, d.device_id), 0.0)))
                 for d in h.devices.values()
             )
             processes = sum(count.get((h.host_id, d), 0) for d in h.devices) * self.process_bytes

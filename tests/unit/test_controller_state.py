@@ -488,3 +488,14 @@ def test_the_configured_autoscaler_decides_and_keeps_its_memory():
     assert len(of(cmds, DeployReplica)) == 4
     assert st.functions["fn"].scaler_memory is not None
     assert st.counts("fn")["planned"] == 4
+
+
+def test_compute_shares_are_reserved_across_decisions():
+    st = new_state()
+    register(st, "h1", devices=1)
+    st.handle(FunctionUpserted(spec("a", compute=0.6, max_replicas=2), 10 * MIB))
+    st.handle(FunctionUpserted(spec("b", compute=0.5), 10 * MIB))
+    cmds = st.handle(Tick(1.0, {"a": FunctionLoad(8, 0, 1.0), "b": FunctionLoad(1, 0, 1.0)}))
+    # One device: a's first replica takes 0.6 of it; neither a second a nor b fits beside it.
+    assert [d.spec.name for d in of(cmds, DeployReplica)] == ["a"]
+    assert "compute" in st.functions["b"].unplaced
