@@ -60,9 +60,20 @@ async def _run_host(cfg: ClusterConfig, host_id: str | None) -> None:
 
     host = HostManager(cfg, make_store(cfg), host_id=host_id)
     await host.start()
+    if "signal" in (p.strip() for p in cfg.host.spot_notice.split(",")):
+        from flashpoint.spot.notice import notice_from
+
+        # SIGUSR1 is an eviction notice with the default lead time (an operator's or a
+        # cloud agent's way to say "this VM goes in two minutes").
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, lambda: loop.create_task(
+            host.on_eviction_notice(notice_from({}, "signal"))))
+    waits = [asyncio.ensure_future(_wait_forever()), asyncio.ensure_future(host.evicted.wait())]
     try:
-        await _wait_forever()
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        for w in waits:
+            w.cancel()
         await host.stop()
 
 

@@ -16,6 +16,7 @@ from flashpoint.actors.host import HostManager
 from flashpoint.config import ClusterConfig
 from flashpoint.errors import Unavailable
 from flashpoint.log import configure
+from flashpoint.spot.provider import LocalProvider
 
 
 class LocalCluster:
@@ -29,24 +30,40 @@ class LocalCluster:
         self.store = store
         self.controller = Controller(config, store)
         self.hosts: list[HostManager] = []
+        # An evicted host is replaced by a new one in this process (spot first).
+        self.provider = LocalProvider(self)
+        self.controller.provider = self.provider
 
     async def start(self, ready_timeout_s: float = 60.0) -> None:
         # The actors log through structlog; honour the configured level in this process
         # unless the CLI (or a test) configured logging already.
         configure(self.config.log_level, if_unset=True)
         await self.controller.start()
-        host_cfg = dataclasses.replace(self.config.host, controller_url=self.controller.rpc_url)
-        cfg = dataclasses.replace(self.config, host=host_cfg)
         try:
-            for i in range(self.n_hosts):
-                host = HostManager(cfg, self.store, host_id=f"host{i}")
-                self.hosts.append(host)
-                await host.start()
+            for _ in range(self.n_hosts):
+                await self._start_host(self.config.host.kind)
             await self.wait_hosts(self.n_hosts, ready_timeout_s)
             await asyncio.gather(*(h.wait_pool_ready(ready_timeout_s) for h in self.hosts))
         except BaseException:
             await self.stop()
             raise
+
+    async def _start_host(self, kind: str, **host: Any) -> HostManager:
+        host_cfg = dataclasses.replace(self.config.host, controller_url=self.controller.rpc_url,
+                                       kind=kind, **host)
+        cfg = dataclasses.replace(self.config, host=host_cfg)
+        manager = HostManager(cfg, self.store, host_id=f"host{len(self.hosts)}")
+        self.hosts.append(manager)
+        await manager.start()
+        return manager
+
+    async def add_host(self, kind: str = "ondemand", ready_timeout_s: float = 60.0,
+                       **host: Any) -> HostManager:
+        """Start one more host (a replacement, or a scale-out of the cluster itself) with
+        ``host`` overriding its config; returns once its warm pool is ready."""
+        manager = await self._start_host(kind, **host)
+        await manager.wait_pool_ready(ready_timeout_s)
+        return manager
 
     async def wait_hosts(self, count: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -41,6 +41,13 @@ class ControllerConfig:
     # Stop replicas a host reports that this controller never placed (e.g. a stop that was
     # lost). Off only for tests that deploy to hosts directly.
     stop_unknown_replicas: bool = True
+    # Prices for the cost meter: PROTEAN Table 3's 8xA100 $/hour of this cloud (aws, azure,
+    # gcp), unless overridden per kind (> 0).
+    cloud: str = "aws"
+    spot_price_usd_per_hour: float = 0.0
+    ondemand_price_usd_per_hour: float = 0.0
+    # A draining host's replicas stop taking work at least this long before its deadline.
+    drain_margin_s: float = 10.0
     # Longest TCP chain the sourcing plan builds (0 = no cap); see flashpoint/policy/sourcing.py.
     max_chain_length: int = 8
     # The autoscaler plug-in (flashpoint/policy/autoscale.py: concurrency, atl, tsk, owk,
@@ -61,6 +68,12 @@ class ControllerConfig:
 class HostConfig:
     host_id: str = ""  # empty = hostname
     leaf: str = ""  # the leaf switch (rack) this host hangs off; placement prefers same-leaf
+    kind: str = "ondemand"  # "spot" or "ondemand": what it costs (flashpoint/spot/cost.py)
+    # Eviction-notice triggers, comma-separated: "imds", "file:<path>", "signal" (SIGUSR1 to
+    # `flashpoint host`); empty = none. See flashpoint/spot/notice.py.
+    spot_notice: str = ""
+    imds_endpoint: str = "http://169.254.169.254"
+    spot_poll_interval_s: float = 2.0
     controller_url: str = "ws://127.0.0.1:8080/rpc"
     listen_host: str = "127.0.0.1"  # local RPC endpoint for this host's workers
     cpu_devices: int = 2  # placement units offered when no GPU is present

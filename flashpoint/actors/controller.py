@@ -46,6 +46,8 @@ from flashpoint.policy.autoscale import make_autoscaler
 from flashpoint.policy.sourcing import REGISTRY
 from flashpoint.registry.manifest import Manifest
 from flashpoint.spec import FunctionSpec, TensorSpec
+from flashpoint.spot.cost import TABLE3_PRICES, CostMeter
+from flashpoint.spot.provider import HostProvider, replace_host
 from flashpoint.tensors import DECODED_DTYPE, decode_tensors, encode_tensors
 from flashpoint.transfer.plan import Endpoint
 
@@ -148,7 +150,8 @@ class Controller:
                                         process_bytes=config.host.worker_memory_bytes,
                                         autoscaler=make_autoscaler(self.cc.autoscaler,
                                                                    self.cc.autoscaler_params),
-                                        max_chain_length=self.cc.max_chain_length)
+                                        max_chain_length=self.cc.max_chain_length,
+                                        drain_margin_s=self.cc.drain_margin_s)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())
@@ -172,6 +175,14 @@ class Controller:
         self._stage_endpoints: dict[str, Any] = {}  # stage replica id -> pipeline endpoint
         self._stage_timings: dict[str, dict[str, float]] = {}  # stage replica id -> cold start
         self._plans = PlanCache()
+        self.provider: HostProvider | None = None  # replacement hosts on eviction, if any
+        prices = dict(TABLE3_PRICES.get(self.cc.cloud, TABLE3_PRICES["aws"]))
+        if self.cc.spot_price_usd_per_hour > 0:
+            prices["spot"] = self.cc.spot_price_usd_per_hour
+        if self.cc.ondemand_price_usd_per_hour > 0:
+            prices["ondemand"] = self.cc.ondemand_price_usd_per_hour
+        self.cost = CostMeter(prices)
+        self.replacements: list[dict[str, Any]] = []  # what the provider gave, per eviction
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -193,7 +204,7 @@ class Controller:
         self._rpc = RpcServer(
             {"register_host": self._register_host, "heartbeat": self._heartbeat,
              "replica_ready": self._replica_ready, "replica_failed": self._replica_failed,
-             "stage_ready": self._stage_ready},
+             "stage_ready": self._stage_ready, "host_draining": self._host_draining},
             secret=self.config.secret.encode(), on_disconnect=self._on_disconnect,
         )
         self._rpc.add_to_app(app, "/rpc")
@@ -255,6 +266,9 @@ class Controller:
             if g.phase == cs.GroupPhase.STOPPING and self.dispatcher.inflight_of(g.group_id) == 0
         )
         self._execute(self.state.handle(cs.Tick(now, loads, idle)))
+        for h in self.state.hosts.values():
+            if not h.alive:
+                self.cost.stop(h.host_id, now)
         self._fail_unplaceable(now)
 
     def _fail_unplaceable(self, now: float) -> None:
@@ -306,6 +320,8 @@ class Controller:
                         log.info("group_serving", group_id=cmd.group_id, function=cmd.function)
                 case cs.DissolveStages():
                     self._spawn(self._dissolve_stages(cmd), f"dissolve:{cmd.group_id}")
+                case cs.RequestHost():
+                    self._spawn(self._replace_host(cmd.replacing), f"replace:{cmd.replacing}")
         self._sync_dispatch()
 
     def _sync_dispatch(self) -> None:
@@ -408,6 +424,20 @@ class Controller:
                 log.warning("dissolve_failed", replica_id=rid, error=exc.code)
         log.info("group_dissolved", group_id=cmd.group_id)
 
+    async def _replace_host(self, replacing: str) -> None:
+        """PROTEAN's procurement: another spot host, else an on-demand one."""
+        if self.provider is None:
+            log.warning("no_host_provider", replacing=replacing)
+            return
+        try:
+            host_id, kind = await asyncio.wait_for(replace_host(self.provider, replacing), 300)
+        except (FlashpointError, TimeoutError) as exc:
+            log.error("replacement_failed", replacing=replacing, error=repr(exc))
+            self.replacements.append({"replacing": replacing, "error": repr(exc)})
+            return
+        self.replacements.append({"replacing": replacing, "host_id": host_id, "kind": kind})
+        log.info("host_replaced", replacing=replacing, host_id=host_id, kind=kind)
+
     async def _stop_on_host(self, host: HostHandle, replica_id: str) -> None:
         try:
             await host.stop(replica_id)
@@ -424,6 +454,9 @@ class Controller:
         self._apply(cs.HostRegistered(host_id, devices, int(p.get("ram_bytes", 0)),
                                       frozenset(p.get("cached_models", [])), replicas, time.monotonic(),
                                       str(p.get("leaf") or "")))
+        kind = str(p.get("kind") or "ondemand")
+        self.cost.start(host_id, kind if kind in ("spot", "ondemand") else "ondemand",
+                        time.monotonic())
         log.info("host_registered", host_id=host_id, devices=len(devices), replicas=len(replicas))
         return {"ok": True}
 
@@ -439,6 +472,10 @@ class Controller:
         transfers = p.get("transfers")
         handle.transfers = dict(transfers) if isinstance(transfers, dict) else {}
         reps = p.get("replicas")
+        draining = p.get("draining_s")
+        if isinstance(draining, int | float) and not self.state.hosts[host_id].draining:
+            # The host's own report was lost (or we restarted): its heartbeat says it too.
+            await self._host_draining(conn, {"host_id": host_id, "remaining_s": draining})
         self._apply(cs.HostHeartbeat(host_id, frozenset(p.get("cached_models", [])), time.monotonic(),
                                      frozenset(map(str, reps)) if isinstance(reps, list) else None))
 
@@ -463,6 +500,15 @@ class Controller:
         log.info("stage_ready", replica_id=rid, source=p.get("source"),
                  timings=p.get("timings_s"))
         self._apply(cs.StageReady(rid, time.monotonic()))
+        return {"ok": True}
+
+    async def _host_draining(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
+        remaining = float(p.get("remaining_s", 0.0))
+        host_id = str(p.get("host_id", ""))
+        log.warning("host_draining", host_id=host_id, remaining_s=round(remaining, 1),
+                    action=p.get("action"))
+        now = time.monotonic()
+        self._apply(cs.HostDraining(host_id, now + max(0.0, remaining), now))
         return {"ok": True}
 
     async def _replica_failed(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
@@ -708,6 +754,8 @@ class Controller:
             "functions": [i.to_dict() for i in self.list_functions()],
             "scaling": [{"function": name, **self.state.counts(name)}
                         for name in self.state.functions],
+            "cost": self.cost.report(now),
+            "replacements": list(self.replacements),
         }
 
     def is_live(self) -> bool:

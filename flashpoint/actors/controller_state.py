@@ -69,6 +69,7 @@ class HostRecord:
     draining: bool = False
     reported: frozenset[str] = frozenset()  # replica ids in its last report
     leaf: str = ""  # the leaf switch (rack) it hangs off, as it reported it
+    drain_deadline_s: float | None = None  # when a draining host goes away
 
 
 @dataclass
@@ -147,6 +148,15 @@ class HostHeartbeat:
 
 
 @dataclass(frozen=True)
+class HostDraining:
+    """The host received an eviction notice: it is gone at ``deadline_s``."""
+
+    host_id: str
+    deadline_s: float
+    now_s: float
+
+
+@dataclass(frozen=True)
 class FunctionUpserted:
     spec: FunctionSpec
     model_bytes: int
@@ -217,8 +227,8 @@ class Tick:
     idle_replicas: frozenset[str] = frozenset()
 
 
-Event = (HostRegistered | HostHeartbeat | FunctionUpserted | FunctionDeleted | ReplicaWarmed
-         | ReplicaFailed | ReplicaStopped | StageReady | GroupLinked | Tick)
+Event = (HostRegistered | HostHeartbeat | HostDraining | FunctionUpserted | FunctionDeleted
+         | ReplicaWarmed | ReplicaFailed | ReplicaStopped | StageReady | GroupLinked | Tick)
 
 
 # Commands ----------------------------------------------------------------------------------
@@ -320,8 +330,15 @@ class DissolveStages:
     stages: tuple[tuple[str, str], ...]
 
 
+@dataclass(frozen=True)
+class RequestHost:
+    """Ask the provider for a host to replace ``replacing`` (spot first, then on-demand)."""
+
+    replacing: str
+
+
 Command = (DeployReplica | StartChain | StopAccepting | StopReplica | ForgetReplica
-           | FailFunction | LinkGroup | ServeGroup | DissolveStages)
+           | FailFunction | LinkGroup | ServeGroup | DissolveStages | RequestHost)
 
 
 class ControllerState:
@@ -331,16 +348,22 @@ class ControllerState:
                  cold_start_timeout_s: float = 120.0, registry_sends: bool = True,
                  stop_unknown_replicas: bool = True, process_bytes: int = 0,
                  autoscaler: autoscale.Autoscaler | None = None,
-                 max_chain_length: int = 8) -> None:
+                 max_chain_length: int = 8, drain_margin_s: float = 10.0) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.stop_unknown_replicas = stop_unknown_replicas
         self.process_bytes = process_bytes  # host RAM of one worker process (placement)
         self.autoscaler = autoscaler or autoscale.make_autoscaler("concurrency")
         self.registry_sends = registry_sends
         self.max_chain_length = max_chain_length
+        # A draining host's replicas stop taking work this long before its deadline at the
+        # latest, so what they hold finishes before the VM goes.
+        self.drain_margin_s = drain_margin_s
         # (host_id, model_key) -> when a transfer to that host began; such a host is neither a
         # holder nor a new receiver (its own single flight joins later deploys to it).
         self.receiving: dict[tuple[str, str], float] = {}
+        # (host_id, model_key) -> (transfer id, sender) of the peer chain bringing it there:
+        # a later deploy to that host is told to wait for that chain, not to start a pull.
+        self.inbound: dict[tuple[str, str], tuple[str, str]] = {}
         self._transfer_seq = itertools.count(1)
         self.cold_start_timeout_s = cold_start_timeout_s
         self.replica_overhead_bytes = replica_overhead_bytes
@@ -369,6 +392,8 @@ class ControllerState:
                 host.alive = True
                 self._settle_receiving(host)
                 return self._reconcile(host, event.replicas, event.now_s)
+            case HostDraining():
+                return self._host_draining(event)
             case FunctionUpserted():
                 old = self.functions.get(event.spec.name)
                 rec = FunctionRecord(event.spec, event.model_bytes, plans=event.plans,
@@ -523,6 +548,7 @@ class ControllerState:
                     and rep.group_id not in self.groups:
                 del self.replicas[rid]
                 cmds += [ForgetReplica(rid), StopReplica(rid, rep.host_id)]
+        cmds += self._drain(ev.now_s)
         for name, fn in self.functions.items():
             load = ev.loads.get(name, FunctionLoad(0, 0, None))
             if load.last_request_s is not None:
@@ -532,7 +558,79 @@ class ControllerState:
             host = self.hosts.get(key[0])
             if host is None or not host.alive or ev.now_s - began > self.cold_start_timeout_s:
                 del self.receiving[key]
+                self.inbound.pop(key, None)
         return self._source(cmds, ev.now_s)
+
+    # draining (spot eviction) --------------------------------------------------------
+    def _host_draining(self, ev: HostDraining) -> list[Command]:
+        """A host got an eviction notice: no more placements there, replacements elsewhere
+        (its replicas stop counting as capacity, so the autoscaler places new ones), its
+        warm replicas keep serving until replacements are warm or the deadline nears (see
+        :meth:`_drain`), a replacement host is requested, and models only it holds are pushed
+        to a peer so warm state survives the eviction."""
+        host = self.hosts.get(ev.host_id)
+        if host is None or host.draining:
+            return []
+        host.draining, host.drain_deadline_s = True, ev.deadline_s
+        cmds: list[Command] = [RequestHost(host.host_id)]
+        for rep in [r for r in self.replicas.values()
+                    if r.host_id == host.host_id and r.phase == ReplicaPhase.STARTING
+                    and r.group_id is None]:
+            del self.replicas[rep.replica_id]  # it would barely serve: start it elsewhere
+            cmds += [ForgetReplica(rep.replica_id), StopReplica(rep.replica_id, rep.host_id)]
+        return cmds + self._push_models(host, ev.now_s)
+
+    def _push_models(self, host: HostRecord, now_s: float) -> list[Command]:
+        """Stream each model only ``host`` holds (of a registered function) to the live peer
+        with the most free RAM for it."""
+        sizes = {f.model_key: f.model_bytes for f in self.functions.values()}
+        snap = self.snapshot(now_s)
+        cmds: list[Command] = []
+        for key in sorted(host.cached_models & set(sizes)):
+            held = any(h.alive and not h.draining and key in h.cached_models
+                       for h in self.hosts.values() if h.host_id != host.host_id)
+            if held or any(k == key for _, k in self.receiving):
+                continue
+            peers = [h for h in snap.hosts if h.alive and not h.draining
+                     and h.host_id != host.host_id and h.ram_free_bytes >= sizes[key]]
+            if not peers:
+                continue
+            target = min(peers, key=lambda h: (-h.ram_free_bytes, h.host_id))
+            tid = f"t-{self.epoch}{next(self._transfer_seq)}"
+            self.receiving[(target.host_id, key)] = now_s
+            self.inbound[(target.host_id, key)] = (tid, host.host_id)
+            model, version = key.rsplit("@", 1)
+            cmds.append(StartChain(tid, host.host_id, model, version, (target.host_id,),
+                                   (REGISTRY,)))
+        return cmds
+
+    def _can_send(self, host: HostRecord, now_s: float) -> bool:
+        """A draining host still sends the models it holds until its deadline nears (its RAM
+        is the fastest copy; receivers fall back to the registry if it goes mid-stream)."""
+        return not host.draining or (host.drain_deadline_s is not None
+                                     and now_s < host.drain_deadline_s - self.drain_margin_s)
+
+    def _leaving(self, rep: ReplicaRecord) -> bool:
+        host = self.hosts.get(rep.host_id)
+        return host is not None and host.draining
+
+    def _drain(self, now_s: float) -> list[Command]:
+        """Retire a draining host's warm replicas once their function has as many warm
+        replicas elsewhere as it wants (or at least one), or when the deadline is near:
+        queued work then goes to the other replicas, what they hold finishes."""
+        cmds: list[Command] = []
+        for host in self.hosts.values():
+            if not host.draining or host.drain_deadline_s is None:
+                continue
+            late = now_s >= host.drain_deadline_s - self.drain_margin_s
+            for rep in [r for r in self.replicas.values()
+                        if r.host_id == host.host_id and r.phase == ReplicaPhase.WARM]:
+                fn = self.functions.get(rep.function)
+                elsewhere = sum(r.phase == ReplicaPhase.WARM and not self._leaving(r)
+                                for r in self.replicas_of(rep.function))
+                if late or fn is None or elsewhere >= max(1, fn.desired):
+                    cmds += self._retire([rep])
+        return cmds
 
     # partitioned groups ---------------------------------------------------------------
     def _stage_ready(self, ev: StageReady) -> list[Command]:
@@ -609,6 +707,7 @@ class ControllerState:
     def _settle_receiving(self, host: HostRecord) -> None:
         for key in [k for k in self.receiving if k[0] == host.host_id and k[1] in host.cached_models]:
             del self.receiving[key]
+            self.inbound.pop(key, None)
 
     def _source(self, cmds: list[Command], now_s: float) -> list[Command]:
         """Attach a sourcing plan to this tick's deploys, one plan per model."""
@@ -631,11 +730,16 @@ class ControllerState:
         extra: list[Command] = []
         for key, deploys in by_model.items():
             holders = [h.host_id for h in self.hosts.values()
-                       if h.alive and not h.draining and key in h.cached_models]
+                       if h.alive and key in h.cached_models and self._can_send(h, now_s)]
             receivers = [d.host_id for d in deploys if (d.host_id, key) not in self.receiving]
             plan = plan_sourcing(key, receivers, holders, registry_sends=self.registry_sends,
                                  max_chain_length=self.max_chain_length)
             per_host: dict[str, SourceAssignment] = {h: SourceAssignment("local") for h in plan.local}
+            for d in deploys:
+                if (d.host_id, key) in self.inbound:  # a peer chain is already on its way there
+                    tid, sender = self.inbound[(d.host_id, key)]
+                    per_host[d.host_id] = SourceAssignment(
+                        "chain", tid, sender, fallback=(*plan.fallback,))
             for chain in plan.chains:
                 tid = f"t-{self.epoch}{next(self._transfer_seq)}"
                 fallback = tuple(h for h in plan.fallback if h not in chain.receivers)
@@ -648,6 +752,8 @@ class ControllerState:
                         per_host[host] = SourceAssignment("chain", tid, chain.sender,
                                                           fallback=fallback)
                 if chain.sender != REGISTRY:
+                    for host in chain.receivers:
+                        self.inbound[(host, key)] = (tid, chain.sender)
                     model, version = key.rsplit("@", 1)
                     extra.append(StartChain(tid, chain.sender, model, version, chain.receivers,
                                             fallback))
@@ -669,7 +775,8 @@ class ControllerState:
         leaving = {r for g in self.groups.values() if g.function == fn.spec.name
                    and g.phase == GroupPhase.STOPPING and g.reason == "retired" for r in g.stages}
         mine = [r for r in self.replicas.values()
-                if r.function == fn.spec.name and r.replica_id not in leaving]
+                if r.function == fn.spec.name and r.replica_id not in leaving
+                and not self._leaving(r)]
         warm = [r for r in mine if r.phase == ReplicaPhase.WARM]
         starting = [r for r in mine if r.phase == ReplicaPhase.STARTING]
         spec = fn.spec

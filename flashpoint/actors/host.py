@@ -107,6 +107,9 @@ class HostManager:
         self._tasks: set[asyncio.Task] = set()
         self._refill_lock = asyncio.Lock()
         self._stopping = False
+        self._stop_task: asyncio.Future | None = None
+        self.notice: Any = None  # the EvictionNotice once one arrived
+        self.evicted = asyncio.Event()  # set when this host has left (its deadline passed)
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -143,6 +146,12 @@ class HostManager:
         )
         await self._controller.start()
         self._spawn_task(self._heartbeat_loop(), "heartbeat")
+        from flashpoint.spot.notice import watch, watchers_from
+
+        watchers = watchers_from(self.hc.spot_notice, self.hc.imds_endpoint)
+        if watchers:
+            self._spawn_task(watch(watchers, self.on_eviction_notice,
+                                   interval_s=self.hc.spot_poll_interval_s), "spot-watch")
         log.info("host_started", devices=[d.device_id for d in self.devices], url=self._local_url,
                  data_endpoint=str(self.data_endpoint))
 
@@ -154,6 +163,12 @@ class HostManager:
         return len(self.idle) >= self.hc.warm_pool_size
 
     async def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop workers, servers and the cache (idempotent: later calls wait for the first)."""
+        if self._stop_task is None:
+            self._stop_task = asyncio.ensure_future(self._stop(timeout_s))
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self, timeout_s: float) -> None:
         self._stopping = True
         for t in list(self._tasks):
             t.cancel()
@@ -196,12 +211,34 @@ class HostManager:
         await conn.call("register_host", {
             "host_id": self.host_id,
             "devices": [d.to_dict() for d in self.devices],
-            "ram_bytes": self.hc.cache_bytes, "leaf": self.hc.leaf,
+            "ram_bytes": self.hc.cache_bytes, "leaf": self.hc.leaf, "kind": self.hc.kind,
             "cached_models": self.cache.keys(),
             "replicas": self._replica_reports(),
             "stages": self._stage_reports(),
             "data_endpoint": self.data_endpoint.to_wire() if self.data_endpoint else None,
         }, timeout_s=10.0)
+
+    async def on_eviction_notice(self, notice: Any) -> None:
+        """This host is going away at ``notice.deadline_s``: tell the controller (it stops
+        placing here, starts replacements elsewhere, moves queued work, and has this host push
+        its cached models to peers), and leave at the deadline whatever is still running."""
+        if self.notice is not None:
+            return
+        self.notice = notice
+        log.warning("host_draining", action=notice.action, source=notice.source,
+                    remaining_s=round(notice.remaining_s(), 1))
+        await self._report("host_draining", {"host_id": self.host_id,
+                                             "remaining_s": notice.remaining_s(),
+                                             "action": notice.action})
+        asyncio.get_running_loop().call_later(notice.remaining_s(), self._leave)
+
+    def _leave(self) -> None:
+        """The deadline: the VM is gone. Stop everything (outside our own task set)."""
+        if self._stopping:
+            return
+        log.warning("host_evicted")
+        task = asyncio.get_running_loop().create_task(self.stop())
+        task.add_done_callback(lambda _t: self.evicted.set())
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -210,6 +247,7 @@ class HostManager:
                 await self._controller.notify("heartbeat", {
                     "host_id": self.host_id, "cached_models": self.cache.keys(),
                     "transfers": self.cache.progress(), "replicas": list(self.replicas),
+                    **({"draining_s": self.notice.remaining_s()} if self.notice else {}),
                 })
             except FlashpointError as exc:
                 log.debug("heartbeat_failed", error=exc.code)

@@ -499,3 +499,50 @@ def test_compute_shares_are_reserved_across_decisions():
     # One device: a's first replica takes 0.6 of it; neither a second a nor b fits beside it.
     assert [d.spec.name for d in of(cmds, DeployReplica)] == ["a"]
     assert "compute" in st.functions["b"].unplaced
+
+
+def _draining_setup():
+    from flashpoint.actors.controller_state import HostDraining, RequestHost, StartChain
+
+    st = new_state()
+    register(st, "h1", cached={"m@1"})
+    register(st, "h2")
+    register(st, "h3")
+    st.handle(FunctionUpserted(spec(min_replicas=1), 100 * MIB))
+    (dep,) = of(st.handle(Tick(0.0, {})), DeployReplica)
+    assert dep.host_id == "h1"  # the holder
+    st.handle(ReplicaWarmed(dep.replica_id, {}, 0.5))
+    return st, dep, HostDraining, RequestHost, StartChain
+
+
+def test_eviction_notice_replaces_first_then_drains_and_moves_the_model():
+    st, dep, HostDraining, RequestHost, StartChain = _draining_setup()
+    cmds = st.handle(HostDraining("h1", deadline_s=120.0, now_s=1.0))
+    assert RequestHost("h1") in cmds
+    (push,) = of(cmds, StartChain)  # only h1 holds m@1: it goes to a peer before h1 does
+    assert push.sender == "h1" and push.receivers in (("h2",), ("h3",))
+    # The warm replica keeps serving; a replacement starts elsewhere at once.
+    cmds = st.handle(Tick(1.1, {"fn": FunctionLoad(0, 1, 1.1)}))
+    (new,) = of(cmds, DeployReplica)
+    assert new.host_id != "h1" and not of(cmds, StopAccepting)
+    # h1 may still send: the replacement's bytes come from its RAM (or the pushed copy).
+    assert new.source is not None
+    # Once the replacement is warm, the draining replica stops taking work.
+    st.handle(ReplicaWarmed(new.replica_id, {}, 3.0))
+    cmds = st.handle(Tick(3.1, {"fn": FunctionLoad(0, 1, 3.1)}))
+    assert StopAccepting(dep.replica_id) in cmds
+    # Nothing new is ever placed on the draining host.
+    for h in ("h2", "h3"):
+        st.handle(HostHeartbeat(h, frozenset(), 3.2))
+    cmds = st.handle(Tick(3.3, {"fn": FunctionLoad(50, 0, 3.3)}))
+    assert all(d.host_id != "h1" for d in of(cmds, DeployReplica))
+
+
+def test_a_draining_replica_stops_taking_work_before_the_deadline_even_alone():
+    st, dep, HostDraining, _, _ = _draining_setup()
+    st.handle(HostDraining("h1", deadline_s=20.0, now_s=1.0))
+    for h in ("h1", "h2", "h3"):
+        st.handle(HostHeartbeat(h, frozenset({"m@1"}) if h == "h1" else frozenset(), 9.0))
+    assert StopAccepting(dep.replica_id) not in st.handle(Tick(9.5, {}))
+    # drain margin 10 s: at 10 s before the deadline it goes, replacement or not.
+    assert StopAccepting(dep.replica_id) in st.handle(Tick(10.0, {}))

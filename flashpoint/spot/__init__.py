@@ -1,0 +1,1 @@
+"""Spot VMs: eviction notices, replacement hosts, and what they cost."""
