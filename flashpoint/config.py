@@ -19,6 +19,16 @@ from flashpoint.policy.autoscale import make_autoscaler
 
 DEFAULT_HOME = Path(os.environ.get("FLASHPOINT_HOME", Path.home() / ".flashpoint"))
 DEFAULT_SECRET = "flashpoint-local-dev-secret"  # local clusters only; production sets its own
+SECRET_ENV = "FLASHPOINT_SECRET"  # overrides the config file's secret when set
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def check_secret(secret: str, listen_host: str, what: str) -> None:
+    """Refuse to listen beyond loopback with the well-known development secret: anyone who
+    reads this source could join the cluster."""
+    if secret == DEFAULT_SECRET and listen_host not in LOOPBACK:
+        raise BadRequest(f"{what} listens on {listen_host} with the default development "
+                         f"secret; set `secret` in the config or {SECRET_ENV}")
 
 
 @dataclass(frozen=True)
@@ -163,6 +173,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             data.setdefault(key, {}).update(value)
         else:
             data[key] = value
+    # Secrets stay out of config files: systemd units pass them in an environment file.
+    if secret := os.environ.get(SECRET_ENV):
+        data["secret"] = secret
     sections = {"controller": ControllerConfig, "host": HostConfig,
                 "registry": RegistryConfig, "gateway": GatewaySettings}
     kw: dict[str, Any] = {}

@@ -24,7 +24,7 @@ from flashpoint.actors.dispatch import Dispatcher
 from flashpoint.actors.persist import FunctionTable
 from flashpoint.actors.pipeline_target import PipelineTarget
 from flashpoint.actors.rates import RateMeter
-from flashpoint.config import ClusterConfig
+from flashpoint.config import ClusterConfig, check_secret
 from flashpoint.errors import (
     BadRequest,
     DeadlineExceeded,
@@ -190,6 +190,7 @@ class Controller:
         from flashpoint.gateway.config import GatewayConfig
         from flashpoint.rpc import RpcServer
 
+        check_secret(self.config.secret, self.cc.listen_host, "the controller")
         await self.table.open()
         for spec in await self.table.load():
             try:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flashpoint.config import ClusterConfig
+from flashpoint.config import ClusterConfig, check_secret
 from flashpoint.errors import BadRequest, FlashpointError, ModelNotFound, NoCapacity, NotFound
 from flashpoint.gpu.inventory import Device, discover
 from flashpoint.ids import new_id
@@ -116,6 +116,7 @@ class HostManager:
         from flashpoint.rpc import ReconnectingClient, RpcServer
 
         bind_ids(host_id=self.host_id)
+        check_secret(self.config.secret, self.hc.data_listen_host, f"host {self.host_id}'s data plane")
         from flashpoint.transfer.dataplane import DataPlaneServer
         from flashpoint.transfer.sources import RegistrySource
 

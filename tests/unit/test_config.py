@@ -119,3 +119,14 @@ def test_autoscaler_is_chosen_by_name_and_checked_when_the_config_loads():
     with pytest.raises(BadRequest, match="unknown parameters"):
         load_config(overrides={"controller": {"autoscaler": "atl",
                                               "autoscaler_params": {"bogus": 1}}})
+
+
+def test_secret_comes_from_the_environment_and_the_dev_secret_stays_on_loopback(monkeypatch):
+    from flashpoint.config import DEFAULT_SECRET, check_secret
+
+    monkeypatch.setenv("FLASHPOINT_SECRET", "from-env")
+    assert load_config().secret == "from-env"
+    check_secret(DEFAULT_SECRET, "127.0.0.1", "x")  # local clusters may use it
+    check_secret("from-env", "10.0.0.5", "x")
+    with pytest.raises(BadRequest, match="default development secret"):
+        check_secret(DEFAULT_SECRET, "0.0.0.0", "the controller")
