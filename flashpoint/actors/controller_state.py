@@ -692,12 +692,9 @@ class ControllerState:
         return cmds
 
     def _partition_plan(self, fn: FunctionRecord, count: int, load: FunctionLoad) -> Any:
-        """The plan for a scale-up by ``count`` GPUs (Eq 4.14), or None for whole replicas:
-        the function must allow stages and have a plan table, and no host may hold the
-        model in RAM (a local load beats any pipeline)."""
+        """The plan for ``count`` GPUs on hosts that must fetch the model (Eq 4.14), or None
+        for whole replicas: the function must allow stages and have a plan table."""
         if fn.plans is None or fn.spec.max_stages < 2 or count < 2:
-            return None
-        if any(h.alive and fn.model_key in h.cached_models for h in self.hosts.values()):
             return None
         plan = choose_plan(fn.plans, ScaleUpLoad(load.queued, load.arrival_rate,
                                                  load.service_rate, fn.whole_cold_s),
@@ -817,10 +814,27 @@ class ControllerState:
                   load: FunctionLoad) -> list[Command]:
         need = fn.model_bytes + self.replica_overhead_bytes
         cmds: list[Command] = []
-        plan = self._partition_plan(fn, count, load)
+        # Partitioning speeds up fetching; a host that holds the model in RAM fetches
+        # nothing. So whole replicas go on holders' GPUs first (placement's stage 1, LC),
+        # and only the GPUs on hosts that must fetch are planned as pipelines (MP), their
+        # stages pulling from the holders' RAM (MC) or the registry.
+        holders = {h.host_id for h in self.hosts.values()
+                   if h.alive and not h.draining and fn.model_key in h.cached_models}
+        plan = None
+        if fn.plans is not None and fn.spec.max_stages > 1 and count > 1:
+            snap = self.snapshot(now_s)
+            on_holders = len(select_receivers(ClusterSnapshot(snap.now_s, tuple(
+                h for h in snap.hosts if h.host_id in holders)), self._request(fn, count)
+            ).placements) if holders else 0
+            plan = self._partition_plan(fn, count - on_holders, load)
+            if plan is not None:
+                cmds += self._place_whole(fn, on_holders, now_s)
+                count -= on_holders
         if plan is not None:
             for _ in range(count // plan.p):
-                spots = place_spread(self.snapshot(now_s), self._request(fn, plan.p))
+                snap = self.snapshot(now_s)
+                spots = place_spread(ClusterSnapshot(snap.now_s, tuple(
+                    h for h in snap.hosts if h.host_id not in holders)), self._request(fn, plan.p))
                 if len(spots) < plan.p:
                     break  # too few hosts with room: whole replicas below
                 gid = f"{fn.spec.name}-{self.epoch}g{next(self._seq)}"
@@ -838,13 +852,19 @@ class ControllerState:
                 self.groups[gid] = GroupRecord(gid, fn.spec.name, tuple(rids),
                                                GroupPhase.STARTING, now_s)
                 count -= plan.p
+        return cmds + self._place_whole(fn, count, now_s)
+
+    def _place_whole(self, fn: FunctionRecord, count: int, now_s: float) -> list[Command]:
+        """Up to ``count`` whole replicas where placement puts them."""
         if count <= 0:
-            return cmds
+            return []
         decision = select_receivers(self.snapshot(now_s), self._request(fn, count))
         fn.unplaced = decision.reason if decision.unplaced else ""
+        cmds: list[Command] = []
         for p in decision.placements:
             rid = f"{fn.spec.name}-{self.epoch}{next(self._seq)}"
-            self.replicas[rid] = ReplicaRecord(rid, fn.spec.name, p.host_id, p.device_id, need,
+            self.replicas[rid] = ReplicaRecord(rid, fn.spec.name, p.host_id, p.device_id,
+                                               fn.model_bytes + self.replica_overhead_bytes,
                                                ReplicaPhase.STARTING, now_s,
                                                compute=fn.spec.compute)
             cmds.append(DeployReplica(rid, p.host_id, p.device_id, fn.spec))

@@ -14,8 +14,9 @@ Stage placement: the parts of one pipeline load in parallel only over independen
 (§4.1.2), so each stage goes to a different host (:func:`place_spread`); two stages on one
 host would share its one download, and the later stage would wait for the earlier one's bytes.
 Where fewer hosts have room than the plan has parts, the scale-up starts whole replicas
-instead. A host that already holds the model in RAM loads it in well under a second, so a
-scale-up of a model some host holds is not partitioned (the controller decides that).
+instead. A host that already holds the model in RAM fetches nothing, so the controller puts
+whole replicas on holders' GPUs first and plans pipelines only over the GPUs of hosts that
+must fetch (their stages then pull from the holders' RAM, thesis LC+MC+MP).
 
 Scale-down (§4.2.6): partitioned replica groups are retired before whole replicas, because a
 pipeline holds several GPUs for one replica's worth of concurrency.

@@ -190,27 +190,32 @@ class NetCluster:
     async def start(cls, make_lab: Callable[..., NetLab], tmp: Path, num_hosts: int, *,
                     rate_mbit: float | None, host_env: dict[str, dict[str, str]] | None = None,
                     device_memory_bytes: int = 128 * MIB, registry_capped: bool = True,
-                    controller: dict[str, Any] | None = None) -> NetCluster:
+                    controller: dict[str, Any] | None = None,
+                    host: dict[str, Any] | None = None,
+                    uncapped_hosts: tuple[int, ...] = ()) -> NetCluster:
         """Build the lab and start every process; returns once all hosts registered and
         every host's warm worker is connected. :meth:`aclose` stops it all (also when
         starting fails); ``make_lab``'s teardown closes the lab again (idempotent).
         ``registry_capped=False`` leaves the registry's link uncapped and caps every host's
         downlink too (an object store serves many hosts at once; each host's own link is the
         bottleneck); ``controller``
-        adds keys to the controller's ``[controller]`` config."""
+        adds keys to the controller's ``[controller]`` config, ``host`` to every host's
+        ``[host]``; hosts whose index is in ``uncapped_hosts`` get uncapped links (a
+        well-connected peer)."""
         n = FIRST_HOST + num_hosts
         # Registry and hosts are capped (their uplinks carry model bytes); the controller not.
-        rates = [None if i == CONTROLLER or (i == REGISTRY and not registry_capped)
+        free = {FIRST_HOST + h for h in uncapped_hosts}
+        rates = [None if i == CONTROLLER or (i == REGISTRY and not registry_capped) or i in free
                  else rate_mbit for i in range(n)]
         # With the registry uncapped, each host's downlink is its bottleneck: cap it too.
-        ingress = [rate_mbit if i >= FIRST_HOST and not registry_capped else None
-                   for i in range(n)]
+        ingress = [rate_mbit if i >= FIRST_HOST and not registry_capped and i not in free
+                   else None for i in range(n)]
         lab = make_lab(n, rate_mbit=rates, ingress_rate_mbit=ingress, root_link=True)
         env = {k: v for k, v in os.environ.items() if k not in UNSET_ENV}
         env.update(FAKE_AWS_ENV, PYTHONUNBUFFERED="1", FLASHPOINT_HOME=str(tmp / "home"))
         c = cls(lab, tmp, [f"host{i}" for i in range(num_hosts)], rate_mbit, env)
         try:
-            await c._start(device_memory_bytes, host_env or {}, controller or {})
+            await c._start(device_memory_bytes, host_env or {}, controller or {}, host or {})
         except BaseException:
             with contextlib.suppress(Exception):
                 await c.aclose()
@@ -218,7 +223,7 @@ class NetCluster:
         return c
 
     async def _start(self, device_memory_bytes: int, host_env: dict[str, dict[str, str]],
-                     controller: dict[str, Any]) -> None:
+                     controller: dict[str, Any], host: dict[str, Any]) -> None:
         lab, tmp = self.lab, self.tmp
         registry = {"kind": "s3", "bucket": BUCKET, "endpoint_url": self.s3_url,
                     "region": "us-east-1"}
@@ -247,7 +252,7 @@ class NetCluster:
                          "heartbeat_interval_s": 0.3, "cache_dir": str(tmp / "cache"),
                          "data_listen_host": addr, "data_advertise_host": addr,
                          "chain_wait_s": 30.0, "chain_stall_timeout_s": 3.0,
-                         "orphan_grace_s": 1.0},
+                         "orphan_grace_s": 1.0, **host},
                 "registry": registry,
             })
             self._exec(host_id, self.index(host_id),

@@ -156,6 +156,21 @@ def test_scale_down_retires_the_group_first_and_its_stages_with_it():
     assert whole.replica_id in st.replicas
 
 
+def test_holders_get_whole_replicas_and_the_rest_is_partitioned_pulling_from_them():
+    st = new_state()
+    register(st, "h0", cached={"m@1"}, mem=MODEL_BYTES + (1 << 20))  # room for one replica
+    for i in (1, 2):
+        register(st, f"h{i}")
+    st.handle(FunctionUpserted(spec(max_stages=2), MODEL_BYTES, TABLE, 1.0))
+    deploys = of(burst(st, queued=12), DeployReplica)  # concurrency 4: three replicas
+    whole = [d for d in deploys if d.stage is None]
+    stages = [d for d in deploys if d.stage is not None]
+    assert [d.host_id for d in whole] == ["h0"] and whole[0].source.kind == "local"
+    assert sorted(d.host_id for d in stages) == ["h1", "h2"] and len(st.groups) == 1
+    assert all(d.source.kind == "pull" and d.source.fallback == ("h0", REGISTRY)
+               for d in stages)
+
+
 def test_no_partition_when_a_host_holds_the_model_or_hosts_are_too_few():
     held = new_state()
     register(held, "h0", cached={"m@1"})
