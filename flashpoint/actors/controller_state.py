@@ -420,6 +420,11 @@ class ControllerState:
                 fn = self.functions.get(rep.function)
                 if fn is not None:
                     fn.start_failures = 0
+                    # A warm whole replica was built from its host's complete cached copy:
+                    # that host is a holder now, not only from its next heartbeat on.
+                    if (host := self.hosts.get(rep.host_id)) is not None:
+                        host.cached_models.add(fn.model_key)
+                        self._settle_receiving(host)
                 return []
             case ReplicaFailed():
                 return self._replica_failed(event)

@@ -546,3 +546,14 @@ def test_a_draining_replica_stops_taking_work_before_the_deadline_even_alone():
     assert StopAccepting(dep.replica_id) not in st.handle(Tick(9.5, {}))
     # drain margin 10 s: at 10 s before the deadline it goes, replacement or not.
     assert StopAccepting(dep.replica_id) in st.handle(Tick(10.0, {}))
+
+
+def test_a_warm_replica_makes_its_host_a_holder_before_its_next_heartbeat():
+    st = new_state()
+    register(st, "h1")
+    st.handle(FunctionUpserted(spec(min_replicas=1), 100 * MIB))
+    (dep,) = of(st.handle(Tick(0.0, {})), DeployReplica)
+    assert "m@1" not in st.hosts["h1"].cached_models
+    st.handle(ReplicaWarmed(dep.replica_id, {}, 1.0))
+    assert "m@1" in st.hosts["h1"].cached_models
+    assert not [k for k in st.receiving if k[0] == "h1"]
