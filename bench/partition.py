@@ -22,11 +22,28 @@ requests. Every k's output is checked allclose against k = 1's.
 
 Prediction per k: ``C + I(p)`` (Eq 4.7 with y = 1) from the same profiles and rate, with
 overhead_s = 0 ("pure") and with one fixed per-part overhead calibrated from k = 1's
-measurement (``measured(1) - pure(1)``, "cal"). By default a stage's process imports torch
-while its bytes arrive (a pre-started worker); ``--exec-stage`` starts a cold ``python -m
-flashpoint.pipeline.stage`` after the pull instead.
+measurement (``measured(1) - pure(1)``, "cal").
+
+How a stage process starts (``bench/_stage_pull.py``). By default it starts at t0 and
+imports torch, parses the manifest and builds its layers on ``meta`` on a thread *while* its
+bytes arrive; after the pull it maps its byte range and binds the weights (milliseconds).
+``--exec-stage`` starts a cold ``python -m flashpoint.pipeline.stage`` after the pull instead.
+``--prestarted`` starts every stage process before t0 and lets it do that preparation, then
+t0 is when the stages are told (SIGUSR1) to pull: a host's worker that was up, torch
+imported, before the model was assigned. The default is CPU-bound at k = 4 on a small VM:
+every stage process spends ~2.5-3 CPU-s importing torch, so four of them alone need ~5-7 s
+of the dev VM's two vCPUs, longer than the pulls. Each stage runs ``--torch-threads``
+intra-op threads (default 1): with one request in flight one stage computes at a time, and 2
+threads on the 2-vCPU dev VM make a forward ~1.7x faster when nothing else runs, but 2-3x
+slower when anything else competes for the cores (OpenMP splits the work statically), so 1
+is the robust choice.
+
+Each k prints a per-stage timeline (seconds after t0): process start, torch imported, pull,
+layers bound, listening, its part of the first request (received/started/computed/forwarded)
+and the CPU seconds the process used up to the first response.
 
     sudo .venv/bin/python bench/partition.py [--model bert-base --rate-mbit 250] [--quick]
+        [--exec-stage | --prestarted] [--torch-threads N]
 
 The last line of the output is one JSON object with every number.
 """
@@ -129,9 +146,20 @@ async def infer_once(client: PipelineClient, inputs: dict[str, np.ndarray]) -> n
     return await client.infer(inputs, timeout_s=60.0)
 
 
+def cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used so far; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_k(lab: NetLab, k: int, plan: Plan, man_path: Path, man: Manifest, work: Path,
-          env: dict[str, str], inputs: dict[str, np.ndarray], n_req: int, exec_stage: bool,
-          timeout_s: float) -> dict[str, Any]:
+          env: dict[str, str], inputs: dict[str, np.ndarray], n_req: int, mode: str,
+          torch_threads: int, timeout_s: float) -> dict[str, Any]:
+    """One pipeline of k stages; ``mode``: "" (import during the pull), "exec-stage" or
+    "prestarted" (see bench/_stage_pull.py)."""
     bounds = (0, *plan.cuts, len(man.layers))
     stage_hosts = [1 + i for i in range(k)]
     sender = f"sender:{lab.hosts[0].addr}:{SENDER_PORT}"
@@ -148,20 +176,33 @@ def run_k(lab: NetLab, k: int, plan: Plan, man_path: Path, man: Manifest, work: 
             argv = [sys.executable, str(REPO / "bench" / "_stage_pull.py"), "--from", sender,
                     "--manifest", str(man_path), "--out", str(out), "--first", str(bounds[i]),
                     "--last", str(bounds[i + 1] - 1), "--secret-env", SECRET_ENV,
-                    *(["--exec-stage"] if exec_stage else []), "--",
+                    *([f"--{mode}"] if mode else []), "--",
                     "--listen", lab.hosts[h].addr, "--port", str(STAGE_PORT),
-                    "--stage-id", f"s{i}", *nxt]
+                    "--stage-id", f"s{i}", "--torch-threads", str(torch_threads), "--events",
+                    *nxt]
             procs.append(LabProc(lab, h, argv, f"k{k}-s{i}", env))
+        cpu0 = {}
+        if mode == "prestarted":  # workers up, torch imported: the model is assigned now
+            ready = [p.wait_json(lambda o: o.get("event") == "ready", timeout_s)[1]
+                     for p in procs]
+            cpu0 = {o["pid"]: cpu_s(o["pid"]) or 0.0 for o in ready}
+            t0 = time.monotonic()
+            for o in ready:
+                os.kill(o["pid"], signal.SIGUSR1)
         pulled = [p.wait_json(lambda o: o.get("event") == "pulled", timeout_s) for p in procs]
         listening = [p.wait_json(lambda o: o.get("event") == "listening", timeout_s)
                      for p in procs]
         t_ready = max(t for t, _ in listening)
+        t_client: list[float] = []
 
         async def client_side() -> tuple[float, np.ndarray, list[float]]:
             ep = Endpoint("s0", lab.hosts[stage_hosts[0]].addr, STAGE_PORT)
             async with PipelineClient(ep, env[SECRET_ENV].encode(), timeout_s=60.0) as c:
+                t_client.append(time.monotonic())
                 first = await infer_once(c, inputs)
                 t_first = time.monotonic()
+                t_client.append(t_first)
+                t_client.extend(cpu_s(o["pid"]) or 0.0 for _, o in listening)
                 lats = []
                 for _ in range(n_req):
                     s = time.perf_counter()
@@ -170,19 +211,54 @@ def run_k(lab: NetLab, k: int, plan: Plan, man_path: Path, man: Manifest, work: 
             return t_first, first, lats
 
         t_first, output, lats = asyncio.run(asyncio.wait_for(client_side(), timeout_s))
+
+        def rel(x: float | None) -> float | None:
+            return None if x is None else round(x - t0, 3)
+
+        timeline = []
+        for i, p in enumerate(procs):
+            (_, pu), (_, li) = pulled[i], listening[i]
+            im = ({} if mode == "exec-stage" else  # the exec'd stage imports after the pull
+                  p.wait_json(lambda o: o.get("event") == "imported", timeout_s)[1])
+            _, rq = p.wait_json(lambda o: o.get("event") == "request", timeout_s)
+            timeline.append({
+                "proc_start": rel(pu["t_start"]), "imported": rel(im.get("t_imported")),
+                "pull": [rel(pu["t_pull0"]), rel(pu["t_pull1"])],
+                "load": [rel(li["t_load0"]), rel(li["t_load1"])],
+                "listening": rel(listening[i][0]),
+                "first_request": [rel(rq["received_s"]), rel(rq["started_s"]),
+                                  rel(rq["computed_s"]), rel(rq["forwarded_s"])],
+                "cpu_to_first_s": round(t_client[2 + i] - cpu0.get(li["pid"], 0.0), 2)})
         return {
             "k": k, "cuts": list(plan.cuts),
             "stage_bytes": [o["bytes"] for _, o in pulled],
             "pull_s": [round(t - t0, 3) for t, _ in pulled],
             "listening_s": [round(t - t0, 3) for t, _ in listening],
             "ready_s": round(t_ready - t0, 3), "ttfr_s": t_first - t0,
+            "client_send_s": round(t_client[0] - t0, 3),
             "steady_ms": statistics.median(lats) * 1e3, "output": output,
+            "timeline": timeline,
         }
     finally:
         for p in procs:
             lab.stop(p.proc)
         for o in outs:
             o.unlink(missing_ok=True)
+
+
+def print_timeline(row: dict[str, Any]) -> None:
+    """Per stage, seconds after t0: when the process started, torch was imported, its pull
+    ran, its layers were bound, it listened, and its part of the first request (received,
+    started, computed, forwarded); CPU seconds it used up to the first response."""
+    for i, tl in enumerate(row["timeline"]):
+        imported = "-" if tl["imported"] is None else f"{tl['imported']:.2f}"
+        print(f"    s{i}: start {tl['proc_start']:.2f} imported {imported} pull "
+              f"{tl['pull'][0]:.2f}-{tl['pull'][1]:.2f} load {tl['load'][0]:.2f}-"
+              f"{tl['load'][1]:.2f} listening {tl['listening']:.2f} 1st req "
+              f"{'/'.join(f'{x:.3f}' for x in tl['first_request'])} cpu "
+              f"{tl['cpu_to_first_s']:.2f}s", flush=True)
+    print(f"    client sends {row['client_send_s']:.3f}, first response {row['ttfr_s']:.3f}",
+          flush=True)
 
 
 def real_run(args: argparse.Namespace, model: str, man: Manifest, store: LocalStore,
@@ -218,12 +294,15 @@ def real_run(args: argparse.Namespace, model: str, man: Manifest, store: LocalSt
             sender.wait_json(lambda o: o.get("event") == "listening", 60.0)
             for k in KS:
                 plan = plan_for(prof, cost, k)
+                mode = ("exec-stage" if args.exec_stage else
+                        "prestarted" if args.prestarted else "")
                 row = run_k(lab, k, plan, man_path, man, work, env, inputs, args.requests,
-                            args.exec_stage, args.timeout_s)
+                            mode, args.torch_threads, args.timeout_s)
                 row["pure_pred_s"] = first_response_s(plan)
                 rows.append(row)
                 print(f"  k={k}: TTFR {row['ttfr_s']:.2f}s (pulls {row['pull_s']}, ready "
                       f"{row['ready_s']}s), steady {row['steady_ms']:.1f} ms", flush=True)
+                print_timeline(row)
         finally:
             if sender is not None:
                 lab.stop(sender.proc)
@@ -270,8 +349,13 @@ def main() -> None:
     ap.add_argument("--models", default=None, help="analytical-table models, comma-separated")
     ap.add_argument("--quick", action="store_true", help="small models, short run")
     ap.add_argument("--no-real", action="store_true", help="analytical table only")
-    ap.add_argument("--exec-stage", action="store_true",
-                    help="cold `python -m flashpoint.pipeline.stage` after each pull")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--exec-stage", action="store_true",
+                      help="cold `python -m flashpoint.pipeline.stage` after each pull")
+    mode.add_argument("--prestarted", action="store_true",
+                      help="stage processes started and torch imported before t0")
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="intra-op threads per stage (see the module docstring)")
     ap.add_argument("--timeout-s", type=float, default=180.0, help="bound on every wait")
     ap.add_argument("--work-dir", default="/dev/shm")
     args = ap.parse_args()
@@ -297,7 +381,9 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     summary = {"bench": "partition", "model": model, "rate_mbit": args.rate_mbit,
-               "exec_stage": args.exec_stage, "analytical": table, "real": real,
+               "torch_threads": args.torch_threads,
+               "exec_stage": args.exec_stage, "prestarted": args.prestarted,
+               "analytical": table, "real": real,
                "target_met": all(r["target_met"] for r in real[1:]) if real else None}
     print(json.dumps(summary, default=float))
 

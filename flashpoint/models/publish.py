@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from flashpoint.errors import BadRequest, RegistryError
 from flashpoint.ids import validate_name, validate_version
@@ -269,7 +270,8 @@ def load_module(
     """
     bulk = _BulkCopy(buffer) if copy and torch.device(device).type == "cpu" else None
     try:  # with a bulk copy, the module is built and bound while the bytes are copied
-        module = _empty_module(manifest)
+        with _SkipMetaInit():  # its initial values are replaced by the blob's anyway
+            module = _empty_module(manifest)
         views = tensor_views(manifest, bulk.view if bulk else buffer, buffer_offset=buffer_offset)
         try:
             module.load_state_dict(views, strict=True, assign=True)
@@ -283,6 +285,56 @@ def load_module(
     return _finish(module, device)
 
 
+# In-place initialisers that only write values: on a ``meta`` tensor (no storage) each is a
+# no-op that returns its argument. ``nn.init`` names and the tensor methods they call.
+_META_NOOP_INITS = frozenset({
+    "normal_", "uniform_", "zero_", "zeros_", "ones_", "fill_", "constant_", "random_",
+    "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+    "xavier_normal_", "erfinv_", "clamp_",
+})
+
+
+class _SkipMetaInit(TorchFunctionMode):
+    """Skip parameter initialisation of ``meta`` tensors while an empty module is built.
+
+    Building on ``meta`` still runs every ``reset_parameters``; ``Tensor.normal_``'s meta
+    kernel is a Python reference guarded by ``torch._disable_dynamo``, whose first call
+    imports ``torch._dynamo`` (~2 s of CPU on the 2-vCPU dev VM, more than the whole stage
+    build). The values are discarded anyway (``load_state_dict(assign=True)`` replaces every
+    tensor), so initialisers whose first argument is a meta tensor return it untouched.
+    The mode stack is per thread: other threads' initialisers are unaffected.
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in _META_NOOP_INITS:
+            # nn.init passes its tensor by keyword (handle_torch_function), methods as self
+            t = args[0] if args else kwargs.get("tensor")
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                return t
+        return func(*args, **kwargs)
+
+
+def stage_skeleton(manifest: Manifest, first: int | str, last: int | str) -> nn.Sequential:
+    """Layers ``first..last`` (inclusive) as an ``nn.Sequential`` on ``meta``, no weights.
+
+    Needs no blob bytes, so a stage can build it while its bytes are still arriving and hand
+    it to :func:`load_stage` (``skeleton=``), which then only binds views. Built without
+    initialising parameters (see :class:`_SkipMetaInit`). One skeleton serves one load.
+    """
+    i, j = layer_range(manifest, first, last)
+    with _SkipMetaInit():
+        module = _empty_module(manifest)
+    parts: list[nn.Module] = []
+    for layer in manifest.layers[i:j + 1]:
+        try:
+            parts.append(module.get_submodule(layer.name))
+        except AttributeError as e:
+            raise RegistryError(f"layer {layer.name!r} is not a submodule: {e}") from e
+    return nn.Sequential(*parts)
+
+
 def load_stage(
     manifest: Manifest,
     buffer: Any,
@@ -291,32 +343,31 @@ def load_stage(
     device: str | torch.device = "cpu",
     *,
     buffer_offset: int = 0,
+    skeleton: nn.Sequential | None = None,
 ) -> nn.Sequential:
     """Layers ``first..last`` (inclusive) as an ``nn.Sequential``: a pipeline stage.
 
     ``buffer`` may hold just the stage's byte range (pass ``buffer_offset`` = its start,
     from :func:`~flashpoint.registry.byte_range_for_layers`). Layer names must be module
     paths of the entry point's module (``layers.3``), as for the built-in models.
+    ``skeleton``: the same layers from :func:`stage_skeleton`, built ahead of time (it is
+    consumed: its tensors are replaced by views over ``buffer``).
     """
     i, j = layer_range(manifest, first, last)
-    module = _empty_module(manifest)
+    layers = manifest.layers[i:j + 1]
+    stage = stage_skeleton(manifest, first, last) if skeleton is None else skeleton
+    if len(stage) != len(layers):
+        raise BadRequest(f"skeleton has {len(stage)} layers, the stage {len(layers)}")
     views = tensor_views(
         manifest, buffer, buffer_offset=buffer_offset,
         names=tensors_for_layers(manifest, i, j),
     )
-    parts: list[nn.Module] = []
-    for layer in manifest.layers[i:j + 1]:
-        try:
-            sub = module.get_submodule(layer.name)
-        except AttributeError as e:
-            raise RegistryError(f"layer {layer.name!r} is not a submodule: {e}") from e
+    for layer, sub in zip(layers, stage, strict=True):
         prefix = layer.name + "."
         sub_state = {n[len(prefix):]: views[n] for n in layer.tensors}
         try:
             sub.load_state_dict(sub_state, strict=True, assign=True)
         except RuntimeError as e:
             raise RegistryError(f"layer {layer.name!r} does not fit the blob: {e}") from e
-        parts.append(sub)
-    stage = nn.Sequential(*parts)
     _finish(stage, device)
     return stage

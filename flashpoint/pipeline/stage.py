@@ -27,8 +27,10 @@ Runnable as a process (tests, benchmarks)::
         (--listen ADDR --port P | --listen-fd FD) [--next id:addr:port] [--stage-id ID]
         [--device cpu] [--secret-env VAR] [--torch-threads N] [--max-queued N] [--events]
 
-It maps the blob copy-on-write (MAP_PRIVATE), builds layers I..J with ``load_stage``, prints
-``{"event": "listening", "addr", "port", "stage_id", "pid", "layers"}`` on stdout, with
+It maps the stage's byte range of the blob copy-on-write (MAP_PRIVATE), builds layers I..J
+with ``load_stage`` (no parameter initialisation, no weight copy), prints ``{"event":
+"listening", "addr", "port", "stage_id", "pid", "layers", "t_load0", "t_load1"}`` (the
+``time.monotonic()`` span of that load) on stdout, with
 ``--events`` one ``{"event": "request", ...}`` line (a :class:`StageRecord`) per request,
 and serves until SIGTERM. With ``--listen-fd`` it serves a listening socket its parent bound
 (a host manager, or a test): every stage's address is then known before any stage has
@@ -450,23 +452,39 @@ def _layer(text: str) -> int | str:
     return int(text) if text.isdigit() else text
 
 
-def load_stage_process(manifest_path: str, blob_path: str, first: int | str, last: int | str,
-                       device: str) -> tuple[Any, list[str], mmap.mmap]:
-    """Map the blob copy-on-write and build layers first..last over it (no weight copy)."""
-    from flashpoint.models.publish import load_stage
-    from flashpoint.registry.manifest import Manifest, layer_range
+def prepare_stage(manifest_path: str, first: int | str, last: int | str) -> tuple[Any, Any]:
+    """What a stage can build before its bytes arrive: the manifest and the stage's layers
+    on ``meta`` (``stage_skeleton``); pass both to :func:`load_stage_process`."""
+    from flashpoint.models.publish import stage_skeleton
+    from flashpoint.registry.manifest import Manifest
 
     manifest = Manifest.from_json(Path(manifest_path).read_text())
+    return manifest, stage_skeleton(manifest, first, last)
+
+
+def load_stage_process(manifest_path: str, blob_path: str, first: int | str, last: int | str,
+                       device: str, *, prepared: tuple[Any, Any] | None = None,
+                       ) -> tuple[Any, list[str], mmap.mmap]:
+    """Map the stage's bytes of the blob copy-on-write and build layers first..last over
+    them (no weight copy); ``prepared``: :func:`prepare_stage`'s result, built earlier."""
+    from flashpoint.models.publish import load_stage
+    from flashpoint.registry.manifest import byte_range_for_layers, layer_range
+
+    manifest, skeleton = prepared if prepared is not None else prepare_stage(
+        manifest_path, first, last)
+    start, end = byte_range_for_layers(manifest, first, last)
+    offset = start - start % mmap.ALLOCATIONGRANULARITY  # only this stage's pages are mapped
     with open(blob_path, "rb") as fh:
         # MAP_PRIVATE: a stray write copies a page instead of changing the shared bytes
-        mapping = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_PRIVATE,
-                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    module = load_stage(manifest, memoryview(mapping), first, last, device=device)
+        mapping = mmap.mmap(fh.fileno(), max(end - offset, 1), flags=mmap.MAP_PRIVATE,
+                            prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=offset)
+    module = load_stage(manifest, memoryview(mapping), first, last, device=device,
+                        buffer_offset=offset, skeleton=skeleton)
     i, j = layer_range(manifest, first, last)
     return module, [layer.name for layer in manifest.layers[i:j + 1]], mapping
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args: argparse.Namespace, prepared: tuple[Any, Any] | None = None) -> int:
     from flashpoint.config import DEFAULT_SECRET
 
     secret = os.environ.get(args.secret_env)
@@ -474,8 +492,11 @@ async def _serve(args: argparse.Namespace) -> int:
         log.warning("secret_env_unset", var=args.secret_env, using="local-dev secret")
         secret = DEFAULT_SECRET
     first, last = _layer(args.first), _layer(args.last)
+    t_load0 = time.monotonic()
     module, layers, mapping = await asyncio.to_thread(
-        load_stage_process, args.manifest, args.blob, first, last, args.device)
+        load_stage_process, args.manifest, args.blob, first, last, args.device,
+        prepared=prepared)
+    t_load1 = time.monotonic()
     stage_id = args.stage_id or f"stage-{args.first}-{args.last}"
     server = StageServer(
         module, host=args.listen, port=args.port, secret=secret.encode(),
@@ -485,7 +506,7 @@ async def _serve(args: argparse.Namespace) -> int:
         sock=socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else None)
     ep = await server.start()
     emit("listening", addr=ep.addr, port=ep.port, stage_id=stage_id, pid=os.getpid(),
-         layers=layers, next=args.next or None)
+         layers=layers, next=args.next or None, t_load0=t_load0, t_load1=t_load1)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -519,7 +540,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, prepared: tuple[Any, Any] | None = None) -> int:
+    """The stage process; ``prepared``: :func:`prepare_stage`'s result for these
+    arguments' manifest and layers, when the caller built it ahead (bench/_stage_pull.py)."""
     from flashpoint.log import configure
 
     args = _parser().parse_args(argv)
@@ -532,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         runner = asyncio.run
     try:
-        return runner(_serve(args))
+        return runner(_serve(args, prepared))
     except FlashpointError as exc:
         emit("error", code=exc.code, message=exc.message)
         return 2
