@@ -48,11 +48,15 @@ class LocalCluster:
             await self.stop()
             raise
 
+    def next_host_id(self) -> str:
+        """The id the next host started here will get."""
+        return f"host{len(self.hosts)}"
+
     async def _start_host(self, kind: str, **host: Any) -> HostManager:
         host_cfg = dataclasses.replace(self.config.host, controller_url=self.controller.rpc_url,
                                        kind=kind, **host)
         cfg = dataclasses.replace(self.config, host=host_cfg)
-        manager = HostManager(cfg, self.store, host_id=f"host{len(self.hosts)}")
+        manager = HostManager(cfg, self.store, host_id=self.next_host_id())
         self.hosts.append(manager)
         await manager.start()
         return manager

@@ -10,6 +10,7 @@ same one-method protocol.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from flashpoint.errors import NoCapacity
@@ -36,15 +37,19 @@ async def replace_host(provider: HostProvider, replacing: str) -> tuple[str, str
 class LocalProvider:
     """New hosts in a LocalCluster; ``spot_available`` says whether spot capacity exists."""
 
-    def __init__(self, cluster: Any, *, spot_available: bool = True) -> None:
+    def __init__(self, cluster: Any, *, spot_available: bool = True,
+                 host_config: Callable[[str, str], dict[str, Any]] | None = None) -> None:
         self.cluster = cluster
         self.spot_available = spot_available
+        # (kind, the new host's id) -> [host] config overrides (e.g. its notice trigger)
+        self.host_config = host_config
         self.started: list[tuple[str, str]] = []  # (host id, kind), in order
 
     async def acquire(self, kind: str, replacing: str) -> str:
         if kind == "spot" and not self.spot_available:
             raise NoCapacity("no spot capacity in this local cluster")
-        host = await self.cluster.add_host(kind=kind)
+        extra = self.host_config(kind, self.cluster.next_host_id()) if self.host_config else {}
+        host = await self.cluster.add_host(kind=kind, **extra)
         self.started.append((host.host_id, kind))
         log.info("host_acquired", host_id=host.host_id, kind=kind, replacing=replacing)
         return host.host_id
