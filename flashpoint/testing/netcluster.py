@@ -160,6 +160,7 @@ class NetCluster:
     seen_pids: set[int] = field(default_factory=set)
     session: aiohttp.ClientSession | None = None
     _files: list[TextIO] = field(default_factory=list)
+    _ctl_argv: list[str] = field(default_factory=list)
 
     # -- addresses --------------------------------------------------------------------------
 
@@ -239,8 +240,9 @@ class NetCluster:
                            **controller},
             "registry": registry,
         })
-        self._exec("controller", CONTROLLER,
-                   [sys.executable, "-m", "flashpoint.cli", "--config", str(ctl_cfg), "controller"])
+        self._ctl_argv = [sys.executable, "-m", "flashpoint.cli", "--config", str(ctl_cfg),
+                          "controller"]
+        self._exec("controller", CONTROLLER, self._ctl_argv)
         for host_id in self.host_ids:
             addr = self.addr(host_id)
             cfg = write_toml(tmp / f"{host_id}.toml", {
@@ -409,6 +411,22 @@ class NetCluster:
         return "\n".join(out)
 
     # -- faults -----------------------------------------------------------------------------
+
+    def kill_controller(self, timeout_s: float = 10.0) -> None:
+        """SIGKILL the controller process (by the PID we started) and wait for it."""
+        proc = self.procs["controller"]
+        self.seen_pids.add(proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout_s)
+
+    async def restart_controller(self, name: str = "controller-restarted") -> None:
+        """Start the controller again with the same config and state (its log is ``name``);
+        returns once it answers and every host has re-registered."""
+        self._exec(name, CONTROLLER, self._ctl_argv)
+        self.procs["controller"] = self.procs[name]
+        await self._wait_http("the restarted controller answering", self.url + "/healthz", name)
+        await self.wait("every host re-registered and alive", self._all_hosts_alive, 60.0)
 
     def kill_host(self, host_id: str, timeout_s: float = 10.0) -> list[int]:
         """SIGKILL a host manager and its workers (its own process group, led by the PID we

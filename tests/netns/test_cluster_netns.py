@@ -282,3 +282,32 @@ async def test_partitioned_scale_up_serves_across_hosts_then_completes(
     logits = reply["outputs"]["logits"]
     got = torch.tensor(np.asarray(logits["data"], np.float32).reshape(logits["shape"]))
     assert torch.allclose(got, expected, atol=1e-4)
+
+
+async def test_a_killed_controller_restarts_without_losing_functions_or_duplicating_replicas(
+        start_cluster: Any, model: Model) -> None:
+    """Issue 6, item 2: SIGKILL the controller process; started again on the same state, it
+    still knows every function (SQLite), the hosts re-register and report their replicas,
+    and it adopts them — the same replica ids, the same worker processes, no duplicate."""
+    c = await start_cluster(2)
+    await c.deploy(FUNCTION, MODEL, min_replicas=2, max_replicas=2, keep_alive_s=600)
+    await c.wait_warm(FUNCTION, c.host_ids, timeout_s=60.0)
+    before = sorted(r["replica_id"] for r in (await c.status())["replicas"])
+    workers = {h: sorted(c.worker_pids(h)) for h in c.host_ids}
+    body, expected = _inputs()
+    await c.invoke(FUNCTION, body)
+
+    c.kill_controller()
+    await c.restart_controller()
+
+    status = await c.status()
+    assert [f["spec"]["name"] for f in status["functions"]] == [FUNCTION]
+    await c.wait_warm(FUNCTION, c.host_ids, count=2, timeout_s=30.0)
+    await asyncio.sleep(2.0)  # a few control-loop ticks: nothing more may be started
+    status = await c.status()
+    assert sorted(r["replica_id"] for r in status["replicas"]) == before
+    assert {h: sorted(c.worker_pids(h)) for h in c.host_ids} == workers
+    reply = await c.invoke(FUNCTION, body)
+    logits = reply["outputs"]["logits"]
+    got = torch.tensor(np.asarray(logits["data"], np.float32).reshape(logits["shape"]))
+    assert torch.allclose(got, expected, atol=1e-4)
