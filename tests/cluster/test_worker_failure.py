@@ -1,0 +1,90 @@
+"""A worker process SIGKILLed under load (issue 6, item 3): requests it held are retried on
+the other replica (inference is idempotent), a replacement replica starts, and every request
+sent during it gets its answer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from flashpoint.cluster import LocalCluster
+from flashpoint.models import zoo
+from flashpoint.models.publish import load_module, publish
+from flashpoint.registry.local import LocalStore
+
+from .conftest import cluster_config, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_killed_worker_under_load_loses_no_request(tmp_path: Path) -> None:
+    cfg = cluster_config(tmp_path)
+    store = LocalStore(cfg.registry.root)
+    manifest = await publish(store, "bert", "tiny", "1", model_name="bert")
+    reference = load_module(manifest, bytearray(store.blob_path("bert", "1").read_bytes()))
+    c = LocalCluster(cfg, hosts=2, store=store)
+    await asyncio.wait_for(c.start(), 60)
+    try:
+        url = c.controller.url
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/v1/functions", json={
+                    "name": "kw-fn", "model": "bert", "min_replicas": 2, "max_replicas": 2,
+                    "keep_alive_s": 300}) as r:
+                assert r.status == 201, await r.text()
+            state = c.controller.state
+            await wait_for("two warm replicas", lambda: sum(
+                r.phase == "warm" for r in state.replicas.values()) == 2, 60)
+            first_ids = set(state.replicas)
+
+            failures: list[Any] = []
+            served = 0
+            stop = asyncio.Event()
+
+            async def client(seed: int) -> None:
+                nonlocal served
+                for i in range(100_000):  # bounded; ends when ``stop`` is set
+                    if stop.is_set():
+                        return
+                    x = zoo.example_inputs("bert", manifest.config, 1, seed=seed + i)
+                    body = {"inputs": {"input_ids": {"data": x["input_ids"].ravel().tolist(),
+                                                     "shape": list(x["input_ids"].shape),
+                                                     "datatype": "INT64"}}}
+                    async with s.post(f"{url}/v1/functions/kw-fn/invoke", json=body) as r:
+                        out = await r.json()
+                    if r.status != 200:
+                        failures.append(out)
+                        continue
+                    got = out["outputs"]["logits"]
+                    logits = np.asarray(got["data"], np.float32).reshape(got["shape"])
+                    if not np.allclose(logits, zoo.run_example(reference, x).numpy(),
+                                       rtol=1e-4, atol=1e-5):
+                        failures.append("wrong output")
+                    served += 1
+
+            clients = [asyncio.ensure_future(client(1000 * i)) for i in range(4)]
+            await asyncio.sleep(1.0)
+            # SIGKILL the worker process of one replica (by its PID).
+            victim_host = c.hosts[0]
+            rt = next(iter(victim_host.replicas.values()))
+            assert rt.worker is not None and rt.worker.proc is not None
+            os.kill(rt.worker.proc.pid, signal.SIGKILL)
+            await wait_for("the killed replica forgotten", lambda: rt.replica_id not in state.replicas,
+                           20)
+            await wait_for("a replacement replica warm", lambda: sum(
+                r.phase == "warm" for r in state.replicas.values()) == 2
+                and set(state.replicas) != first_ids, 60)
+            await asyncio.sleep(1.0)
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*clients), 30)
+            assert not failures, failures[:3]
+            assert served > 20
+            assert state.functions["kw-fn"].broken is None  # a crash under load is not a broken model
+    finally:
+        await asyncio.wait_for(c.stop(), 30)
