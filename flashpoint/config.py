@@ -58,6 +58,10 @@ class ControllerConfig:
     ondemand_price_usd_per_hour: float = 0.0
     # A draining host's replicas stop taking work at least this long before its deadline.
     drain_margin_s: float = 10.0
+    # TLS for the gateway and the RPC endpoint (both on one port): certificate and key files
+    # (PEM). Empty = plain HTTP / ws:// (loopback clusters, or TLS terminated in front).
+    tls_cert_path: str = ""
+    tls_key_path: str = ""
     # Longest TCP chain the sourcing plan builds (0 = no cap); see flashpoint/policy/sourcing.py.
     max_chain_length: int = 8
     # The autoscaler plug-in (flashpoint/policy/autoscale.py: concurrency, atl, tsk, owk,
@@ -84,6 +88,9 @@ class HostConfig:
     spot_notice: str = ""
     imds_endpoint: str = "http://169.254.169.254"
     spot_poll_interval_s: float = 2.0
+    # CA file (PEM) that signed the controller's certificate, for a wss:// controller_url with
+    # a cluster-private CA (empty = the system trust store). Passed on to its workers.
+    tls_ca_path: str = ""
     controller_url: str = "ws://127.0.0.1:8080/rpc"
     listen_host: str = "127.0.0.1"  # local RPC endpoint for this host's workers
     cpu_devices: int = 2  # placement units offered when no GPU is present

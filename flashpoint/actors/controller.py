@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,11 +212,16 @@ class Controller:
         self._rpc.add_to_app(app, "/rpc")
         self._runner = web.AppRunner(app, access_log=None, **RUNNER_KWARGS)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.cc.listen_host, self.cc.listen_port)
+        tls = None
+        if self.cc.tls_cert_path:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(self.cc.tls_cert_path, self.cc.tls_key_path or None)
+        site = web.TCPSite(self._runner, self.cc.listen_host, self.cc.listen_port,
+                           ssl_context=tls)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://{self.cc.listen_host}:{port}"
-        self.rpc_url = f"ws://{self.cc.listen_host}:{port}/rpc"
+        self.url = f"{'https' if tls else 'http'}://{self.cc.listen_host}:{port}"
+        self.rpc_url = f"{'wss' if tls else 'ws'}://{self.cc.listen_host}:{port}/rpc"
         self._spawn(self._control_loop(), "control-loop")
         log.info("controller_started", url=self.url, functions=len(self.state.functions))
 

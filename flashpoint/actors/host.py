@@ -117,6 +117,11 @@ class HostManager:
 
         bind_ids(host_id=self.host_id)
         check_secret(self.config.secret, self.hc.data_listen_host, f"host {self.host_id}'s data plane")
+        if self.hc.tls_ca_path:
+            from flashpoint.rpc.client import TLS_CA_ENV
+
+            # This process's RPC clients and the workers it spawns trust the cluster's CA.
+            os.environ[TLS_CA_ENV] = self.hc.tls_ca_path
         from flashpoint.transfer.dataplane import DataPlaneServer
         from flashpoint.transfer.sources import RegistrySource
 

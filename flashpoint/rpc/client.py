@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -70,6 +72,20 @@ async def connect(
     return conn
 
 
+# TLS: a ``wss://`` url is verified against the system's trust store, or against the CA
+# file named by this variable (a cluster with its own CA; hosts set it for their workers).
+TLS_CA_ENV = "FLASHPOINT_TLS_CA"
+
+
+def client_ssl(url: str) -> ssl.SSLContext | bool:
+    """How to verify ``url``'s server: True (defaults; plain ws:// ignores it) or a context
+    trusting the cluster's CA."""
+    ca = os.environ.get(TLS_CA_ENV)
+    if url.startswith("wss://") and ca:
+        return ssl.create_default_context(cafile=ca)
+    return True
+
+
 async def _open_ws(
     url: str, max_frame_bytes: int, connect_timeout_s: float, heartbeat_s: float | None
 ) -> WebSocketChannel:
@@ -78,6 +94,7 @@ async def _open_ws(
         async with asyncio.timeout(connect_timeout_s):
             ws = await session.ws_connect(
                 url,
+                ssl=client_ssl(url),
                 max_msg_size=max_frame_bytes,
                 heartbeat=heartbeat_s,
                 timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0),
