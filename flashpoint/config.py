@@ -131,6 +131,10 @@ class GatewaySettings:
     api_keys: dict[str, str] = field(default_factory=dict)  # key -> "invoke" | "admin"
     max_body_bytes: int = 64 << 20
     default_timeout_s: float = 60.0
+    # Per-caller token bucket (API key, or peer address without auth); 0 = off. Over it: 429.
+    rate_limit_rps: float = 0.0
+    rate_limit_burst: int = 0
+    max_inflight_requests: int = 0  # across all callers; 0 = unlimited
 
 
 @dataclass(frozen=True)

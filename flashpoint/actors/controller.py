@@ -202,7 +202,10 @@ class Controller:
         app = web.Application(client_max_size=gw.max_body_bytes)
         add_routes(app, self, GatewayConfig(api_keys=dict(gw.api_keys),
                                             max_body_bytes=gw.max_body_bytes,
-                                            default_timeout_s=gw.default_timeout_s))
+                                            default_timeout_s=gw.default_timeout_s,
+                                            rate_limit_rps=gw.rate_limit_rps,
+                                            rate_limit_burst=gw.rate_limit_burst,
+                                            max_inflight_requests=gw.max_inflight_requests))
         self._rpc = RpcServer(
             {"register_host": self._register_host, "heartbeat": self._heartbeat,
              "replica_ready": self._replica_ready, "replica_failed": self._replica_failed,
