@@ -202,7 +202,8 @@ def from_wire(data: Any) -> FlashpointError:
     if not isinstance(details, dict):
         details = {"details": details}
     # Keys that would clash with the constructor's own arguments are renamed, not fatal.
-    safe = {(f"detail_{k}" if k in ("message", "remote_code") else str(k)): v for k, v in details.items()}
+    safe = {(f"detail_{k}" if k in ("self", "message", "remote_code") else str(k)): v
+            for k, v in details.items()}
     cls = _registry().get(code)
     if cls is None:
         return RemoteError(message, remote_code=code, **safe)

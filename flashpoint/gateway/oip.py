@@ -96,7 +96,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvie
     if header_length is None:
         return body, view[len(body):]
     text = header_length.strip()
-    if not text.isdigit() or len(text) > 19:
+    # ASCII only: str.isdigit() also accepts '²' (int() then raises) and other scripts' digits.
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
         raise BadRequest(
             f"Inference-Header-Content-Length must be a non-negative integer, got {text[:40]!r}")
     n = int(text)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import struct
 import sys
 from collections.abc import Sequence
@@ -53,6 +54,7 @@ MAX_DIM = 1 << 48
 ALIGN_BYTES = 64
 MAX_FRAME_BYTES = 1 << 30  # default limit on body_bytes; stages and clients may set their own
 MAX_ERROR_BYTES = 64 * 1024
+MAX_ERROR_DEPTH = 32  # JSON nesting of an ERROR body (to_wire() recurses through details)
 
 
 class FrameKind(enum.IntEnum):
@@ -280,6 +282,10 @@ def parse_table(head: FrameHead, buf: bytes | bytearray | memoryview) -> tuple[T
         shape = tuple(dims[:ndim])
         if any(d > MAX_DIM for d in shape):
             raise ProtocolError(f"tensor {i}: dimension over {MAX_DIM}")
+        # An empty tensor has numel 0 whatever its other dims, but numpy and torch still
+        # multiply those (refusing past 2**63), so they are bounded as a whole as well.
+        if math.prod(max(d, 1) for d in shape) > MAX_DIM:
+            raise ProtocolError(f"tensor {i}: shape {shape} too large")
         numel = 1
         for d in shape:
             numel *= d
@@ -336,12 +342,28 @@ class Frame:
             raise ValueError("not an ERROR frame")
         try:
             wire = json.loads(bytes(self.data))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # deep nesting: RecursionError
             return ProtocolError("malformed ERROR frame body", trace_id=self.head.trace_id)
+        if _json_depth(wire) > MAX_ERROR_DEPTH:
+            return ProtocolError(f"ERROR frame body nested deeper than {MAX_ERROR_DEPTH} levels",
+                                 trace_id=self.head.trace_id)
         return from_wire(wire)
 
     def relabel(self, request_id: int) -> list[bytes | memoryview]:
         return relabel(self.head, self.table_raw, self.data, request_id)
+
+
+def _json_depth(obj: Any) -> int:
+    """Nesting depth of parsed JSON (iterative: the input may be deep)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1)
+                         for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def decode_frame(buf: bytes | bytearray | memoryview, *,

@@ -39,6 +39,7 @@ MAGIC = b"FPD1"
 NONCE_BYTES = 16
 MAC_BYTES = 32
 MAX_HEADER_BYTES = 8 * 1024 * 1024  # a manifest with thousands of tensors fits; more is abuse
+MAX_HEADER_DEPTH = 32  # a manifest nests a few levels; msgpack alone would allow about 1000
 SOCK_BUF_BYTES = 4 * 1024 * 1024
 RCVLOWAT_MAX_BYTES = 256 * 1024
 
@@ -277,14 +278,10 @@ class DataConn:
             raise ProtocolError(f"{self.peer}: header of {n} bytes over the limit {MAX_HEADER_BYTES}")
         body = await self.recv_exact(n, timeout_s)
         try:
-            header = msgpack.unpackb(body, raw=False, strict_map_key=True)
-        except Exception as exc:  # msgpack raises several unrelated types
+            return decode_header(body)
+        except ProtocolError as exc:
             self.close()
-            raise ProtocolError(f"{self.peer}: malformed header: {exc}") from None
-        if not isinstance(header, dict):
-            self.close()
-            raise ProtocolError(f"{self.peer}: header must be a map")
-        return header
+            raise ProtocolError(f"{self.peer}: {exc.message}") from None
 
     # -- frames ---------------------------------------------------------------------------
 
@@ -311,6 +308,33 @@ class DataConn:
                 pass
         else:
             self.sock.close()
+
+
+def decode_header(body: bytes) -> dict[str, Any]:
+    """A header's msgpack body as a dict nested at most MAX_HEADER_DEPTH levels;
+    ProtocolError for anything else.
+
+    ``skip`` first: it builds nothing and fails on lengths the body cannot back, which msgpack
+    would otherwise start allocating for (as in ``rpc.frames._check_claims``).
+    """
+    try:
+        unpacker = msgpack.Unpacker(max_buffer_size=max(len(body), 1))
+        unpacker.feed(body)
+        unpacker.skip()
+        header = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"malformed header: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header must be a map")
+    stack: list[tuple[Any, int]] = [(header, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_HEADER_DEPTH:
+            raise ProtocolError(f"header nested deeper than {MAX_HEADER_DEPTH} levels")
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return header
 
 
 async def refuse(conn: DataConn) -> None:
