@@ -76,7 +76,7 @@ from flashpoint.pipeline.frames import (
 )
 from flashpoint.pipeline.link import ActivationLink
 from flashpoint.transfer.plan import Endpoint
-from flashpoint.transfer.wire import DataConn, listen_socket, tune_socket
+from flashpoint.transfer.wire import DataConn, accept_loop, listen_socket, tune_socket
 
 log = get_logger(__name__)
 
@@ -231,18 +231,9 @@ class StageServer:
     # -- upstream: requests in, replies out --------------------------------------------------
 
     async def _accept_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         assert self._sock is not None
-        while True:
-            try:
-                sock, addr = await loop.sock_accept(self._sock)
-            except OSError as exc:  # EMFILE and friends: back off, keep serving
-                log.warning("stage_accept_failed", error=repr(exc))
-                await asyncio.sleep(0.1)
-                continue
-            tune_socket(sock)
-            self._spawn(self._serve_upstream(sock, f"{addr[0]}:{addr[1]}"),
-                        f"pipe-up-{self.stage_id}")
+        await accept_loop(self._sock, lambda sock, peer: self._spawn(
+            self._serve_upstream(sock, peer), f"pipe-up-{self.stage_id}"), "stage_accept_failed")
 
     async def _serve_upstream(self, sock: socket.socket, peer: str) -> None:
         conn = DataConn(sock, peer)

@@ -56,8 +56,8 @@ from flashpoint.transfer.wire import (
     FLAG_ABORT,
     VERIFY_FAILURES,
     DataConn,
+    accept_loop,
     listen_socket,
-    tune_socket,
 )
 
 log = get_logger(__name__)
@@ -460,17 +460,9 @@ class DataPlaneServer:
     # -- connections -----------------------------------------------------------------------
 
     async def _accept_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         assert self._sock is not None
-        while True:
-            try:
-                sock, addr = await loop.sock_accept(self._sock)
-            except OSError as exc:  # EMFILE and friends: back off, keep serving
-                log.warning("dataplane_accept_failed", error=repr(exc))
-                await asyncio.sleep(0.1)
-                continue
-            tune_socket(sock)
-            self.spawn(self._serve_conn(sock, f"{addr[0]}:{addr[1]}"), f"dp-conn-{self.host_id}")
+        await accept_loop(self._sock, lambda sock, peer: self.spawn(
+            self._serve_conn(sock, peer), f"dp-conn-{self.host_id}"), "dataplane_accept_failed")
 
     async def _serve_conn(self, sock: socket.socket, peer: str) -> None:
         conn = DataConn(sock, peer)

@@ -27,13 +27,17 @@ import ipaddress
 import secrets
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
 from prometheus_client import Counter
 
 from flashpoint.errors import AuthFailed, ConnectFailed, DeadlineExceeded, PeerLost, ProtocolError
+from flashpoint.log import get_logger
 from flashpoint.transfer.plan import Endpoint
+
+log = get_logger(__name__)
 
 MAGIC = b"FPD1"
 NONCE_BYTES = 16
@@ -78,6 +82,23 @@ async def listen_socket(host: str, port: int, backlog: int = 128) -> socket.sock
         sock.close()
         raise
     return sock
+
+
+async def accept_loop(listener: socket.socket,
+                      on_conn: Callable[[socket.socket, str], None], event: str) -> None:
+    """Accept connections on ``listener`` forever, tune each and hand it to ``on_conn`` with
+    its ``addr:port``. Accept errors (EMFILE and friends) are logged as ``event`` and retried
+    after a pause: the server keeps serving."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            sock, addr = await loop.sock_accept(listener)
+        except OSError as exc:
+            log.warning(event, error=repr(exc))
+            await asyncio.sleep(0.1)
+            continue
+        tune_socket(sock)
+        on_conn(sock, f"{addr[0]}:{addr[1]}")
 
 
 def tune_socket(sock: socket.socket) -> None:
