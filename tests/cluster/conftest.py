@@ -6,12 +6,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from flashpoint.cli import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.config import ClusterConfig, load_config
+from flashpoint.models import zoo
 from flashpoint.models.publish import publish
 
 
@@ -51,3 +54,42 @@ async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
         for pid in pids:
             status = Path(f"/proc/{pid}/status")
             assert not status.exists() or "zombie" in status.read_text().lower(), f"worker {pid} leaked"
+
+
+class BertLoad:
+    """Closed-loop HTTP clients invoking a tiny-BERT function until stopped, each output
+    checked against ``reference``; what failed (a non-200 body, or "wrong output") is kept."""
+
+    def __init__(self, session: Any, url: str, function: str, manifest: Any, reference: Any,
+                 clients: int = 4) -> None:
+        self.session, self.url, self.function = session, url, function
+        self.manifest, self.reference = manifest, reference
+        self.failures: list[Any] = []
+        self.served = 0
+        self._stop = asyncio.Event()
+        self._tasks = [asyncio.ensure_future(self._client(1000 * i)) for i in range(clients)]
+
+    async def _client(self, seed: int) -> None:
+        for i in range(100_000):  # bounded; ends when stopped
+            if self._stop.is_set():
+                return
+            x = zoo.example_inputs("bert", self.manifest.config, 1, seed=seed + i)
+            body = {"inputs": {"input_ids": {"data": x["input_ids"].ravel().tolist(),
+                                             "shape": list(x["input_ids"].shape),
+                                             "datatype": "INT64"}}}
+            async with self.session.post(f"{self.url}/v1/functions/{self.function}/invoke",
+                                         json=body) as r:
+                out = await r.json()
+            if r.status != 200:
+                self.failures.append(out)
+                continue
+            got = out["outputs"]["logits"]
+            logits = np.asarray(got["data"], np.float32).reshape(got["shape"])
+            if not np.allclose(logits, zoo.run_example(self.reference, x).numpy(),
+                               rtol=1e-4, atol=1e-5):
+                self.failures.append("wrong output")
+            self.served += 1
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        await asyncio.wait_for(asyncio.gather(*self._tasks), timeout_s)

@@ -8,18 +8,15 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
 
 import aiohttp
-import numpy as np
 import pytest
 
 from flashpoint.cluster import LocalCluster
-from flashpoint.models import zoo
 from flashpoint.models.publish import load_module, publish
 from flashpoint.registry.local import LocalStore
 
-from .conftest import cluster_config, wait_for
+from .conftest import BertLoad, cluster_config, wait_for
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -50,30 +47,7 @@ async def test_eviction_under_load_loses_no_request(tmp_path: Path, spot_availab
                 r.host_id for r in c.controller.state.replicas.values() if r.phase == "warm"
             ] == ["host1"], 60)
 
-            failures: list[Any] = []
-            served = 0
-            stop = asyncio.Event()
-
-            async def client(seed: int) -> None:
-                nonlocal served
-                while not stop.is_set():
-                    x = zoo.example_inputs("bert", manifest.config, 1, seed=seed + served)
-                    body = {"inputs": {"input_ids": {"data": x["input_ids"].ravel().tolist(),
-                                                     "shape": list(x["input_ids"].shape),
-                                                     "datatype": "INT64"}}}
-                    async with s.post(f"{url}/v1/functions/ev-fn/invoke", json=body) as r:
-                        out = await r.json()
-                    if r.status != 200:
-                        failures.append(out)
-                        continue
-                    got = out["outputs"]["logits"]
-                    logits = np.asarray(got["data"], np.float32).reshape(got["shape"])
-                    want = zoo.run_example(reference, x).numpy()
-                    if not np.allclose(logits, want, rtol=1e-4, atol=1e-5):
-                        failures.append("wrong output")
-                    served += 1
-
-            clients = [asyncio.ensure_future(client(1000 * i)) for i in range(4)]
+            load = BertLoad(s, url, "ev-fn", manifest, reference)
             await asyncio.sleep(1.0)
             # The eviction notice: host1 goes in 15 s.
             notice.write_text(json.dumps({"action": "terminate", "seconds": 15}))
@@ -94,10 +68,9 @@ async def test_eviction_under_load_loses_no_request(tmp_path: Path, spot_availab
             evicted = next(h for h in c.hosts if h.host_id == "host1")
             await asyncio.wait_for(evicted.evicted.wait(), 30)
             await asyncio.sleep(1.0)  # requests keep flowing after the host is gone
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*clients), 30)
-            assert not failures, failures[:3]
-            assert served > 20
+            await load.stop()
+            assert not load.failures, load.failures[:3]
+            assert load.served > 20
             # Warm state survived the eviction: host1 pushed the model into host0's RAM, and
             # the new host holds it too.
             for host_id in ("host0", new_host):

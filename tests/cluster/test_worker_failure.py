@@ -8,18 +8,15 @@ import asyncio
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 import aiohttp
-import numpy as np
 import pytest
 
 from flashpoint.cluster import LocalCluster
-from flashpoint.models import zoo
 from flashpoint.models.publish import load_module, publish
 from flashpoint.registry.local import LocalStore
 
-from .conftest import cluster_config, wait_for
+from .conftest import BertLoad, cluster_config, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,32 +40,7 @@ async def test_killed_worker_under_load_loses_no_request(tmp_path: Path) -> None
                 r.phase == "warm" for r in state.replicas.values()) == 2, 60)
             first_ids = set(state.replicas)
 
-            failures: list[Any] = []
-            served = 0
-            stop = asyncio.Event()
-
-            async def client(seed: int) -> None:
-                nonlocal served
-                for i in range(100_000):  # bounded; ends when ``stop`` is set
-                    if stop.is_set():
-                        return
-                    x = zoo.example_inputs("bert", manifest.config, 1, seed=seed + i)
-                    body = {"inputs": {"input_ids": {"data": x["input_ids"].ravel().tolist(),
-                                                     "shape": list(x["input_ids"].shape),
-                                                     "datatype": "INT64"}}}
-                    async with s.post(f"{url}/v1/functions/kw-fn/invoke", json=body) as r:
-                        out = await r.json()
-                    if r.status != 200:
-                        failures.append(out)
-                        continue
-                    got = out["outputs"]["logits"]
-                    logits = np.asarray(got["data"], np.float32).reshape(got["shape"])
-                    if not np.allclose(logits, zoo.run_example(reference, x).numpy(),
-                                       rtol=1e-4, atol=1e-5):
-                        failures.append("wrong output")
-                    served += 1
-
-            clients = [asyncio.ensure_future(client(1000 * i)) for i in range(4)]
+            load = BertLoad(s, url, "kw-fn", manifest, reference)
             await asyncio.sleep(1.0)
             # SIGKILL the worker process of one replica (by its PID).
             victim_host = c.hosts[0]
@@ -81,10 +53,9 @@ async def test_killed_worker_under_load_loses_no_request(tmp_path: Path) -> None
                 r.phase == "warm" for r in state.replicas.values()) == 2
                 and set(state.replicas) != first_ids, 60)
             await asyncio.sleep(1.0)
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*clients), 30)
-            assert not failures, failures[:3]
-            assert served > 20
+            await load.stop()
+            assert not load.failures, load.failures[:3]
+            assert load.served > 20
             assert state.functions["kw-fn"].broken is None  # a crash under load is not a broken model
     finally:
         await asyncio.wait_for(c.stop(), 30)
