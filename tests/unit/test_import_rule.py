@@ -1,5 +1,6 @@
-"""flashpoint.policy and flashpoint.partition stay pure: no asyncio, networking, torch, NVML,
-RPC or actors (STYLE.md, the import rule)."""
+"""flashpoint.policy, flashpoint.partition and flashpoint.sim stay pure: no asyncio,
+networking, torch, NVML, RPC or actors (STYLE.md, the import rule). The simulator may reuse
+policy/, partition/ and the state classes, never rpc/."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import pytest
 
 import flashpoint.partition
 import flashpoint.policy
+import flashpoint.sim
 
 POLICY_DIR = Path(flashpoint.policy.__file__).parent
 FORBIDDEN = ("asyncio", "aiohttp", "torch", "pynvml", "flashpoint.rpc", "flashpoint.actors")
 MODULES = sorted(POLICY_DIR.glob("*.py"))
 PARTITION_DIR = Path(flashpoint.partition.__file__).parent
 PARTITION_MODULES = sorted(PARTITION_DIR.glob("*.py"))
+SIM_DIR = Path(flashpoint.sim.__file__).parent
+SIM_MODULES = sorted(SIM_DIR.rglob("*.py"))
 
 
 def _forbidden(mod: str) -> bool:
@@ -38,7 +42,8 @@ def _imports(tree: ast.AST, package: str) -> list[str]:
                 mod = node.module or ""
             out.append(mod)
             out += [f"{mod}.{a.name}" for a in node.names]  # from flashpoint import rpc
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__":
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("__import__",
+                                                                               "import_module"):
             if node.args and isinstance(node.args[0], ast.Constant):
                 out.append(str(node.args[0].value))
     return out
@@ -66,12 +71,27 @@ def test_partition_module_imports_are_pure(path):
     assert bad == [], f"{path.name} imports {bad}"
 
 
-def test_partition_import_pulls_in_nothing_forbidden():
-    """Transitively too: importing the solver loads no forbidden module (numpy is fine)."""
-    code = ("import sys, flashpoint.partition\n"
+def test_sim_modules_found():
+    assert {"__init__.py", "engine.py", "network.py"} <= {p.name for p in SIM_MODULES}
+
+
+@pytest.mark.parametrize("path", SIM_MODULES, ids=lambda p: str(p.relative_to(SIM_DIR)))
+def test_sim_module_imports_are_pure(path):
+    # a module resolves relative imports against its own directory's package
+    package = ".".join(["flashpoint", "sim", *path.relative_to(SIM_DIR).parent.parts])
+    tree = ast.parse(path.read_text(), filename=str(path))
+    bad = [m for m in _imports(tree, package) if _forbidden(m)]
+    assert bad == [], f"{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize("package", ["flashpoint.partition", "flashpoint.sim"])
+def test_import_pulls_in_nothing_forbidden(package):
+    """Transitively too: importing the package loads no forbidden module (numpy is fine)."""
+    code = (f"import sys, {package}\n"
             f"bad = [m for m in sys.modules if any(m == f or m.startswith(f + '.') for f in {FORBIDDEN!r})]\n"
             "print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60)
     assert out.stdout.strip() == "[]", out.stdout
 
 
@@ -84,4 +104,15 @@ def test_partition_import_pulls_in_nothing_forbidden():
 ])
 def test_checker_itself(src, bad):
     found = [m for m in _imports(ast.parse(src), "flashpoint.policy") if _forbidden(m)]
+    assert bool(found) == bad
+
+
+@pytest.mark.parametrize("src,bad", [
+    ("from ..rpc.client import Client", True), ("__import__('asyncio')", True),
+    ("import_module('torch')", True), ("from flashpoint.sim import engine", False),
+    ("import heapq", False), ("from . import engine", False),
+    ("from ..policy import autoscale", False),
+])
+def test_checker_resolves_the_simulators_imports(src, bad):
+    found = [m for m in _imports(ast.parse(src), "flashpoint.sim") if _forbidden(m)]
     assert bool(found) == bad
