@@ -337,14 +337,15 @@ class Worker:
         outs = out if isinstance(out, (tuple, list)) else (out,)
         return {n: o.detach().cpu().numpy() for n, o in zip(rep.output_names, outs, strict=False)}
 
-    async def _infer(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _infer(self, conn: Any, payload: dict[str, Any], *,
+                     alone: bool = True) -> dict[str, Any]:
         if self.replica is None or self.batcher is None:
             raise Unavailable("replica not loaded", retry_after_s=0.1)
         inputs = decode_tensors(payload.get("inputs"))
         missing = set(self.replica.input_names) - set(inputs)
         if missing:
             raise BadRequest(f"missing inputs: {sorted(missing)}")
-        outputs, timings = await self.batcher.submit(inputs)
+        outputs, timings = await self.batcher.submit(inputs, alone=alone)
         return {"outputs": encode_tensors(outputs), "timings_s": timings}
 
     async def _infer_many(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
@@ -355,7 +356,7 @@ class Worker:
 
         async def one(req: Any) -> dict[str, Any]:
             try:
-                return await self._infer(conn, req if isinstance(req, dict) else {})
+                return await self._infer(conn, req if isinstance(req, dict) else {}, alone=False)
             except FlashpointError as exc:
                 return {"error": exc.to_wire()}
             except Exception as exc:  # never let one request fail its neighbours

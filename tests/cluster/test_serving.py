@@ -10,6 +10,7 @@ import pytest
 import torch
 import tritonclient.http as triton
 
+from flashpoint.errors import DeadlineExceeded
 from flashpoint.models import zoo
 from flashpoint.spec import FunctionSpec
 
@@ -116,3 +117,24 @@ async def test_bad_requests_get_clear_errors(cluster) -> None:
                 assert r.status == status, (path, body, await r.text())
                 err = await r.json()
                 assert err["error"] and err["code"]
+
+
+async def test_queued_request_past_its_deadline_or_cancelled_is_never_sent(cluster) -> None:
+    ctl = cluster.controller
+    await ctl.register_function(FunctionSpec(name="one", model="noop", min_replicas=1,
+                                             max_replicas=1, replica_concurrency=1))
+    await wait_for("a warm replica", lambda: ctl.get_function("one").replicas_warm == 1)
+    x = {"x": np.ones((1, 2), np.float32)}
+    rid = ctl.state.replicas_of("one")[0].replica_id
+    ctl.dispatcher.stop_accepting(rid)  # hold everything in the queue
+    with pytest.raises(DeadlineExceeded):
+        await asyncio.wait_for(ctl.invoke("one", x, request_id="late", timeout_s=0.2), 5)
+    assert ctl.dispatcher.queued("one") == 0  # the expired request left the queue
+    task = asyncio.ensure_future(ctl.invoke("one", x, request_id="gone", timeout_s=30))
+    await wait_for("request queued", lambda: ctl.dispatcher.queued("one") == 1, 5)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert ctl.dispatcher.queued("one") == 0  # the cancelled request left the queue
+    ctl.dispatcher.add_replica(rid, "one", 1)  # accepting again
+    res = await asyncio.wait_for(ctl.invoke("one", x, request_id="ok"), 10)
+    np.testing.assert_allclose(res.outputs["y"], x["x"])

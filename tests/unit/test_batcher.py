@@ -233,3 +233,39 @@ async def test_stop_resolves_held_request():
         for t in (a, held):
             t.cancel()
         await asyncio.gather(a, held, return_exceptions=True)
+
+
+async def test_idle_fast_model_runs_inline_without_the_batching_loop():
+    rec = Recorder()
+    b = Batcher(rec, max_batch_size=8, max_wait_s=0.0)  # never started: only inline can answer
+    b._ewma_run_s = 0.0  # measured fast
+    x = np.arange(4, dtype=np.float32).reshape(2, 2)
+    out, timings = await asyncio.wait_for(b.submit({"x": x}), T)
+    np.testing.assert_array_equal(out["y"], x * 2)
+    assert timings["batch_rows"] == 2.0 and timings["batch_wait"] == 0.0
+    assert b.batches_run == 1 and rec.sizes == [2]
+    await _stop(b)
+
+
+async def test_requests_of_one_frame_are_batched_not_run_inline():
+    rec = Recorder()
+    b = await _started(Batcher(rec, max_batch_size=8, max_wait_s=0.0))
+    b._ewma_run_s = 0.0
+    xs = [np.full((1, 2), i, dtype=np.float32) for i in range(4)]
+    outs = await asyncio.wait_for(
+        asyncio.gather(*(b.submit({"x": x}, alone=False) for x in xs)), T)
+    assert rec.sizes == [4]  # one model call for the frame
+    for x, (out, _) in zip(xs, outs, strict=True):
+        np.testing.assert_array_equal(out["y"], x * 2)
+    await _stop(b)
+
+
+async def test_inline_model_error_is_a_model_failure():
+    def boom(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise ValueError("bad weights")
+
+    b = Batcher(boom, max_batch_size=8, max_wait_s=0.0)
+    b._ewma_run_s = 0.0
+    with pytest.raises(ModelFailed, match="ValueError: bad weights"):
+        await asyncio.wait_for(b.submit({"x": np.zeros((1, 2), np.float32)}), T)
+    await _stop(b)
