@@ -130,7 +130,8 @@ async def run_workers(args: argparse.Namespace, envs: list[dict[str, str]]) -> l
             procs.append(await asyncio.create_subprocess_exec(
                 sys.executable, str(Path(__file__).resolve()), "--worker",
                 "--seconds", str(args.seconds), "--model", args.model, "--preset", args.preset,
-                "--batch", str(args.batch), *(["--cpu"] if args.cpu else []), env=env, stdin=asyncio.subprocess.PIPE,
+                "--batch", str(args.batch), *(["--cpu"] if args.cpu else []), env=env,
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=None))
         for p in procs:
             deadline = time.monotonic() + WARMUP_BUDGET_S
