@@ -23,8 +23,10 @@ import shutil
 import signal
 import time
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from flashpoint.errors import BadRequest, MpsUnavailable
 
@@ -42,7 +44,12 @@ def find_control_binary(binary: str = CONTROL_BINARY, path: str | None = None) -
 
 
 def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as gone: it has exited, nobody reaped it)."""
+    """True while ``pid`` runs (a zombie counts as gone: it has exited, nobody reaped it).
+
+    PIDs below 2 are never "alive": 0 and -1 would address process groups in ``os.kill``.
+    """
+    if pid < 2:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -75,6 +82,16 @@ class MpsConfig:
     @property
     def log_dir(self) -> Path:
         return self.root_dir / "log"
+
+
+def per_device_configs(root_dir: Path, devices: Sequence[str], **kw: Any) -> list[MpsConfig]:
+    """One config per GPU (``"0"``, ``"GPU-..."``) or MIG instance (``"MIG-..."``), each with
+    its own directory under ``root_dir``, so their daemons never share a pipe."""
+    out = []
+    for i, dev in enumerate(devices):
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in dev)[:40]
+        out.append(MpsConfig(root_dir / f"{i}-{safe}", device=dev, **kw))
+    return out
 
 
 class MpsDaemon:
@@ -146,9 +163,10 @@ class MpsDaemon:
 
     def _read_pid(self) -> int | None:
         try:
-            return int((self.pipe_dir / PID_FILE).read_text().strip())
+            pid = int((self.pipe_dir / PID_FILE).read_text().strip())
         except (OSError, ValueError):
             return None
+        return pid if pid > 1 else None  # never let a bad file make us signal a group
 
     async def start(self) -> None:
         """Start the daemon and wait until its pid file exists and it answers a command."""
@@ -173,6 +191,8 @@ class MpsDaemon:
         deadline = time.monotonic() + self.config.start_timeout_s
         while (pid := self._read_pid()) is None or not pid_alive(pid):
             if time.monotonic() > deadline:
+                with contextlib.suppress(MpsUnavailable):  # no PID to kill: ask it to go
+                    await self._run([], "quit\n")
                 raise MpsUnavailable(f"MPS daemon wrote no live pid file in {self.pipe_dir} "
                                      f"within {self.config.start_timeout_s} s",
                                      reason="start_timeout")
@@ -201,7 +221,7 @@ class MpsDaemon:
             rc, out, _ = await self._run([], "get_server_list\n")
         except MpsUnavailable:
             return []
-        return [int(t) for t in out.split() if t.isdigit()] if rc == 0 else []
+        return [int(t) for t in out.split() if t.isdigit() and int(t) > 1] if rc == 0 else []
 
     async def stop(self) -> None:
         """Ask the daemon to quit; if it is still there after ``stop_timeout_s``, SIGTERM and

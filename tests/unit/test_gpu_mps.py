@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from flashpoint.errors import BadRequest, MpsUnavailable
-from flashpoint.gpu.mps import PID_FILE, MpsConfig, MpsDaemon, find_control_binary, pid_alive
+from flashpoint.gpu.mps import (
+    PID_FILE,
+    MpsConfig,
+    MpsDaemon,
+    find_control_binary,
+    per_device_configs,
+    pid_alive,
+)
 
 FAKE = Path(__file__).with_name("fake_mps_control.py")
 
@@ -109,3 +116,21 @@ async def test_pipe_dir_too_long(tmp_path, fake_bin):
         await MpsDaemon(_cfg(deep, fake_bin)).start()
     assert e.value.details["reason"] == "pipe_dir_too_long"
     assert os.environ.get("CUDA_MPS_PIPE_DIRECTORY") is None  # nothing leaked into our env
+
+
+async def test_one_daemon_per_mig_instance(tmp_path, fake_bin):
+    cfgs = per_device_configs(tmp_path, ["MIG-aaa", "MIG-bbb", "0"], search_path=fake_bin)
+    assert len({c.pipe_dir for c in cfgs}) == 3
+    daemons = [MpsDaemon(c) for c in cfgs]
+    try:
+        for d in daemons:
+            await d.start()
+        assert len({d.pid for d in daemons}) == 3
+        assert daemons[1].client_env()["CUDA_VISIBLE_DEVICES"] == "MIG-bbb"
+        assert all([await d.healthy() for d in daemons])
+        pids = [d.pid for d in daemons]
+    finally:
+        for d in daemons:
+            await d.stop()
+    assert not any(pid_alive(p) for p in pids)
+    assert not pid_alive(0) and not pid_alive(-1)  # process groups are never "a daemon"

@@ -169,3 +169,19 @@ def test_real_pynvml_without_driver_is_cpu():
         pynvml.nvmlShutdown()
         pytest.skip("a real NVML driver is present")
     assert discover(1, 1)[0].kind == "cpu"
+
+
+@pytest.mark.gpu
+def test_real_inventory_read_only():
+    """On a GPU machine: the real pynvml through the same code (reads only)."""
+    nvml = load_nvml()
+    if nvml is None:
+        pytest.skip("no NVML driver here")
+    try:
+        gpus = read_inventory(nvml)
+    finally:
+        nvml.nvmlShutdown()
+    assert gpus and all(g.memory_total_bytes > 0 and g.uuid.startswith("GPU-") for g in gpus)
+    for g in gpus:
+        for gi in g.gpu_instances:
+            assert all(c.mig_uuid.startswith("MIG-") for c in gi.compute_instances)
