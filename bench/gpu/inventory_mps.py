@@ -169,6 +169,9 @@ def print_inventory(gpus: Any) -> None:
                   f"{gi.memory_mb} MiB")
             for ci in gi.compute_instances:
                 print(f"    CI {ci.ci_id} slices {ci.start}:{ci.size} {ci.mig_uuid}")
+        if g.mig_current and not g.gpu_instances:
+            for d in g.mig_devices:
+                print(f"  MIG device GI {d.gi_id} CI {d.ci_id} {d.name} {d.uuid}")
         for note in g.notes:
             print(f"  note: {note}")
 
@@ -215,7 +218,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     g0 = gpus[0]
     device = "0"
     if g0.mig_current:  # bind to the first MIG device; MPS on a MIG-mode GPU needs one
-        uuids = [ci.mig_uuid for gi in g0.gpu_instances for ci in gi.compute_instances]
+        uuids = [d.uuid for d in g0.mig_devices]
         if not uuids:
             report["reason"] = "MIG is on but no instances exist (this script creates none)"
             print(report["reason"])

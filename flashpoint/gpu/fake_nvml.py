@@ -13,7 +13,10 @@ code the real library returns (NVML API reference, "Multi Instance GPU Managemen
 - destroying a GI that still has compute instances, or a CI a process uses: ``NVML_ERROR_IN_USE``;
 - an unknown GI id or an empty MIG device index: ``NVML_ERROR_NOT_FOUND``;
 - any call before ``nvmlInit``: ``NVML_ERROR_UNINITIALIZED``;
-- utilisation on a MIG-enabled GPU or a MIG device: ``NVML_ERROR_NOT_SUPPORTED``.
+- utilisation on a MIG-enabled GPU or a MIG device: ``NVML_ERROR_NOT_SUPPORTED``;
+- with ``privileged=False``, the calls NVML documents as "Requires privileged user"
+  (placements, creating and destroying instances) and, conservatively, listing GPU and
+  compute instances: ``NVML_ERROR_NO_PERMISSION``. MIG device handles and UUIDs stay readable.
 
 The profile tables are the ones in :mod:`flashpoint.gpu.mig_profiles`. The fake is not thread
 safe; callers use it from one thread at a time (as :mod:`flashpoint.gpu.mig` does).
@@ -102,9 +105,11 @@ class FakeGpu:
 class FakeNvml:
     """An in-memory NVML with the given GPUs (see the module docstring for its rules)."""
 
-    def __init__(self, gpus: Sequence[FakeGpu] = (), *, driver_loaded: bool = True) -> None:
+    def __init__(self, gpus: Sequence[FakeGpu] = (), *, driver_loaded: bool = True,
+                 privileged: bool = True) -> None:
         self.gpus = list(gpus)
         self.driver_loaded = driver_loaded
+        self.privileged = privileged
         self._inits = 0
         self._next_addr = 0x1000
         self._objs: dict[int, Any] = {}
@@ -115,9 +120,9 @@ class FakeNvml:
             g.addr = self._register(g)
 
     @classmethod
-    def with_gpus(cls, *models: str, mig: bool = True) -> FakeNvml:
+    def with_gpus(cls, *models: str, mig: bool = True, privileged: bool = True) -> FakeNvml:
         """GPUs of the given models (``"H100-80GB"``), all with MIG on or all off."""
-        return cls([FakeGpu(m, mig_current=mig) for m in models])
+        return cls([FakeGpu(m, mig_current=mig) for m in models], privileged=privileged)
 
     # -- test helpers (not part of pynvml) --------------------------------------------------
 
@@ -162,6 +167,10 @@ class FakeNvml:
         if not g.mig_current:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return g
+
+    def _privileged(self) -> None:
+        if not self.privileged:
+            raise _err(pynvml.NVML_ERROR_NO_PERMISSION)
 
     @staticmethod
     def _ptr(addr: int, ctype: Any) -> Any:
@@ -278,6 +287,7 @@ class FakeNvml:
                                                    placements: Any, count: Any) -> int:
         # NVML returns every possible placement "regardless of whether MIG is enabled".
         p = self._profile_by_id(self._gpu(handle), profile_id)
+        self._privileged()
         counter = _deref(count)
         if placements is None:
             counter.value = len(p.starts)
@@ -292,6 +302,7 @@ class FakeNvml:
     def nvmlDeviceGetGpuInstances(self, handle: Any, profile_id: int, instances: Any,
                                   count: Any) -> int:
         g = self._mig_gpu(handle)
+        self._privileged()
         p = self._profile_by_id(g, profile_id)
         found = sorted((gi for gi in g.gis.values() if gi.profile == p), key=lambda x: x.gi_id)
         if len(instances) < len(found):
@@ -310,6 +321,7 @@ class FakeNvml:
     def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: Any, profile_id: int,
                                                  placement: Any) -> Any:
         g = self._mig_gpu(handle)
+        self._privileged()
         p = self._profile_by_id(g, profile_id)
         pl = _deref(placement)
         if pl is None or pl.start not in p.starts or pl.size != p.memory_slices:
@@ -332,6 +344,7 @@ class FakeNvml:
 
     def nvmlGpuInstanceDestroy(self, gi_handle: Any) -> int:
         gi = self._get(gi_handle, _Gi)
+        self._privileged()
         g = self._gi_owner(gi)
         if gi.cis:
             raise _err(pynvml.NVML_ERROR_IN_USE)
@@ -372,6 +385,7 @@ class FakeNvml:
 
     def nvmlGpuInstanceCreateComputeInstance(self, gi_handle: Any, profile_id: int) -> Any:
         gi = self._get(gi_handle, _Gi)
+        self._privileged()
         g = self._gi_owner(gi)
         slices = {v: k for k, v in CI_PROFILE_BY_SLICES.items()}.get(profile_id)
         if slices is None or slices > gi.profile.compute_slices:
@@ -395,6 +409,7 @@ class FakeNvml:
     def nvmlGpuInstanceGetComputeInstances(self, gi_handle: Any, profile_id: int, instances: Any,
                                            count: Any) -> int:
         gi = self._get(gi_handle, _Gi)
+        self._privileged()
         found = sorted((c for c in gi.cis.values() if c.profile_id == profile_id),
                        key=lambda c: c.ci_id)
         if len(instances) < len(found):
@@ -406,6 +421,7 @@ class FakeNvml:
 
     def nvmlComputeInstanceDestroy(self, ci_handle: Any) -> int:
         ci = self._get(ci_handle, _Ci)
+        self._privileged()
         g, gi = self._owner(ci)
         if ci.busy:
             raise _err(pynvml.NVML_ERROR_IN_USE)

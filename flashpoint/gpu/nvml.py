@@ -131,6 +131,17 @@ class GpuInstanceInfo:
 
 
 @dataclass(frozen=True)
+class MigDeviceInfo:
+    """A MIG device (GI + CI) as CUDA sees it; readable without privileges."""
+
+    gi_id: int
+    ci_id: int
+    uuid: str  # "MIG-..."
+    name: str
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True)
 class GiProfileInfo:
     profile_id: int
     name: str
@@ -154,7 +165,8 @@ class GpuInfo:
     mig_pending: bool | None
     utilization_gpu_pct: int | None  # None where NVML does not report it (MIG on)
     profiles: tuple[GiProfileInfo, ...] = ()
-    gpu_instances: tuple[GpuInstanceInfo, ...] = ()
+    gpu_instances: tuple[GpuInstanceInfo, ...] = ()  # empty without privileges: see notes
+    mig_devices: tuple[MigDeviceInfo, ...] = ()
     notes: tuple[str, ...] = field(default=())  # calls that failed, and why
 
     def to_dict(self) -> dict[str, Any]:
@@ -188,14 +200,20 @@ def read_gpu(nvml: Nvml, index: int) -> GpuInfo:
         notes.append(f"mig mode: {exc} ({_error_code(exc)})")
     profiles: list[GiProfileInfo] = []
     instances: list[GpuInstanceInfo] = []
+    mig_devices: list[MigDeviceInfo] = []
     if mig_cur:
         try:
+            mig_devices = read_mig_devices(nvml, h)
+        except pynvml.NVMLError as exc:
+            notes.append(f"mig devices: {exc} ({_error_code(exc)})")
+        try:  # GI/CI enumeration and placements need a privileged user (NVML reference)
             profiles, instances = _read_mig(nvml, h, notes)
         except pynvml.NVMLError as exc:  # e.g. NO_PERMISSION: report, keep the rest
             notes.append(f"mig instances: {exc} ({_error_code(exc)})")
     return GpuInfo(index, text(nvml.nvmlDeviceGetName(h)), text(nvml.nvmlDeviceGetUUID(h)),
                    int(mem.total), int(mem.used), mig_cur, mig_pend, util, tuple(profiles),
-                   tuple(sorted(instances, key=lambda g: g.start)), tuple(notes))
+                   tuple(sorted(instances, key=lambda g: g.start)), tuple(mig_devices),
+                   tuple(notes))
 
 
 def _read_mig(nvml: Nvml, h: Any, notes: list[str]
@@ -243,21 +261,29 @@ def _read_gi(nvml: Nvml, gi: Any, profile: Any, uuids: dict[tuple[int, int], str
                            int(profile.memorySizeMB), tuple(sorted(cis, key=lambda c: c.ci_id)))
 
 
-def mig_device_uuids(nvml: Nvml, handle: Any) -> dict[tuple[int, int], str]:
-    """``(gi_id, ci_id) -> "MIG-<uuid>"`` for every MIG device of a GPU.
+def read_mig_devices(nvml: Nvml, handle: Any) -> list[MigDeviceInfo]:
+    """Every MIG device of a GPU, in NVML's index order.
 
     A MIG device is a (GI, CI) pair as CUDA sees it; its UUID is what a worker binds to.
     Indexes without a device answer NOT_FOUND and are skipped.
     """
-    out: dict[tuple[int, int], str] = {}
+    out: list[MigDeviceInfo] = []
     for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
         try:
             mh = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
         except pynvml.NVMLError_NotFound:
             continue
-        out[(nvml.nvmlDeviceGetGpuInstanceId(mh), nvml.nvmlDeviceGetComputeInstanceId(mh))] = \
-            text(nvml.nvmlDeviceGetUUID(mh))
+        out.append(MigDeviceInfo(nvml.nvmlDeviceGetGpuInstanceId(mh),
+                                 nvml.nvmlDeviceGetComputeInstanceId(mh),
+                                 text(nvml.nvmlDeviceGetUUID(mh)),
+                                 text(nvml.nvmlDeviceGetName(mh)),
+                                 int(nvml.nvmlDeviceGetMemoryInfo(mh).total)))
     return out
+
+
+def mig_device_uuids(nvml: Nvml, handle: Any) -> dict[tuple[int, int], str]:
+    """``(gi_id, ci_id) -> "MIG-<uuid>"`` for every MIG device of a GPU."""
+    return {(d.gi_id, d.ci_id): d.uuid for d in read_mig_devices(nvml, handle)}
 
 
 def read_inventory(nvml: Nvml) -> tuple[GpuInfo, ...]:

@@ -137,3 +137,11 @@ async def test_apply_busy_slice_is_mig_failed_and_drain_timeout():
 
     with pytest.raises(DeadlineExceeded):
         await apply_geometry(f, 0, ["4g", "3g"], stuck, drain_timeout_s=0.05)
+
+
+async def test_apply_without_privileges_is_mig_failed():
+    f = FakeNvml.with_gpus("H200-141GB", privileged=False)
+    f.nvmlInit()
+    with pytest.raises(MigFailed) as e:
+        await apply_geometry(f, 0, ["4g", "3g"], _noop)
+    assert e.value.details["nvml_error"] == 4  # NVML_ERROR_NO_PERMISSION

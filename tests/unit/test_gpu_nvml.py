@@ -185,3 +185,20 @@ def test_real_inventory_read_only():
     for g in gpus:
         for gi in g.gpu_instances:
             assert all(c.mig_uuid.startswith("MIG-") for c in gi.compute_instances)
+
+
+def test_unprivileged_inventory_still_lists_mig_devices():
+    f = FakeNvml.with_gpus("H100-80GB")
+    f.nvmlInit()
+    h = f.nvmlDeviceGetHandleByIndex(0)
+    gi = _create(f, h, pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 0)
+    f.nvmlGpuInstanceCreateComputeInstance(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)
+    f.privileged = False
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        _create(f, h, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 6)
+    (gpu,) = read_inventory(f)
+    assert gpu.gpu_instances == ()
+    assert any("Insufficient Permissions" in n for n in gpu.notes)
+    (dev,) = gpu.mig_devices
+    assert dev.uuid.startswith("MIG-") and dev.name.endswith("MIG 3g.40gb")
+    assert dev.memory_total_bytes == 40 * 2**30
