@@ -207,7 +207,8 @@ def read_gpu(nvml: Nvml, index: int) -> GpuInfo:
         except pynvml.NVMLError as exc:
             notes.append(f"mig devices: {exc} ({_error_code(exc)})")
         try:  # GI/CI enumeration and placements need a privileged user (NVML reference)
-            profiles, instances = _read_mig(nvml, h, notes)
+            uuids = {(d.gi_id, d.ci_id): d.uuid for d in mig_devices}
+            profiles, instances = _read_mig(nvml, h, notes, uuids)
         except pynvml.NVMLError as exc:  # e.g. NO_PERMISSION: report, keep the rest
             notes.append(f"mig instances: {exc} ({_error_code(exc)})")
     return GpuInfo(index, text(nvml.nvmlDeviceGetName(h)), text(nvml.nvmlDeviceGetUUID(h)),
@@ -216,11 +217,10 @@ def read_gpu(nvml: Nvml, index: int) -> GpuInfo:
                    tuple(notes))
 
 
-def _read_mig(nvml: Nvml, h: Any, notes: list[str]
+def _read_mig(nvml: Nvml, h: Any, notes: list[str], uuids: dict[tuple[int, int], str]
               ) -> tuple[list[GiProfileInfo], list[GpuInstanceInfo]]:
     profiles: list[GiProfileInfo] = []
     instances: list[GpuInstanceInfo] = []
-    uuids = mig_device_uuids(nvml, h)
     for gp in GI_PROFILES:
         try:
             info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, gp)
