@@ -8,13 +8,15 @@ as ``{"code", "message", "details"}`` and are rebuilt as the same class on the o
     FlashpointError                     internal, 500
     ├── BadRequest                      bad_request, 400
     │   ├── InvalidName                 invalid_name, 400
-    │   └── PayloadTooLarge             too_large, 413
+    │   ├── PayloadTooLarge             too_large, 413
+    │   └── InvalidGeometry             invalid_geometry, 400 (a MIG geometry that cannot exist)
     ├── Unauthorized                    unauthorized, 401
     ├── Forbidden                       forbidden, 403
     ├── NotFound                        not_found, 404
     │   ├── FunctionNotFound            function_not_found, 404
     │   └── ModelNotFound               model_not_found, 404
     ├── Conflict                        conflict, 409
+    │   └── MigUnavailable              mig_unavailable, 409 (MIG off or unsupported on the GPU)
     ├── RetryableError (retryable)
     │   ├── Overloaded                  overloaded, 429 (Retry-After)
     │   ├── Unavailable                 unavailable, 503 (Retry-After)
@@ -29,6 +31,8 @@ as ``{"code", "message", "details"}`` and are rebuilt as the same class on the o
     ├── IntegrityError                  integrity_error, 502 (bytes failed their sha256)
     ├── RegistryError                   registry_error, 502
     ├── ModelFailed                     model_failed, 500 (the model raised while running)
+    ├── MigFailed                       mig_failed, 500 (NVML refused a MIG change midway)
+    ├── MpsUnavailable                  mps_unavailable, 503 (no MPS binaries, or the daemon died)
     └── RemoteError                     remote_error, 500 (a code this side does not know)
 
 Retryable and fatal errors are different classes: callers decide with ``err.retryable``.
@@ -73,6 +77,12 @@ class PayloadTooLarge(BadRequest):
     http_status = 413
 
 
+class InvalidGeometry(BadRequest):
+    """A MIG geometry that cannot exist on a GPU; ``details["reason"]`` says why."""
+
+    code = "invalid_geometry"
+
+
 class Unauthorized(FlashpointError):
     code = "unauthorized"
     http_status = 401
@@ -99,6 +109,12 @@ class ModelNotFound(NotFound):
 class Conflict(FlashpointError):
     code = "conflict"
     http_status = 409
+
+
+class MigUnavailable(Conflict):
+    """MIG is off (or unsupported) on the GPU, so no geometry can be applied."""
+
+    code = "mig_unavailable"
 
 
 class RetryableError(FlashpointError):
@@ -174,6 +190,23 @@ class RegistryError(FlashpointError):
 class ModelFailed(FlashpointError):
     code = "model_failed"
     http_status = 500
+
+
+class MigFailed(FlashpointError):
+    """NVML refused a step of a MIG reconfiguration; ``details["nvml_error"]`` is its code."""
+
+    code = "mig_failed"
+    http_status = 500
+
+
+class MpsUnavailable(FlashpointError):
+    """MPS cannot be used: binaries absent, or the control daemon failed or did not answer.
+
+    Not retryable as such: the caller runs without MPS and says so.
+    """
+
+    code = "mps_unavailable"
+    http_status = 503
 
 
 class RemoteError(FlashpointError):

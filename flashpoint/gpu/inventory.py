@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from flashpoint.log import get_logger
+
+if TYPE_CHECKING:
+    from flashpoint.gpu.nvml import Nvml
 
 log = get_logger(__name__)
 
@@ -22,34 +26,30 @@ class Device:
                 "memory_bytes": self.memory_bytes, "uuid": self.uuid}
 
 
-def nvml_devices() -> list[Device]:
-    """GPUs seen through NVML; empty when the library or a driver is absent."""
+def nvml_devices(nvml: Nvml | None = None) -> list[Device]:
+    """GPUs seen through NVML; empty when the library or a driver is absent.
+
+    ``nvml`` is the adapter (the pynvml module, or a FakeNvml in tests); by default the real
+    library is loaded. Either way the same code reads it.
+    """
     try:
-        import pynvml
-    except ImportError:
+        from flashpoint.gpu.nvml import load_nvml, read_inventory
+    except ImportError:  # nvidia-ml-py missing: no GPUs to see
+        return []
+    nvml = load_nvml(nvml)
+    if nvml is None:
+        log.info("nvml_unavailable")
         return []
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        log.info("nvml_unavailable", reason=str(exc))
-        return []
-    try:
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            uuid = pynvml.nvmlDeviceGetUUID(h)
-            out.append(Device(f"cuda:{i}", "cuda", name if isinstance(name, str) else name.decode(),
-                              int(mem.total), uuid if isinstance(uuid, str) else uuid.decode()))
-        return out
+        return [Device(f"cuda:{g.index}", "cuda", g.name, g.memory_total_bytes, g.uuid)
+                for g in read_inventory(nvml)]
     finally:
-        pynvml.nvmlShutdown()
+        nvml.nvmlShutdown()
 
 
-def discover(cpu_devices: int, cpu_memory_bytes: int) -> list[Device]:
+def discover(cpu_devices: int, cpu_memory_bytes: int, nvml: Nvml | None = None) -> list[Device]:
     """GPUs if any are present, else ``cpu_devices`` CPU placement units."""
-    gpus = nvml_devices()
+    gpus = nvml_devices(nvml)
     if gpus:
         return gpus
     return [Device(f"cpu:{i}", "cpu", "cpu", cpu_memory_bytes) for i in range(cpu_devices)]
