@@ -55,6 +55,17 @@ async def _run_controller(cfg: ClusterConfig) -> None:
         await ctl.stop()
 
 
+async def _run_gateway(cfg: ClusterConfig, port: int | None) -> None:
+    from flashpoint.gateway.standalone import StandaloneGateway
+
+    gw = await StandaloneGateway.start(cfg, port=port)
+    print(f"flashpoint: gateway at {gw.url}", flush=True)
+    try:
+        await _wait_forever()
+    finally:
+        await gw.stop()
+
+
 async def _run_host(cfg: ClusterConfig, host_id: str | None) -> None:
     from flashpoint.actors.host import HostManager
 
@@ -137,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="run a controller and N host managers on this machine")
     up.add_argument("--hosts", type=int, default=2)
     sub.add_parser("controller", help="run the controller")
+    gateway = sub.add_parser("gateway", help="run the HTTP API in its own process, in front "
+                                            "of the controller (survives controller restarts)")
+    gateway.add_argument("--port", type=int, help="listen port (default: [gateway] listen_port)")
     host = sub.add_parser("host", help="run one host manager")
     host.add_argument("--host-id")
     model = sub.add_parser("model", help="model registry commands")
@@ -186,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.run(_run_up(cfg, args.hosts))
     elif args.cmd == "controller":
         uvloop.run(_run_controller(cfg))
+    elif args.cmd == "gateway":
+        uvloop.run(_run_gateway(cfg, args.port))
     elif args.cmd == "host":
         uvloop.run(_run_host(cfg, args.host_id))
     elif args.cmd == "model":

@@ -135,6 +135,12 @@ class GatewaySettings:
     rate_limit_rps: float = 0.0
     rate_limit_burst: int = 0
     max_inflight_requests: int = 0  # across all callers; 0 = unlimited
+    # A stand-alone gateway process (``flashpoint gateway``): where it listens, and the
+    # controller's RPC URL (empty: ws://<controller.listen_host>:<controller.listen_port>/rpc).
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8081
+    controller_url: str = ""
+    refresh_s: float = 0.5  # how often it re-reads the function table
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from prometheus_client import Counter, Histogram
 
 from flashpoint.actors import controller_state as cs
 from flashpoint.actors.dispatch import Dispatcher
+from flashpoint.actors.gateway_service import GatewayService
 from flashpoint.actors.persist import FunctionTable
 from flashpoint.actors.pipeline_target import PipelineTarget
 from flashpoint.actors.rates import RateMeter
@@ -202,7 +203,7 @@ class Controller:
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         from flashpoint.gateway.app import RUNNER_KWARGS, add_routes
-        from flashpoint.gateway.config import GatewayConfig
+        from flashpoint.gateway.standalone import gateway_config
         from flashpoint.rpc import RpcServer
 
         check_secret(self.config.secret, self.cc.listen_host, "the controller")
@@ -214,16 +215,12 @@ class Controller:
                 log.error("function_restore_failed", function=spec.name, error=exc.to_wire())
         gw = self.config.gateway
         app = web.Application(client_max_size=gw.max_body_bytes)
-        add_routes(app, self, GatewayConfig(api_keys=dict(gw.api_keys),
-                                            max_body_bytes=gw.max_body_bytes,
-                                            default_timeout_s=gw.default_timeout_s,
-                                            rate_limit_rps=gw.rate_limit_rps,
-                                            rate_limit_burst=gw.rate_limit_burst,
-                                            max_inflight_requests=gw.max_inflight_requests))
+        add_routes(app, self, gateway_config(gw))
         self._rpc = RpcServer(
             {"register_host": self._register_host, "heartbeat": self._heartbeat,
              "replica_ready": self._replica_ready, "replica_failed": self._replica_failed,
-             "stage_ready": self._stage_ready, "host_draining": self._host_draining},
+             "stage_ready": self._stage_ready, "host_draining": self._host_draining,
+             **GatewayService(self).handlers()},
             secret=self.config.secret.encode(), on_disconnect=self._on_disconnect,
         )
         self._rpc.add_to_app(app, "/rpc")
@@ -296,7 +293,13 @@ class Controller:
         self._fail_unplaceable(now)
 
     def _fail_unplaceable(self, now: float) -> None:
-        """Queued work for a function that has no replica and could get none fails with 503."""
+        """Queued work for a function that has no replica and could get none fails with 503.
+
+        Not in the first heartbeat timeout after a start: a restarted controller does not know
+        its hosts yet, and they are about to re-register with their replicas.
+        """
+        if now - self._started_s < self.cc.heartbeat_timeout_s:
+            return
         for name, fn in self.state.functions.items():
             if self.dispatcher.queued(name) and not self.state.replicas_of(name):
                 first = self._oldest(name)

@@ -45,6 +45,7 @@ from flashpoint.testing.netns import NetLab
 REGISTRY, CONTROLLER, FIRST_HOST = 0, 1, 2
 S3_PORT = 5000
 HTTP_PORT = 8080
+GATEWAY_PORT = 8081  # a stand-alone gateway, in the controller's namespace
 BUCKET = "flashpoint-models"
 SECRET = "netns-cluster-test-secret"
 FAKE_AWS_ENV = {
@@ -411,6 +412,24 @@ class NetCluster:
         return "\n".join(out)
 
     # -- faults -----------------------------------------------------------------------------
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.lab.host(CONTROLLER).addr}:{GATEWAY_PORT}"
+
+    async def start_gateway(self) -> None:
+        """Start ``flashpoint gateway`` beside the controller (same namespace, own port);
+        returns once it answers and knows the cluster."""
+        addr = self.lab.host(CONTROLLER).addr
+        cfg = write_toml(self.tmp / "gateway.toml", {
+            "secret": SECRET, "log_level": "INFO",
+            "gateway": {"listen_host": addr, "listen_port": GATEWAY_PORT,
+                        "controller_url": f"ws://{addr}:{HTTP_PORT}/rpc", "refresh_s": 0.2},
+        })
+        self._exec("gateway", CONTROLLER, [sys.executable, "-m", "flashpoint.cli", "--config",
+                                           str(cfg), "gateway"])
+        await self._wait_http("the gateway's /v2/health/ready answering",
+                              self.gateway_url + "/v2/health/ready", "gateway")
 
     def kill_controller(self, timeout_s: float = 10.0) -> None:
         """SIGKILL the controller process (by the PID we started) and wait for it."""

@@ -311,3 +311,66 @@ async def test_a_killed_controller_restarts_without_losing_functions_or_duplicat
     logits = reply["outputs"]["logits"]
     got = torch.tensor(np.asarray(logits["data"], np.float32).reshape(logits["shape"]))
     assert torch.allclose(got, expected, atol=1e-4)
+
+
+async def test_clients_of_a_standalone_gateway_see_latency_not_errors_across_a_controller_kill(
+        start_cluster: Any, model: Model) -> None:
+    """Issue 6, item 2: clients invoke through ``flashpoint gateway`` while the controller is
+    SIGKILLed and restarted: every request gets its correct answer, the ones caught in the
+    outage only later."""
+    c = await start_cluster(2)
+    await c.deploy(FUNCTION, MODEL, min_replicas=2, max_replicas=2, keep_alive_s=600)
+    await c.wait_warm(FUNCTION, c.host_ids, timeout_s=60.0)
+    await c.start_gateway()
+    assert c.session is not None
+    session = c.session
+
+    async def gateway_knows() -> tuple[bool, Any]:
+        async with session.get(f"{c.gateway_url}/v1/functions/{FUNCTION}") as r:
+            return r.status == 200, r.status
+    await c.wait("the gateway knowing the function", gateway_knows, 30.0)
+    body, expected = _inputs()
+    failures: list[Any] = []
+    served: list[float] = []  # completion times (monotonic)
+    latencies: list[float] = []
+    stop = asyncio.Event()
+
+    async def client() -> None:
+        for _ in range(10_000):  # bounded; ends when stopped
+            if stop.is_set():
+                return
+            t0 = asyncio.get_running_loop().time()
+            async with session.post(f"{c.gateway_url}/v1/functions/{FUNCTION}/invoke",
+                                    json={"inputs": body, "timeout_s": 60}) as r:
+                reply = await r.json(content_type=None)
+            latencies.append(asyncio.get_running_loop().time() - t0)
+            if r.status != 200:
+                failures.append((r.status, reply))
+                continue
+            logits = reply["outputs"]["logits"]
+            got = torch.tensor(np.asarray(logits["data"], np.float32).reshape(logits["shape"]))
+            if not torch.allclose(got, expected, atol=1e-4):
+                failures.append("wrong output")
+            served.append(asyncio.get_running_loop().time())
+
+    clients = [asyncio.ensure_future(client()) for _ in range(3)]
+    try:
+        await asyncio.sleep(1.0)
+        before = len(served)
+        c.kill_controller()
+        killed_at = asyncio.get_running_loop().time()
+        await asyncio.sleep(1.0)  # requests keep arriving at the gateway with no controller
+        await c.restart_controller()
+        await c.wait_warm(FUNCTION, c.host_ids, count=2, timeout_s=30.0)
+        await asyncio.sleep(2.0)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*clients, return_exceptions=True), 90)
+    assert not failures, failures[:5]
+    assert before > 0 and any(t > killed_at + 1.0 for t in served), "no request served after"
+    async with session.get(f"{c.gateway_url}/v1/status") as r:
+        status = await r.json()
+    assert status["gateway"]["controller_connected"] and status["gateway"]["retries"] >= 1
+    print(f"\ncontroller killed under load through the gateway: {len(served)} requests served, "
+          f"{len(failures)} failed, {status['gateway']['retries']} re-sent by the gateway, "
+          f"max latency {max(latencies):.2f}s, p50 {sorted(latencies)[len(latencies) // 2]:.3f}s")

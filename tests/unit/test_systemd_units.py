@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
-NAMES = ("flashpoint-controller.service", "flashpoint-host.service")
+NAMES = ("flashpoint-controller.service", "flashpoint-host.service", "flashpoint-gateway.service")
 
 
 def _localised(tmp_path: Path) -> list[Path]:

@@ -1,0 +1,73 @@
+"""``flashpoint gateway``: the HTTP API in its own process, in front of the controller.
+
+See :mod:`flashpoint.gateway.remote` for what it keeps and what it retries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from flashpoint.config import ClusterConfig, GatewaySettings, check_secret
+from flashpoint.gateway.app import RUNNER_KWARGS, make_app
+from flashpoint.gateway.config import GatewayConfig
+from flashpoint.gateway.remote import RemoteBackend
+from flashpoint.log import get_logger
+
+log = get_logger(__name__)
+
+
+def gateway_config(settings: GatewaySettings) -> GatewayConfig:
+    """The HTTP gateway's limits from the cluster configuration's ``[gateway]`` table."""
+    return GatewayConfig(api_keys=dict(settings.api_keys),
+                         max_body_bytes=settings.max_body_bytes,
+                         default_timeout_s=settings.default_timeout_s,
+                         rate_limit_rps=settings.rate_limit_rps,
+                         rate_limit_burst=settings.rate_limit_burst,
+                         max_inflight_requests=settings.max_inflight_requests)
+
+
+def controller_rpc_url(config: ClusterConfig) -> str:
+    if config.gateway.controller_url:
+        return config.gateway.controller_url
+    cc = config.controller
+    return f"{'wss' if cc.tls_cert_path else 'ws'}://{cc.listen_host}:{cc.listen_port}/rpc"
+
+
+@dataclass
+class StandaloneGateway:
+    """A running stand-alone gateway: its backend, its HTTP runner and its URL."""
+
+    backend: RemoteBackend
+    runner: web.AppRunner
+    url: str
+
+    @classmethod
+    async def start(cls, config: ClusterConfig, *, port: int | None = None) -> StandaloneGateway:
+        gw = config.gateway
+        check_secret(config.secret, gw.listen_host, "the gateway")
+        backend = RemoteBackend(controller_rpc_url(config), secret=config.secret.encode(),
+                                refresh_s=gw.refresh_s,
+                                # inputs travel in one frame: room for the largest body
+                                max_frame_bytes=max(gw.max_body_bytes * 2, 64 << 20))
+        await backend.start()
+        runner = web.AppRunner(make_app(backend, gateway_config(gw)), access_log=None,
+                               **RUNNER_KWARGS)
+        try:
+            await runner.setup()
+            site = web.TCPSite(runner, gw.listen_host, gw.listen_port if port is None else port)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            await backend.stop()
+            raise
+        bound: Any = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
+        url = f"http://{gw.listen_host}:{bound[1]}"
+        log.info("gateway_started", url=url, controller=controller_rpc_url(config))
+        return cls(backend, runner, url)
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+        await self.backend.stop()
