@@ -52,8 +52,8 @@ async def main(args: argparse.Namespace) -> dict:
 
     gpus = nvml_devices()
     if (not gpus or not torch.cuda.is_available()) and not args.dry_run_cpu:
-        print("no CUDA GPU here (NVML devices: %d, torch.cuda: %s): nothing to measure"
-              % (len(gpus), torch.cuda.is_available()))
+        print(f"no CUDA GPU here (NVML devices: {len(gpus)}, torch.cuda: "
+              f"{torch.cuda.is_available()}): nothing to measure")
         return {"bench": "serve_cuda", "skipped": "no GPU"}
     for d in gpus:
         print(f"NVML: {d.device_id} {d.name} {d.memory_bytes / 2**30:.1f} GiB {d.uuid}")
@@ -118,7 +118,8 @@ async def main(args: argparse.Namespace) -> dict:
     ok = bool(np.allclose(warm_out, ref, rtol=1e-3, atol=1e-3))
     ram = [r for r in rows if r["row"] == "ram"]
     out = {"bench": "serve_cuda", "machine": f"{platform.machine()} {os.cpu_count()} cpu",
-           "gpu": gpus[0].name if gpus else "none (CPU dry run)", "torch": torch.__version__, "model": args.model,
+           "gpu": gpus[0].name if gpus else "none (CPU dry run)", "torch": torch.__version__,
+           "model": args.model,
            "preset": args.preset, "model_bytes": manifest.blob_size,
            "registry_wall_s": rows[0]["wall_s"],
            "ram_wall_s_median": statistics.median(r["wall_s"] for r in ram),
