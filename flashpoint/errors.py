@@ -29,6 +29,7 @@ as ``{"code", "message", "details"}`` and are rebuilt as the same class on the o
     ├── IntegrityError                  integrity_error, 502 (bytes failed their sha256)
     ├── RegistryError                   registry_error, 502
     ├── ModelFailed                     model_failed, 500 (the model raised while running)
+    ├── HookBuildFailed                 hook_build_failed, 500 (no C compiler / the hook did not compile)
     └── RemoteError                     remote_error, 500 (a code this side does not know)
 
 Retryable and fatal errors are different classes: callers decide with ``err.retryable``.
@@ -173,6 +174,13 @@ class RegistryError(FlashpointError):
 
 class ModelFailed(FlashpointError):
     code = "model_failed"
+    http_status = 500
+
+
+class HookBuildFailed(FlashpointError):
+    """The native GPU hook could not be built: no C compiler, or compilation failed."""
+
+    code = "hook_build_failed"
     http_status = 500
 
 
