@@ -80,10 +80,7 @@ class TokenManager:
 
     def usage_by_tenant(self) -> dict[TenantId, int]:
         """Lifetime GPU time charged per tenant, in ns (the manager's accounting)."""
-        out: dict[TenantId, int] = {}
-        for u in self.state.usage().values():
-            out[u.tenant] = out.get(u.tenant, 0) + u.total_ns
-        return out
+        return dict(self.state.tenant_total_ns)
 
     # ---- I/O ----
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

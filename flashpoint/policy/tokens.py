@@ -114,6 +114,7 @@ class TokenState:
         self._window_start = now_ns
         self._slot_start = now_ns
         self.klc = KlcController(self.config.klc)
+        self.tenant_total_ns: dict[TenantId, int] = {}  # lifetime charge, kept after disconnects
 
     # ---- configuration (the host / controller calls these live) ----
     def set_quota(self, tenant: TenantId, quota: TenantQuota, now_ns: int) -> list[Grant]:
@@ -196,6 +197,8 @@ class TokenState:
     # ---- internals ----
     def _charge(self, c: _Client, delta_ns: int) -> None:
         c.charged_ns += delta_ns
+        t = c.usage.tenant
+        self.tenant_total_ns[t] = max(0, self.tenant_total_ns.get(t, 0) + delta_ns)
         c.usage.used_ns = max(0, c.usage.used_ns + delta_ns)
         c.usage.total_ns = max(0, c.usage.total_ns + delta_ns)
 

@@ -234,14 +234,16 @@ static int fp_find_proc(const char *name, int ptds) {
 /* ======================= time-token client ======================= */
 static struct {
     pthread_mutex_t mu;
+    pthread_cond_t cv;    /* wakes the releaser thread */
     int fd;               /* -1: not connected */
     uint64_t next_retry;  /* monotonic ns before which we do not reconnect */
     uint64_t seq;
     int have_token, local; /* local: granted by ourselves while the manager is away */
     uint64_t grant, quota, last_launch;
     int launched;
+    uint64_t synced_at;   /* last sync return while holding the token; 0 = none pending */
     int failing;          /* logged the current failure episode */
-} tk = {PTHREAD_MUTEX_INITIALIZER, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+} tk = {.mu = PTHREAD_MUTEX_INITIALIZER, .fd = -1};
 
 static void fp_msg_init(struct fp_msg *m, uint16_t type) {
     memset(m, 0, sizeof *m);
@@ -380,20 +382,66 @@ static void fp_gate(void) {
     }
     tk.last_launch = now;
     tk.launched = 1;
+    tk.synced_at = 0; /* busy again: no early return */
     pthread_mutex_unlock(&tk.mu);
 }
 
-/* Post-hook of a successful sync: the work is done, return the token early. */
+/* Early return.  After a successful sync the queued work is done; if no launch follows
+ * within FP_HOOK_IDLE_GAP_US the tenant is idle and the token goes back, charged up to the
+ * sync.  Releasing on every sync instead would cost a manager round trip per batch and
+ * hand the GPU away between back-to-back batches; the short grace period avoids both. */
+static void tk_release_locked(uint64_t used) {
+    struct fp_msg rel;
+    fp_msg_init(&rel, FP_MSG_RELEASE);
+    rel.seq = tk.seq;
+    rel.used_ns = used;
+    tk.have_token = 0;
+    tk.synced_at = 0;
+    if (tk_send(&rel) != 0) tk_fail("send failed");
+}
+
+static void *tk_releaser(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&tk.mu);
+    for (;;) {
+        if (!(tk.have_token && !tk.local && tk.fd >= 0 && tk.synced_at)) {
+            pthread_cond_wait(&tk.cv, &tk.mu);
+            continue;
+        }
+        uint64_t deadline = tk.synced_at + fp_cfg.idle_gap_ns, now = fp_now_ns();
+        if (now >= deadline) {
+            tk_release_locked(tk.synced_at - tk.grant);
+            continue;
+        }
+        struct timespec ts = {(time_t)(deadline / 1000000000ull), (long)(deadline % 1000000000ull)};
+        pthread_cond_timedwait(&tk.cv, &tk.mu, &ts);
+    }
+    return NULL;
+}
+
+static pthread_once_t tk_releaser_once = PTHREAD_ONCE_INIT;
+static void tk_releaser_start(void) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC); /* deadlines are fp_now_ns() values */
+    pthread_cond_init(&tk.cv, &a);
+    pthread_condattr_destroy(&a);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, tk_releaser, NULL) != 0)
+        FP_LOG("cannot start the token releaser thread; tokens return only at expiry");
+    pthread_attr_destroy(&attr);
+}
+
 static void fp_synced(void) {
     if (!fp_cfg.socket_path[0]) return;
+    pthread_once(&tk_releaser_once, tk_releaser_start);
     pthread_mutex_lock(&tk.mu);
     if (tk.have_token && !tk.local && tk.fd >= 0) {
-        struct fp_msg rel;
-        fp_msg_init(&rel, FP_MSG_RELEASE);
-        rel.seq = tk.seq;
-        rel.used_ns = fp_now_ns() - tk.grant;
-        tk.have_token = 0;
-        if (tk_send(&rel) != 0) tk_fail("send failed");
+        tk.synced_at = fp_now_ns();
+        pthread_cond_signal(&tk.cv);
     }
     pthread_mutex_unlock(&tk.mu);
 }
