@@ -86,6 +86,8 @@ class KlcController:
             self.phase = KlcPhase.NONE
             self.factor = 1.0
             return self.phase
+        if self.phase is KlcPhase.NONE:  # an SLO tenant arrived: hold until KLC says more
+            self.phase = KlcPhase.CONTENTION
         for tenant in slo_tenants:
             k = self._tenants.setdefault(tenant, _Klc())
             if tenant in active:
