@@ -61,13 +61,19 @@ class TokenManager:
         """Close the socket and every connection (hooks then fail open and retry)."""
         if self._server is not None:
             self._server.close()
-        tasks = [t for t in (self._ticker, *self._conn_tasks) if t is not None]
-        for t in tasks:
-            t.cancel()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        # Closing the transports ends each handler's read normally; cancelling handlers
+        # instead makes asyncio's stream callback log their CancelledError.
         for w in list(self._writers.values()):
             w.close()
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout_s)
+        conns = list(self._conn_tasks)
+        if conns:
+            _done, pending = await asyncio.wait(conns, timeout=timeout_s)
+            for t in pending:
+                t.cancel()
+        if self._ticker is not None:
+            await asyncio.wait([self._ticker], timeout=timeout_s)
         if self._server is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._server.wait_closed(), timeout_s)

@@ -69,6 +69,11 @@ class TokenConfig:
     window_ns: int = 100_000_000
     token_ns: int = 10_000_000
     min_token_ns: int = 200_000
+    # A hook checks its token before each launch, so work launched just before expiry
+    # runs past it; the hook reports that at its next request (usually within one kernel).
+    # Reassigning the SMs only after this grace keeps that overrun from overlapping the
+    # next holder; an idle holder costs the GPU at most this much.
+    expiry_grace_ns: int = 2_000_000
     klc: KlcConfig = field(default_factory=KlcConfig)
 
 
@@ -167,7 +172,7 @@ class TokenState:
         self._roll_window(now_ns)
         self._run_slots(now_ns)
         for c in self._clients.values():
-            if c.holding and now_ns >= c.granted_at_ns + c.quota_ns:
+            if c.holding and now_ns >= c.granted_at_ns + c.quota_ns + self.config.expiry_grace_ns:
                 # Expired without a report: free its SMs and charge the quota for now;
                 # the hook's later report corrects it (overuse included).
                 c.holding = False
@@ -181,7 +186,7 @@ class TokenState:
             t = min(t, self._slot_start + self.config.klc.slot_ns)
         for c in self._clients.values():
             if c.holding:
-                t = min(t, c.granted_at_ns + c.quota_ns)
+                t = min(t, c.granted_at_ns + c.quota_ns + self.config.expiry_grace_ns)
         return t
 
     # ---- views ----

@@ -109,7 +109,9 @@ def test_expired_token_frees_sms_and_overuse_is_charged_then_carried():
     s.set_quota(1, TenantQuota(0.1, 0.1), 0)
     s.connect(1, 1, 0)
     assert s.request(1, 1, 0, 0)[0].quota_ns == 10 * MS
-    s.tick(10 * MS)
+    s.tick(11 * MS)
+    assert s.holders() == [1]  # within the grace: its last kernels may still be running
+    s.tick(12 * MS)
     assert s.holders() == []
     # the hook reports it really ran 30 ms (kernels queued past the token): 20 ms overuse
     assert s.request(1, 2, 30 * MS, 31 * MS) == []  # over its 10 ms limit: blocked this window

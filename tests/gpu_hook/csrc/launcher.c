@@ -73,8 +73,11 @@ int main(int argc, char **argv) {
             n++;
             if (sync_every > 0 && n % sync_every == 0 && sync() != 0) return 5;
         }
-        printf("{\"launches\": %llu, \"wall_ns\": %llu, \"sum_kernel_ns\": %llu, \"cublas\": %d}\n",
-               (unsigned long long)n, (unsigned long long)(now_ns() - t0),
+        uint64_t t1 = now_ns();
+        printf("{\"launches\": %llu, \"t0_ns\": %llu, \"t1_ns\": %llu, \"wall_ns\": %llu, "
+               "\"sum_kernel_ns\": %llu, \"cublas\": %d}\n",
+               (unsigned long long)n, (unsigned long long)t0, (unsigned long long)t1,
+               (unsigned long long)(t1 - t0),
                (unsigned long long)(n * kernel_ns), cublas ? cublas() : -1);
         return 0;
     }
