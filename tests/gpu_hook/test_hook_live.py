@@ -141,7 +141,7 @@ async def test_per_thread_stream_variant_is_hooked(kit, tmp_path, sock):
             p.stop()
         await mgr.stop()
     assert a["launches_ptsz"] == a["launches"] > 0  # the driver's _ptsz entry was called...
-    assert 0.45 <= a["busy_ns"] / a["wall_ns"] <= 0.53  # ...through the gate
+    assert 0.42 <= a["busy_ns"] / a["wall_ns"] <= 0.57  # ...through the gate (ungated: ~1.0)
 
 
 async def test_manager_killed_program_continues(kit, tmp_path, sock):
