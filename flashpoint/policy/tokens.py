@@ -120,6 +120,7 @@ class TokenState:
         self._slot_start = now_ns
         self.klc = KlcController(self.config.klc)
         self.tenant_total_ns: dict[TenantId, int] = {}  # lifetime charge, kept after disconnects
+        self.tenant_grants: dict[TenantId, int] = {}  # lifetime grants, kept after disconnects
 
     # ---- configuration (the host / controller calls these live) ----
     def set_quota(self, tenant: TenantId, quota: TenantQuota, now_ns: int) -> list[Grant]:
@@ -281,4 +282,5 @@ class TokenState:
             c.charged_ns = 0
             c.last_active_ns = now_ns
             c.usage.grants += 1
+            self.tenant_grants[c.usage.tenant] = self.tenant_grants.get(c.usage.tenant, 0) + 1
         return grants
