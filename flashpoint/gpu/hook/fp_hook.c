@@ -64,7 +64,12 @@ typedef unsigned int CUdeviceptr_v1;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef unsigned long long cuuint64_t;
 typedef void *CUfunction, *CUstream, *CUevent, *CUgraphExec;
-typedef struct CUlaunchConfig_st CUlaunchConfig;
+typedef struct CUlaunchConfig_st { /* layout fixed since CUDA 11.8 */
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    void *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
 typedef struct CUmemAllocationProp_st CUmemAllocationProp;
 typedef int nvmlReturn_t;
 typedef void *nvmlDevice_t;
@@ -350,9 +355,24 @@ static void tk_acquire(uint64_t used_ns) { /* caller holds tk.mu */
 }
 
 typedef CUresult (*ctx_sync_fn)(void);
+typedef CUresult (*is_capturing_fn)(CUstream, int *);
+
+/* Synchronizing while a stream is being captured into a CUDA graph would invalidate the
+ * capture, so the expiry sync is skipped then (the charge is the wall time so far). */
+static int fp_capturing(CUstream s) {
+    static is_capturing_fn fn;
+    if (!fn) {
+        dlsym_fn real_dlsym = fp_dlsym_real();
+        void *h = fp_lib_handle(0);
+        if (real_dlsym && h) fn = (is_capturing_fn)real_dlsym(h, "cuStreamIsCapturing");
+        if (!fn) return 1; /* cannot tell: do not risk it */
+    }
+    int status = 0;
+    return fn(s, &status) != CUDA_SUCCESS || status != 0;
+}
 
 /* Pre-hook of every launch: make sure we hold an unexpired token. */
-static void fp_gate(void) {
+static void fp_gate(CUstream stream) {
     fp_config();
     if (!fp_cfg.socket_path[0]) return; /* no manager configured: no time tokens */
     pthread_mutex_lock(&tk.mu);
@@ -364,7 +384,7 @@ static void fp_gate(void) {
             if (now - end <= fp_cfg.idle_gap_ns) {
                 /* Busy through expiry: wait for the queued kernels, so the charge is the
                  * whole wall time grant -> GPU done (FaST's overuse, charged back). */
-                if (fp_cfg.sync_on_expiry && tk.launched) {
+                if (fp_cfg.sync_on_expiry && tk.launched && !fp_capturing(stream)) {
                     ctx_sync_fn sync = (ctx_sync_fn)fp_real(FP_cuCtxSynchronize);
                     if (sync) sync();
                     now = fp_now_ns();
@@ -520,7 +540,7 @@ static CUresult fp_launch(int i, CUfunction f, unsigned gx, unsigned gy, unsigne
                           unsigned by, unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
     launch_fn fn = (launch_fn)fp_real(i);
     if (!fn) return MISSING;
-    fp_gate();
+    fp_gate(s);
     return fn(f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
 }
 FP_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -537,7 +557,7 @@ typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, vo
 static CUresult fp_launch_ex(int i, const CUlaunchConfig *c, CUfunction f, void **p, void **e) {
     launch_ex_fn fn = (launch_ex_fn)fp_real(i);
     if (!fn) return MISSING;
-    fp_gate();
+    fp_gate(c ? c->hStream : NULL);
     return fn(c, f, p, e);
 }
 FP_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e) {
@@ -553,7 +573,7 @@ static CUresult fp_coop(int i, CUfunction f, unsigned gx, unsigned gy, unsigned 
                         unsigned by, unsigned bz, unsigned shm, CUstream s, void **p) {
     coop_fn fn = (coop_fn)fp_real(i);
     if (!fn) return MISSING;
-    fp_gate();
+    fp_gate(s);
     return fn(f, gx, gy, gz, bx, by, bz, shm, s, p);
 }
 FP_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
@@ -571,7 +591,7 @@ typedef CUresult (*graph_fn)(CUgraphExec, CUstream);
 static CUresult fp_graph(int i, CUgraphExec g, CUstream s) {
     graph_fn fn = (graph_fn)fp_real(i);
     if (!fn) return MISSING;
-    fp_gate();
+    fp_gate(s);
     return fn(g, s);
 }
 FP_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return fp_graph(FP_cuGraphLaunch, g, s); }

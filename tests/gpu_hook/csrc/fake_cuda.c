@@ -66,6 +66,7 @@ CUresult cuLaunchCooperativeKernel(void *f, unsigned a, unsigned b, unsigned c, 
 }
 CUresult cuGraphLaunch(void *g, void *s) { (void)g; (void)s; spin(NULL); return 0; }
 CUresult cuCtxSynchronize(void) { syncs++; return 0; }
+CUresult cuStreamIsCapturing(void *s, int *status) { (void)s; *status = 0; return 0; }
 CUresult cuStreamSynchronize(void *s) { (void)s; syncs++; return 0; }
 CUresult cuEventSynchronize(void *e) { (void)e; syncs++; return 0; }
 
