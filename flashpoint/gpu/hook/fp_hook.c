@@ -149,6 +149,7 @@ static uint64_t fp_env_u64(const char *name, uint64_t dflt) {
     return (end && *end == '\0') ? (uint64_t)x : dflt;
 }
 
+static void tk_after_fork_child(void);
 static pthread_once_t fp_cfg_once = PTHREAD_ONCE_INIT;
 static void fp_cfg_init(void) {
     const char *s = getenv("FP_HOOK_SOCKET");
@@ -163,6 +164,7 @@ static void fp_cfg_init(void) {
     fp_cfg.libcuda = getenv("FP_HOOK_LIBCUDA") ? getenv("FP_HOOK_LIBCUDA") : "libcuda.so.1";
     fp_cfg.libnvml = getenv("FP_HOOK_LIBNVML") ? getenv("FP_HOOK_LIBNVML") : "libnvidia-ml.so.1";
     fp_quiet = (int)fp_env_u64("FP_HOOK_QUIET", 0);
+    pthread_atfork(NULL, NULL, tk_after_fork_child);
 }
 static void fp_config(void) { pthread_once(&fp_cfg_once, fp_cfg_init); }
 
@@ -249,6 +251,20 @@ static struct {
     uint64_t synced_at;   /* last sync return while holding the token; 0 = none pending */
     int failing;          /* logged the current failure episode */
 } tk = {.mu = PTHREAD_MUTEX_INITIALIZER, .fd = -1};
+
+static int tk_releaser_started; /* guarded by tk.mu */
+
+/* A forked child (e.g. a data-loader worker) must not talk on its parent's connection or
+ * think it holds the parent's token; it reconnects on its first launch.  Its releaser
+ * thread did not survive the fork, so it is started again on demand. */
+static void tk_after_fork_child(void) {
+    pthread_mutex_init(&tk.mu, NULL);
+    if (tk.fd >= 0) close(tk.fd);
+    tk.fd = -1;
+    tk.have_token = tk.local = tk.launched = 0;
+    tk.synced_at = tk.next_retry = 0;
+    tk_releaser_started = 0;
+}
 
 static void fp_msg_init(struct fp_msg *m, uint16_t type) {
     memset(m, 0, sizeof *m);
@@ -439,8 +455,8 @@ static void *tk_releaser(void *arg) {
     return NULL;
 }
 
-static pthread_once_t tk_releaser_once = PTHREAD_ONCE_INIT;
-static void tk_releaser_start(void) {
+static void tk_releaser_start(void) { /* caller holds tk.mu */
+    tk_releaser_started = 1;
     pthread_condattr_t a;
     pthread_condattr_init(&a);
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC); /* deadlines are fp_now_ns() values */
@@ -457,8 +473,8 @@ static void tk_releaser_start(void) {
 
 static void fp_synced(void) {
     if (!fp_cfg.socket_path[0]) return;
-    pthread_once(&tk_releaser_once, tk_releaser_start);
     pthread_mutex_lock(&tk.mu);
+    if (!tk_releaser_started) tk_releaser_start();
     if (tk.have_token && !tk.local && tk.fd >= 0) {
         tk.synced_at = fp_now_ns();
         pthread_cond_signal(&tk.cv);
