@@ -136,7 +136,8 @@ def main() -> None:
     print(f"{'quotas':>10} {'share_a':>8} {'|err|':>7} {'mgr_share_a':>12} {'busy/span':>12}")
     for s in res["shares"]:
         print(f"{s['quota_a']:.1f}/{s['quota_b']:.1f}".rjust(10),
-              f"{s['share_a']:8.4f} {s['error_abs']:7.4f} {s['mgr_share_a']:12.4f} {s['busy_over_span']:12.4f}")
+              f"{s['share_a']:8.4f} {s['error_abs']:7.4f} {s['mgr_share_a']:12.4f}",
+              f"{s['busy_over_span']:12.4f}")
     print(json.dumps(res))
 
 

@@ -91,9 +91,9 @@ async def run_workers(args: argparse.Namespace, envs: list[dict[str, str]]) -> l
     procs: list[asyncio.subprocess.Process] = []
     try:
         for env in envs:
-            cmd = [sys.executable, __file__, "--worker", "--seconds", str(args.seconds), "--preset", args.preset,
-                   "--batch", str(args.batch), "--dtype", args.dtype, "--device", args.device, "--barrier", barrier,
-                   "--parties", str(len(envs))]
+            cmd = [sys.executable, __file__, "--worker", "--seconds", str(args.seconds),
+                   "--preset", args.preset, "--batch", str(args.batch), "--dtype", args.dtype,
+                   "--device", args.device, "--barrier", barrier, "--parties", str(len(envs))]
             procs.append(await asyncio.create_subprocess_exec(*cmd, env=env, stdout=subprocess.PIPE,
                                                               stderr=subprocess.PIPE))
         outs = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)),
@@ -185,7 +185,8 @@ async def orchestrate(args: argparse.Namespace) -> dict:
         "overhead_le_3pct": o["hook_manager_overhead"] <= 0.03,
         "share_manager_within_5pct": abs(s["share_a_manager"] - 0.3) <= 0.05,
         "share_throughput_within_5pct": abs(s["share_a_throughput"] - 0.3) <= 0.05,
-        "hook_engaged": o["grants"] > 0 and all(v > 0 for v in s["grants"].values()) and len(s["grants"]) == 2,
+        "hook_engaged": o["grants"] > 0 and len(s["grants"]) == 2
+        and all(v > 0 for v in s["grants"].values()),
     }
     return res
 
@@ -196,8 +197,8 @@ def print_table(r: dict) -> None:
     print(f"{'run':<28}{'samples/s':>12}{'overhead':>10}")
     print(f"{'no hook':<28}{o['plain_throughput']:>12.1f}{'':>10}")
     print(f"{'hook, no manager':<28}{o['hook_only_throughput']:>12.1f}{o['hook_only_overhead']:>10.2%}")
-    print(f"{'hook + manager (100%)':<28}{o['hook_manager_throughput']:>12.1f}{o['hook_manager_overhead']:>10.2%}"
-          f"   grants={o['grants']}")
+    print(f"{'hook + manager (100%)':<28}{o['hook_manager_throughput']:>12.1f}"
+          f"{o['hook_manager_overhead']:>10.2%}   grants={o['grants']}")
     print(f"{'30/70: tenant A':<28}{s['throughput_a']:>12.1f}   share(manager)={s['share_a_manager']:.3f}"
           f" share(throughput)={s['share_a_throughput']:.3f} (target 0.300 +-0.05)")
     print(f"{'30/70: tenant B':<28}{s['throughput_b']:>12.1f}   grants={s['grants']}")

@@ -22,7 +22,8 @@ def test_concurrent_builds_agree_and_leave_no_temp_files(tmp_path):
     assert hookbuild.build_hook(tmp_path) == paths[0] and paths[0].stat().st_mtime_ns == mtime  # cached
     syms = subprocess.run(["nm", "-D", "--defined-only", str(paths[0])], capture_output=True, text=True,
                           timeout=30).stdout
-    for name in ("cuLaunchKernel", "cuGetProcAddress_v2", "dlsym", "cuMemAlloc_v2", "nvmlDeviceGetMemoryInfo"):
+    for name in ("cuLaunchKernel", "cuGetProcAddress_v2", "dlsym", "cuMemAlloc_v2",
+                 "nvmlDeviceGetMemoryInfo"):
         assert f" T {name}\n" in syms
     assert " T fp_" not in syms  # internals stay hidden
 
