@@ -1,8 +1,9 @@
 /* A stand-in for a DL framework: it never links libcuda; it dlopens it and resolves the
  * driver through dlsym and cuGetProcAddress, as the CUDA runtime (hence torch) does.
  *
- *   launcher run SECONDS KERNEL_US SYNC_EVERY proc|dlsym|ptds
- *       launch KERNEL_US busy kernels for SECONDS, syncing every SYNC_EVERY launches;
+ *   launcher run SECONDS KERNEL_US SYNC_EVERY proc|dlsym|ptds [IDLE_US]
+ *       launch KERNEL_US busy kernels for SECONDS, syncing every SYNC_EVERY launches and
+ *       then idling IDLE_US (a bursty, inference-like tenant);
  *       prints {"launches","wall_ns","sum_kernel_ns","cublas"}
  *   launcher mem CHUNK_BYTES MAX_CHUNKS
  *       allocate chunks until failure; prints {"ok_chunks","error","free","total",
@@ -63,6 +64,7 @@ int main(int argc, char **argv) {
         double seconds = atof(argv[2]);
         uint64_t kernel_ns = (uint64_t)(atof(argv[3]) * 1000.0);
         long sync_every = atol(argv[4]);
+        long idle_us = argc >= 7 ? atol(argv[6]) : 0;
         launch_t launch = (launch_t)resolve("cuLaunchKernel", argv[5]);
         sync_t sync = (sync_t)resolve("cuCtxSynchronize", strcmp(argv[5], "ptds") == 0 ? "proc" : argv[5]);
         uint64_t max_launches = (uint64_t)(seconds * 1e9 / (double)(kernel_ns ? kernel_ns : 1)) + 10;
@@ -71,7 +73,13 @@ int main(int argc, char **argv) {
         while (now_ns() < end && n < max_launches) {
             if (launch(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL) != 0) return 4;
             n++;
-            if (sync_every > 0 && n % sync_every == 0 && sync() != 0) return 5;
+            if (sync_every > 0 && n % sync_every == 0) {
+                if (sync() != 0) return 5;
+                if (idle_us > 0) {
+                    struct timespec ts = {idle_us / 1000000, (idle_us % 1000000) * 1000};
+                    nanosleep(&ts, NULL);
+                }
+            }
         }
         uint64_t t1 = now_ns();
         printf("{\"launches\": %llu, \"t0_ns\": %llu, \"t1_ns\": %llu, \"wall_ns\": %llu, "
