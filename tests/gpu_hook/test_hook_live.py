@@ -150,6 +150,32 @@ async def test_live_quota_change_takes_effect(kit, tmp_path, sock):
     assert 0.40 <= a["busy_ns"] / a["wall_ns"] <= 0.58, a
 
 
+async def test_directly_linked_app_and_its_forked_child_are_gated(kit, tmp_path, sock):
+    mgr = TokenManager(sock)
+    mgr.set_quota(1, TenantQuota(0.4, 0.4))
+    await mgr.start()
+    stats = tmp_path / "linked.json"
+    proc = await asyncio.create_subprocess_exec(
+        str(kit.linked), "2.0", env=kit.env(FP_HOOK_SOCKET=str(sock), FP_HOOK_TENANT="1",
+                                            FAKE_CUDA_STATS=str(stats)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 15.0)
+    finally:
+        if proc.returncode is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        await mgr.stop()
+    assert proc.returncode == 0, err.decode()
+    runs = {r["who"]: r for r in map(json.loads, out.decode().splitlines())}
+    parent = json.loads(stats.read_text())
+    child = json.loads(Path(str(stats) + ".child").read_text())
+    # each process is its own client at the tenant's 40%; one connection each, no confusion
+    assert 0.32 <= parent["busy_ns"] / runs["parent"]["wall_ns"] <= 0.47, (parent, runs)
+    assert 0.32 <= child["busy_ns"] / runs["child"]["wall_ns"] <= 0.47, (child, runs)
+    assert "ungated" not in err.decode()
+    assert mgr.state.tenant_grants[1] > 100
+
+
 async def test_per_thread_stream_variant_is_hooked(kit, tmp_path, sock):
     mgr = TokenManager(sock)
     mgr.set_quota(1, TenantQuota(0.5, 0.5))
