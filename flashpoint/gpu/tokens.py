@@ -29,9 +29,11 @@ from pathlib import Path
 
 from flashpoint.errors import ProtocolError
 from flashpoint.gpu import token_protocol as proto
+from flashpoint.log import get_logger
 from flashpoint.policy.tokens import ClientId, Grant, TenantId, TenantQuota, TokenConfig, TokenState
 
 STOP_TIMEOUT_S = 2.0
+log = get_logger("flashpoint.gpu.tokens")
 
 
 class TokenManager:
@@ -112,8 +114,10 @@ class TokenManager:
                     pass  # accounting reports are accepted; aggregation is the host's job
                 else:
                     raise ProtocolError(f"unexpected {msg.type.name} from a hook")
-        except (asyncio.IncompleteReadError, ConnectionError, ProtocolError):
-            pass  # the hook went away or spoke garbage: drop it; it fails open on its side
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the hook went away; its grants and holds are dropped below
+        except ProtocolError as e:
+            log.warning("token_protocol_error", client=client, error=str(e))
         finally:
             self._writers.pop(client, None)
             self._send(self.state.disconnect(client, self._clock()))
@@ -133,11 +137,18 @@ class TokenManager:
 
     async def _tick_loop(self) -> None:
         while True:
-            delay_s = max(0.0, (self.state.next_deadline_ns() - self._clock()) / 1e9)
+            delay_s = 0.005
+            try:
+                delay_s = max(0.0, (self.state.next_deadline_ns() - self._clock()) / 1e9)
+            except Exception:  # noqa: BLE001 - the clock loop must not die (STYLE.md 4)
+                log.exception("token_deadline_failed")
             self._wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay_s)
-            self._write(self.state.tick(self._clock()))
+            try:
+                self._write(self.state.tick(self._clock()))
+            except Exception:  # noqa: BLE001 - logged; the next tick tries again
+                log.exception("token_tick_failed")
 
 
 def _parse_quota(text: str) -> tuple[int, TenantQuota]:

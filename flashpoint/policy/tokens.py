@@ -5,8 +5,10 @@ requests, releases and clock ticks into :class:`TokenState` and sends the
 :class:`Grant` s it returns.  Time is passed in (``now_ns``); nothing here sleeps or reads
 a clock, so tests and the simulator drive it directly.
 
-Per client (one hooked process) the state keeps ``used_ns`` in the current window.  A
-tenant's quotas are fractions of the window: ``request`` is guaranteed, ``limit`` caps it.
+Per client (one hooked process, one connection) the state keeps ``used_ns`` in the
+current window.  A tenant's quotas are fractions of the window: ``request`` is guaranteed,
+``limit`` caps it.  Quotas apply per client: several processes started with the same
+tenant id each get the tenant's quota (a replica is one process).
 
 Approval (the paper's loop, with the digest's corrections):
 

@@ -38,6 +38,6 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> HookKit:
                     str(d / "libcuda.so.1"), str(CSRC / "fake_cuda.c")], check=True, timeout=60)
     subprocess.run(["gcc", "-O2", "-o", str(d / "launcher"), str(CSRC / "launcher.c"), "-ldl"],
                    check=True, timeout=60)
-    subprocess.run(["gcc", "-O2", "-o", str(d / "linked"), str(CSRC / "linked.c"), f"-L{d}", "-l:libcuda.so.1"],
-                   check=True, timeout=60)
+    subprocess.run(["gcc", "-O2", "-o", str(d / "linked"), str(CSRC / "linked.c"), f"-L{d}",
+                    "-l:libcuda.so.1"], check=True, timeout=60)
     return HookKit(hook, d, d / "launcher", d / "linked")

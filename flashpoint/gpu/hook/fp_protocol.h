@@ -16,6 +16,8 @@
  *   RELEASE hook -> mgr  early return of the token (the tenant synced / went idle);
  *                        used_ns = grant -> sync return.  No reply.
  *   MEM     hook -> mgr  memory accounting report: mem_used_bytes after a change.  No reply.
+ *                        (Reserved: the manager accepts it; the hook does not send it yet,
+ *                        it enforces FP_HOOK_MEM_LIMIT_BYTES locally.)
  * Any malformed message (bad magic, version, type) makes the receiver close the socket;
  * the hook then fails open (grants locally) and retries connecting later.
  */
