@@ -23,7 +23,8 @@ class HookKit:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {"PATH": "/usr/bin:/bin", "LD_PRELOAD": str(self.hook), "LD_LIBRARY_PATH": str(self.libdir),
-               "FP_HOOK_LIBCUDA": str(self.libdir / "libcuda.so.1")}
+               "FP_HOOK_LIBCUDA": str(self.libdir / "libcuda.so.1"),
+               "FP_HOOK_LIBNVML": str(self.libdir / "libnvidia-ml.so.1")}
         env.update(extra)
         return env
 
@@ -36,6 +37,8 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> HookKit:
     hook = build_hook(d / "cache")
     subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", "-o",
                     str(d / "libcuda.so.1"), str(CSRC / "fake_cuda.c")], check=True, timeout=60)
+    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-Wl,-soname,libnvidia-ml.so.1", "-o",
+                    str(d / "libnvidia-ml.so.1"), str(CSRC / "fake_nvml.c")], check=True, timeout=60)
     subprocess.run(["gcc", "-O2", "-o", str(d / "launcher"), str(CSRC / "launcher.c"), "-ldl"],
                    check=True, timeout=60)
     subprocess.run(["gcc", "-O2", "-o", str(d / "linked"), str(CSRC / "linked.c"), f"-L{d}",

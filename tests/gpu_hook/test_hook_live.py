@@ -253,8 +253,9 @@ def test_memory_limit_oom_at_the_right_byte(kit):
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["ok_chunks"] == 10 and r["error"] == 2  # CUDA_ERROR_OUT_OF_MEMORY on the 11th MiB
-    assert r["total"] == r["total_mem"] == 10 * mib + 100  # cuMemGetInfo and cuDeviceTotalMem agree
-    assert r["free"] == 100
+    # cuMemGetInfo, cuDeviceTotalMem and NVML (v1 and v2, resolved through dlsym) agree
+    assert r["total"] == r["total_mem"] == r["nvml_total"] == r["nvml_v2_total"] == 10 * mib + 100
+    assert r["free"] == r["nvml_free"] == 100
     assert r["free_after_release"] == mib + 100  # the free was accounted
 
 
@@ -263,4 +264,4 @@ def test_without_limit_the_device_is_reported_unchanged(kit):
     out = subprocess.run([str(kit.launcher), "mem", str(1 << 20), "100"], env=env, capture_output=True,
                          text=True, timeout=20)
     r = json.loads(out.stdout)
-    assert r["ok_chunks"] == 8 and r["error"] == 2 and r["total"] == 8 << 20
+    assert r["ok_chunks"] == 8 and r["error"] == 2 and r["total"] == r["nvml_total"] == 8 << 20

@@ -7,7 +7,8 @@
  *       prints {"launches","wall_ns","sum_kernel_ns","cublas"}
  *   launcher mem CHUNK_BYTES MAX_CHUNKS
  *       allocate chunks until failure; prints {"ok_chunks","error","free","total",
- *       "total_mem","free_after_release"}
+ *       "total_mem","nvml_total","nvml_free","nvml_v2_total","free_after_release"}
+ *       (nvml_* are -1 when libnvidia-ml.so.1 cannot be opened)
  * Every loop is bounded in count as well as time. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -107,10 +108,21 @@ int main(int argc, char **argv) {
         size_t f = 0, t = 0, tm = 0, f2 = 0, t2 = 0;
         info(&f, &t);
         total_mem(&tm, 0);
+        long long nv_total = -1, nv_free = -1, nv2_total = -1;
+        void *nv = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (nv) { /* as pynvml does: dlsym on the NVML handle */
+            struct { unsigned long long total, free, used; } m1;
+            struct { unsigned int version; unsigned long long total, reserved, free, used; } m2;
+            int (*get1)(void *, void *) = (int (*)(void *, void *))dlsym(nv, "nvmlDeviceGetMemoryInfo");
+            int (*get2)(void *, void *) = (int (*)(void *, void *))dlsym(nv, "nvmlDeviceGetMemoryInfo_v2");
+            if (get1 && get1(NULL, &m1) == 0) { nv_total = (long long)m1.total; nv_free = (long long)m1.free; }
+            if (get2 && get2(NULL, &m2) == 0) nv2_total = (long long)m2.total;
+        }
         if (first) fr(first);
         info(&f2, &t2);
         printf("{\"ok_chunks\": %ld, \"error\": %d, \"free\": %zu, \"total\": %zu, \"total_mem\": %zu, "
-               "\"free_after_release\": %zu}\n", ok, err, f, t, tm, f2);
+               "\"nvml_total\": %lld, \"nvml_free\": %lld, \"nvml_v2_total\": %lld, "
+               "\"free_after_release\": %zu}\n", ok, err, f, t, tm, nv_total, nv_free, nv2_total, f2);
         return 0;
     }
     return 2;
