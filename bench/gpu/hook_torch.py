@@ -133,17 +133,19 @@ def base_env(hook: Path | None, sock: str | None = None, tenant: int = 0) -> dic
 async def orchestrate(args: argparse.Namespace) -> dict:
     from flashpoint.gpu.hookbuild import build_hook
     from flashpoint.gpu.tokens import TokenManager
-    from flashpoint.policy.tokens import TenantQuota
+    from flashpoint.policy.tokens import TenantQuota, TokenConfig
 
     hook = build_hook()
     sock = f"/tmp/fp-hook-torch-{os.getpid()}.sock"
     res: dict = {"bench": "hook_torch", "seconds": args.seconds, "preset": args.preset, "batch": args.batch,
-                 "dtype": args.dtype, "hook": str(hook)}
+                 "dtype": args.dtype, "hook": str(hook), "token_ms": args.token_ms,
+                 "window_ms": args.window_ms}
 
     # (a) overhead
     [plain] = await run_workers(args, [base_env(None)])
     [hooked] = await run_workers(args, [base_env(hook)])
-    mgr = TokenManager(sock)
+    cfg = TokenConfig(window_ns=int(args.window_ms * 1e6), token_ns=int(args.token_ms * 1e6))
+    mgr = TokenManager(sock, cfg)
     mgr.set_quota(1, TenantQuota(1.0, 1.0))
     await mgr.start()
     try:
@@ -160,7 +162,7 @@ async def orchestrate(args: argparse.Namespace) -> dict:
     }
 
     # (b) 30 / 70
-    mgr = TokenManager(sock)
+    mgr = TokenManager(sock, cfg)
     mgr.set_quota(1, TenantQuota(0.3, 0.3))
     mgr.set_quota(2, TenantQuota(0.7, 0.7))
     await mgr.start()
@@ -193,7 +195,8 @@ async def orchestrate(args: argparse.Namespace) -> dict:
 
 def print_table(r: dict) -> None:
     o, s = r["overhead"], r["shares"]
-    print(f"model bert/{r['preset']} batch {r['batch']} {r['dtype']}, {r['seconds']} s per run")
+    print(f"model bert/{r['preset']} batch {r['batch']} {r['dtype']}, {r['seconds']} s per run, "
+          f"token {r['token_ms']} ms / window {r['window_ms']} ms")
     print(f"{'run':<28}{'samples/s':>12}{'overhead':>10}")
     print(f"{'no hook':<28}{o['plain_throughput']:>12.1f}{'':>10}")
     print(f"{'hook, no manager':<28}{o['hook_only_throughput']:>12.1f}{o['hook_only_overhead']:>10.2%}")
@@ -211,6 +214,8 @@ def main() -> int:
     p.add_argument("--preset", default="base")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    p.add_argument("--token-ms", type=float, default=10.0, help="token length granted by the manager")
+    p.add_argument("--window-ms", type=float, default=100.0, help="quota accounting window")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     # --device cpu: a dry run of the plumbing on a machine without CUDA (nothing is gated)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help=argparse.SUPPRESS)
