@@ -70,7 +70,6 @@ class TokenConfig:
 
     window_ns: int = 100_000_000
     token_ns: int = 10_000_000
-    min_token_ns: int = 200_000
     # A hook checks its token before each launch, so work launched just before expiry
     # runs past it; the hook reports that at its next request (usually within one kernel).
     # Reassigning the SMs only after this grace keeps that overrun from overlapping the
@@ -274,7 +273,8 @@ class TokenState:
             if sm_used + sm > 1.0 + _EPS:
                 break
             sm_used += sm
-            quota_ns = max(min(self.config.token_ns, remain), min(self.config.min_token_ns, remain))
+            # never past the limit: what would overrun it is charged back as overuse anyway
+            quota_ns = min(self.config.token_ns, remain)
             grants.append(Grant(k, c.waiting_seq or 0, quota_ns))
             c.waiting_seq = None
             c.holding = True
