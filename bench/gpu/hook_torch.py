@@ -237,6 +237,12 @@ def main() -> int:
         print(f"no CUDA device ({why}); nothing to measure")
         print(json.dumps({"bench": "hook_torch", "skipped": "no CUDA", "reason": why}))
         return 0
+    try:  # the manager side needs flashpoint's own dependencies (structlog, ...)
+        import flashpoint.gpu.tokens  # noqa: F401
+    except ImportError as e:
+        print(f"cannot import the token manager ({e}); install flashpoint's dependencies "
+              f"(pip install -e {ROOT}) or put the repo root on PYTHONPATH", file=sys.stderr)
+        return 2
     res = asyncio.run(orchestrate(args))
     print_table(res)
     print(json.dumps(res))
