@@ -132,6 +132,27 @@ async def test_token_returned_early_when_tenant_syncs_and_idles(kit, tmp_path, s
     assert b["busy_ns"] / b["wall_ns"] >= 0.75, (a, b)
 
 
+async def test_best_effort_held_to_its_request_while_slo_tenant_is_active(kit, tmp_path, sock):
+    # Dilu: an active SLO-sensitive tenant (bursty) keeps the best-effort tenant at
+    # factor x request (factor 1 without KLC stretch) instead of its 100% limit.
+    mgr = TokenManager(sock)
+    mgr.set_quota(1, TenantQuota(0.5, 1.0, slo_sensitive=True))
+    mgr.set_quota(2, TenantQuota(0.3, 1.0))
+    await mgr.start()
+    procs: list[Launched] = []
+    try:
+        procs = [await launch(kit, tmp_path, 1, sock, 2.0, idle_us=20000, sync_every=1),
+                 await launch(kit, tmp_path, 2, sock, 2.0)]
+        a, b = [await p.wait(10.0) for p in procs]
+    finally:
+        for p in procs:
+            p.stop()
+        await mgr.stop()
+    assert a["launches"] > 40
+    # without the SLO tenant's priority the best-effort one would get ~85% (test above)
+    assert 0.2 <= b["busy_ns"] / b["wall_ns"] <= 0.4, (a, b)
+
+
 async def test_live_quota_change_takes_effect(kit, tmp_path, sock):
     mgr = TokenManager(sock)
     mgr.set_quota(1, TenantQuota(0.2, 0.2))
