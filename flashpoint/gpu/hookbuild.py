@@ -19,7 +19,8 @@ from pathlib import Path
 from flashpoint.errors import HookBuildFailed
 
 HOOK_DIR = Path(__file__).parent / "hook"
-SOURCES = ("fp_hook.c", "fp_protocol.h", "hooked_symbols.h")
+SOURCES = ("fp_hook.c", "fp_mem.c", "fp_hook_internal.h", "fp_protocol.h", "hooked_symbols.h")
+C_FILES = ("fp_hook.c", "fp_mem.c")
 CFLAGS = ("-O2", "-Wall", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic")
 LIBS = ("-ldl", "-lpthread")
 BUILD_TIMEOUT_S = 120.0
@@ -62,7 +63,8 @@ def build_hook(out_dir: Path | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=target_dir)
     os.close(fd)
     try:
-        cmd = [compiler, *CFLAGS, "-I", str(HOOK_DIR), "-o", tmp, str(HOOK_DIR / "fp_hook.c"), *LIBS]
+        sources = [str(HOOK_DIR / c) for c in C_FILES]
+        cmd = [compiler, *CFLAGS, "-I", str(HOOK_DIR), "-o", tmp, *sources, *LIBS]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as e:

@@ -1,4 +1,6 @@
 /* fp_hook.c - Flashpoint's LD_PRELOAD CUDA-driver hook: time tokens and memory limits.
+ * (Memory accounting and its hooks are in fp_mem.c; shared declarations in
+ * fp_hook_internal.h; the symbol list in hooked_symbols.h.)
  *
  * What it does
  *   - Gates cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel and cuGraphLaunch
@@ -55,46 +57,9 @@
 #include <unistd.h>
 
 #include "fp_protocol.h"
+#include "fp_hook_internal.h"
 
-/* ---- the few CUDA / NVML types we need (no CUDA headers on build hosts) ---- */
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef unsigned int CUdeviceptr_v1;
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef unsigned long long cuuint64_t;
-typedef void *CUfunction, *CUstream, *CUevent, *CUgraphExec;
-typedef struct CUlaunchConfig_st { /* layout fixed since CUDA 11.8 */
-    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
-    CUstream hStream;
-    void *attrs;
-    unsigned int numAttrs;
-} CUlaunchConfig;
-typedef struct CUmemAllocationProp_st CUmemAllocationProp;
-typedef int nvmlReturn_t;
-typedef void *nvmlDevice_t;
-typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
-typedef struct {
-    unsigned int version;
-    unsigned long long total, reserved, free, used;
-} nvmlMemory_v2_t;
-
-#define CUDA_SUCCESS 0
-#define CUDA_ERROR_OUT_OF_MEMORY 2
-#define CUDA_ERROR_NOT_FOUND 500
-#define NVML_SUCCESS 0
-#define NVML_ERROR_FUNCTION_NOT_FOUND 13
-#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2ULL
-
-#define FP_EXPORT __attribute__((visibility("default")))
-
-/* ---- the X-macro expansions: enum, names, proc names, ptds flags ---- */
-enum fp_sym {
-#define FP_SYM(sym, proc, ptds) FP_##sym,
-#include "hooked_symbols.h"
-#undef FP_SYM
-    FP_NSYMS
-};
+/* ---- X-macro expansions: names, proc names, ptds flags (the enum: fp_hook_internal.h) ---- */
 static const char *const fp_sym_name[FP_NSYMS] = {
 #define FP_SYM(sym, proc, ptds) #sym,
 #include "hooked_symbols.h"
@@ -114,32 +79,9 @@ static const unsigned char fp_sym_ptds[FP_NSYMS] = {
 static void *fp_real_ptr[FP_NSYMS]; /* real functions, filled lazily (atomics) */
 static void *fp_hook_ptr(int i);
 
-/* ---- logging and time ---- */
-static int fp_quiet;
-#define FP_LOG(...)                                                             \
-    do {                                                                        \
-        if (!fp_quiet) {                                                        \
-            fprintf(stderr, "[fp_hook %d] ", (int)getpid());                   \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fputc('\n', stderr);                                                \
-        }                                                                       \
-    } while (0)
-
-static uint64_t fp_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- configuration ---- */
-static struct {
-    char socket_path[108];
-    uint32_t tenant;
-    uint64_t mem_limit;
-    uint64_t connect_timeout_ns, grant_timeout_ns, retry_ns, idle_gap_ns;
-    int sync_on_expiry;
-    const char *libcuda, *libnvml;
-} fp_cfg;
+struct fp_config fp_cfg;
+int fp_quiet;
 
 static uint64_t fp_env_u64(const char *name, uint64_t dflt) {
     const char *v = getenv(name);
@@ -166,7 +108,7 @@ static void fp_cfg_init(void) {
     fp_quiet = (int)fp_env_u64("FP_HOOK_QUIET", 0);
     pthread_atfork(NULL, NULL, tk_after_fork_child);
 }
-static void fp_config(void) { pthread_once(&fp_cfg_once, fp_cfg_init); }
+void fp_config(void) { pthread_once(&fp_cfg_once, fp_cfg_init); }
 
 /* ---- the real dlsym and the real driver ---- */
 typedef void *(*dlsym_fn)(void *, const char *);
@@ -204,7 +146,7 @@ static void *fp_lib_handle(int nvml) {
 }
 
 /* The real function of hooked symbol i, resolved in the explicit library handle. */
-static void *fp_real(int i) {
+void *fp_real(int i) {
     void *p = __atomic_load_n(&fp_real_ptr[i], __ATOMIC_ACQUIRE);
     if (p) return p;
     dlsym_fn real_dlsym = fp_dlsym_real();
@@ -215,7 +157,6 @@ static void *fp_real(int i) {
     if (p) __atomic_store_n(&fp_real_ptr[i], p, __ATOMIC_RELEASE);
     return p;
 }
-#define REAL(sym) ((__typeof__(&sym))fp_real(FP_##sym))
 
 /* cuBLAS, cuDNN, cuFFT... start "cu" + lowercase; driver API is exactly "cu[A-Z]". */
 static int fp_maybe_ours(const char *name) {
@@ -482,72 +423,7 @@ static void fp_synced(void) {
     pthread_mutex_unlock(&tk.mu);
 }
 
-/* ======================= memory accounting ======================= */
-#define FP_BUCKETS 4096
-struct fp_alloc { uint64_t key; uint64_t size; int kind; struct fp_alloc *next; };
-static struct fp_alloc *fp_allocs[FP_BUCKETS];
-static pthread_mutex_t fp_mem_mu = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t fp_mem_used;
-enum { FP_KIND_PTR = 1, FP_KIND_HANDLE = 2 };
-
-static size_t fp_bucket(uint64_t key) { return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 52) % FP_BUCKETS; }
-
-/* Reserve bytes before the real call (so two threads cannot both pass the check). */
-static int fp_mem_reserve(uint64_t size) {
-    fp_config();
-    int ok = 1;
-    pthread_mutex_lock(&fp_mem_mu);
-    if (fp_cfg.mem_limit && (size > fp_cfg.mem_limit || fp_mem_used > fp_cfg.mem_limit - size)) ok = 0;
-    else fp_mem_used += size;
-    pthread_mutex_unlock(&fp_mem_mu);
-    return ok;
-}
-static void fp_mem_unreserve(uint64_t size) {
-    pthread_mutex_lock(&fp_mem_mu);
-    fp_mem_used -= size;
-    pthread_mutex_unlock(&fp_mem_mu);
-}
-/* After success: remember key -> size (the reservation becomes the allocation). */
-static void fp_mem_record(uint64_t key, int kind, uint64_t size) {
-    struct fp_alloc *a = malloc(sizeof *a);
-    pthread_mutex_lock(&fp_mem_mu);
-    if (a) {
-        a->key = key; a->size = size; a->kind = kind;
-        size_t b = fp_bucket(key);
-        a->next = fp_allocs[b];
-        fp_allocs[b] = a;
-    } else {
-        fp_mem_used -= size; /* cannot track it; do not leak it into the used count */
-    }
-    pthread_mutex_unlock(&fp_mem_mu);
-}
-static void fp_mem_forget(uint64_t key, int kind) {
-    pthread_mutex_lock(&fp_mem_mu);
-    struct fp_alloc **pp = &fp_allocs[fp_bucket(key)];
-    for (; *pp; pp = &(*pp)->next) {
-        if ((*pp)->key == key && (*pp)->kind == kind) {
-            struct fp_alloc *a = *pp;
-            *pp = a->next;
-            fp_mem_used -= a->size;
-            free(a);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&fp_mem_mu);
-}
-/* (total, free) as this process should see them: the limit caps both. */
-static void fp_mem_view(uint64_t *total, uint64_t *free_) {
-    fp_config();
-    if (!fp_cfg.mem_limit) return;
-    pthread_mutex_lock(&fp_mem_mu);
-    uint64_t left = fp_mem_used < fp_cfg.mem_limit ? fp_cfg.mem_limit - fp_mem_used : 0;
-    pthread_mutex_unlock(&fp_mem_mu);
-    if (total && *total > fp_cfg.mem_limit) *total = fp_cfg.mem_limit;
-    if (free_ && *free_ > left) *free_ = left;
-}
-
 /* ======================= the hooks ======================= */
-#define MISSING CUDA_ERROR_NOT_FOUND
 
 /* --- launches --- */
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -640,213 +516,6 @@ FP_EXPORT CUresult cuEventSynchronize(CUevent e) {
     if (!fn) return MISSING;
     CUresult r = fn(e);
     if (r == CUDA_SUCCESS) fp_synced();
-    return r;
-}
-
-/* --- allocations: reserve (pre), real call, record (post, success only) --- */
-FP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
-    __typeof__(&cuMemAlloc_v2) fn = REAL(cuMemAlloc_v2);
-    if (!fn) return MISSING;
-    if (!fp_mem_reserve(size)) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = fn(dptr, size);
-    if (r == CUDA_SUCCESS) fp_mem_record(*dptr, FP_KIND_PTR, size);
-    else fp_mem_unreserve(size);
-    return r;
-}
-FP_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int size) { /* legacy 32-bit ABI */
-    __typeof__(&cuMemAlloc) fn = REAL(cuMemAlloc);
-    if (!fn) return MISSING;
-    if (!fp_mem_reserve(size)) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = fn(dptr, size);
-    if (r == CUDA_SUCCESS) fp_mem_record(*dptr, FP_KIND_PTR, size);
-    else fp_mem_unreserve(size);
-    return r;
-}
-FP_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
-    __typeof__(&cuMemAllocManaged) fn = REAL(cuMemAllocManaged);
-    if (!fn) return MISSING;
-    if (!fp_mem_reserve(size)) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = fn(dptr, size, flags);
-    if (r == CUDA_SUCCESS) fp_mem_record(*dptr, FP_KIND_PTR, size);
-    else fp_mem_unreserve(size);
-    return r;
-}
-typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
-static CUresult fp_alloc_async(int i, CUdeviceptr *dptr, size_t size, CUstream s) {
-    alloc_async_fn fn = (alloc_async_fn)fp_real(i);
-    if (!fn) return MISSING;
-    if (!fp_mem_reserve(size)) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = fn(dptr, size, s);
-    if (r == CUDA_SUCCESS) fp_mem_record(*dptr, FP_KIND_PTR, size);
-    else fp_mem_unreserve(size);
-    return r;
-}
-FP_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) {
-    return fp_alloc_async(FP_cuMemAllocAsync, d, n, s);
-}
-FP_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) {
-    return fp_alloc_async(FP_cuMemAllocAsync_ptsz, d, n, s);
-}
-/* Pitch: the real size (pitch*height) is known only after the call; pre-check the lower
- * bound width*height, then top the reservation up and undo the allocation if it no
- * longer fits. */
-static CUresult fp_pitch_post(CUresult r, uint64_t key, uint64_t pitch, uint64_t h, uint64_t reserved,
-                              CUresult (*free_fn)(uint64_t)) {
-    if (r != CUDA_SUCCESS) { fp_mem_unreserve(reserved); return r; }
-    uint64_t size = pitch * h;
-    if (size > reserved && !fp_mem_reserve(size - reserved)) {
-        fp_mem_unreserve(reserved);
-        if (free_fn) free_fn(key);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if (size < reserved) fp_mem_unreserve(reserved - size);
-    fp_mem_record(key, FP_KIND_PTR, size);
-    return r;
-}
-static CUresult fp_free_v2_real(uint64_t p) {
-    CUresult (*fn)(CUdeviceptr) = (CUresult(*)(CUdeviceptr))fp_real(FP_cuMemFree_v2);
-    return fn ? fn((CUdeviceptr)p) : MISSING;
-}
-static CUresult fp_free_v1_real(uint64_t p) {
-    CUresult (*fn)(CUdeviceptr_v1) = (CUresult(*)(CUdeviceptr_v1))fp_real(FP_cuMemFree);
-    return fn ? fn((CUdeviceptr_v1)p) : MISSING;
-}
-FP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int e) {
-    __typeof__(&cuMemAllocPitch_v2) fn = REAL(cuMemAllocPitch_v2);
-    if (!fn) return MISSING;
-    uint64_t lower = (uint64_t)w * h;
-    if (!fp_mem_reserve(lower)) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = fn(dptr, pitch, w, h, e);
-    return fp_pitch_post(r, r == CUDA_SUCCESS ? *dptr : 0, r == CUDA_SUCCESS ? *pitch : 0, h, lower,
-                         fp_free_v2_real);
-}
-FP_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int w, unsigned int h,
-                                   unsigned int e) {
-    __typeof__(&cuMemAllocPitch) fn = REAL(cuMemAllocPitch);
-    if (!fn) return MISSING;
-    uint64_t lower = (uint64_t)w * h;
-    if (!fp_mem_reserve(lower)) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = fn(dptr, pitch, w, h, e);
-    return fp_pitch_post(r, r == CUDA_SUCCESS ? *dptr : 0, r == CUDA_SUCCESS ? *pitch : 0, h, lower,
-                         fp_free_v1_real);
-}
-FP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                               const CUmemAllocationProp *prop, unsigned long long flags) {
-    __typeof__(&cuMemCreate) fn = REAL(cuMemCreate);
-    if (!fn) return MISSING;
-    if (!fp_mem_reserve(size)) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = fn(handle, size, prop, flags);
-    if (r == CUDA_SUCCESS) fp_mem_record(*handle, FP_KIND_HANDLE, size);
-    else fp_mem_unreserve(size);
-    return r;
-}
-
-/* --- frees: forget only after the real free succeeded --- */
-FP_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
-    __typeof__(&cuMemFree_v2) fn = REAL(cuMemFree_v2);
-    if (!fn) return MISSING;
-    CUresult r = fn(p);
-    if (r == CUDA_SUCCESS) fp_mem_forget(p, FP_KIND_PTR);
-    return r;
-}
-FP_EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) {
-    __typeof__(&cuMemFree) fn = REAL(cuMemFree);
-    if (!fn) return MISSING;
-    CUresult r = fn(p);
-    if (r == CUDA_SUCCESS) fp_mem_forget(p, FP_KIND_PTR);
-    return r;
-}
-typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
-static CUresult fp_free_async(int i, CUdeviceptr p, CUstream s) {
-    free_async_fn fn = (free_async_fn)fp_real(i);
-    if (!fn) return MISSING;
-    CUresult r = fn(p, s);
-    if (r == CUDA_SUCCESS) fp_mem_forget(p, FP_KIND_PTR);
-    return r;
-}
-FP_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return fp_free_async(FP_cuMemFreeAsync, p, s); }
-FP_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
-    return fp_free_async(FP_cuMemFreeAsync_ptsz, p, s);
-}
-FP_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
-    __typeof__(&cuMemRelease) fn = REAL(cuMemRelease);
-    if (!fn) return MISSING;
-    CUresult r = fn(h);
-    if (r == CUDA_SUCCESS) fp_mem_forget(h, FP_KIND_HANDLE);
-    return r;
-}
-
-/* --- reporting the limit --- */
-FP_EXPORT CUresult cuMemGetInfo_v2(size_t *free_, size_t *total) {
-    __typeof__(&cuMemGetInfo_v2) fn = REAL(cuMemGetInfo_v2);
-    if (!fn) return MISSING;
-    CUresult r = fn(free_, total);
-    if (r == CUDA_SUCCESS && free_ && total) {
-        uint64_t t = *total, f = *free_;
-        fp_mem_view(&t, &f);
-        *total = (size_t)t;
-        *free_ = (size_t)f;
-    }
-    return r;
-}
-FP_EXPORT CUresult cuMemGetInfo(unsigned int *free_, unsigned int *total) {
-    __typeof__(&cuMemGetInfo) fn = REAL(cuMemGetInfo);
-    if (!fn) return MISSING;
-    CUresult r = fn(free_, total);
-    if (r == CUDA_SUCCESS && free_ && total) {
-        uint64_t t = *total, f = *free_;
-        fp_mem_view(&t, &f);
-        *total = (unsigned int)t;
-        *free_ = (unsigned int)f;
-    }
-    return r;
-}
-FP_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
-    __typeof__(&cuDeviceTotalMem_v2) fn = REAL(cuDeviceTotalMem_v2);
-    if (!fn) return MISSING;
-    CUresult r = fn(bytes, dev);
-    if (r == CUDA_SUCCESS && bytes) {
-        uint64_t t = *bytes;
-        fp_mem_view(&t, NULL);
-        *bytes = (size_t)t;
-    }
-    return r;
-}
-FP_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
-    __typeof__(&cuDeviceTotalMem) fn = REAL(cuDeviceTotalMem);
-    if (!fn) return MISSING;
-    CUresult r = fn(bytes, dev);
-    if (r == CUDA_SUCCESS && bytes) {
-        uint64_t t = *bytes;
-        fp_mem_view(&t, NULL);
-        *bytes = (unsigned int)t;
-    }
-    return r;
-}
-FP_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m) {
-    __typeof__(&nvmlDeviceGetMemoryInfo) fn = REAL(nvmlDeviceGetMemoryInfo);
-    if (!fn) return NVML_ERROR_FUNCTION_NOT_FOUND;
-    nvmlReturn_t r = fn(dev, m);
-    if (r == NVML_SUCCESS && m) {
-        uint64_t t = m->total, f = m->free;
-        fp_mem_view(&t, &f);
-        m->total = t;
-        m->free = f;
-        m->used = t - f;
-    }
-    return r;
-}
-FP_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m) {
-    __typeof__(&nvmlDeviceGetMemoryInfo_v2) fn = REAL(nvmlDeviceGetMemoryInfo_v2);
-    if (!fn) return NVML_ERROR_FUNCTION_NOT_FOUND;
-    nvmlReturn_t r = fn(dev, m);
-    if (r == NVML_SUCCESS && m) {
-        uint64_t t = m->total, f = m->free;
-        fp_mem_view(&t, &f);
-        m->total = t;
-        m->free = f;
-        m->used = t - f > m->reserved ? t - f - m->reserved : 0;
-    }
     return r;
 }
 

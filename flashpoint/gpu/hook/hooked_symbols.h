@@ -7,8 +7,9 @@
  *   ptds       1 for the per-thread-default-stream (_ptsz/_ptds) variant that
  *              cuGetProcAddress returns when CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
  *              is set, else 0
- * fp_hook.c expands it into the enum, the name table and the dispatch table used by the
- * dlsym and cuGetProcAddress hooks, so nothing is kept in sync by hand.
+ * fp_hook_internal.h expands it into the enum, fp_hook.c into the name tables and the
+ * dispatch table used by the dlsym and cuGetProcAddress hooks, so nothing is kept in sync
+ * by hand.
  */
 /* time-token gates */
 FP_SYM(cuLaunchKernel, "cuLaunchKernel", 0)
