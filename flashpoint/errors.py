@@ -33,6 +33,7 @@ as ``{"code", "message", "details"}`` and are rebuilt as the same class on the o
     ├── ModelFailed                     model_failed, 500 (the model raised while running)
     ├── MigFailed                       mig_failed, 500 (NVML refused a MIG change midway)
     ├── MpsUnavailable                  mps_unavailable, 503 (no MPS binaries, or the daemon died)
+    ├── HookBuildFailed                 hook_build_failed, 500 (no C compiler / the hook did not compile)
     └── RemoteError                     remote_error, 500 (a code this side does not know)
 
 Retryable and fatal errors are different classes: callers decide with ``err.retryable``.
@@ -207,6 +208,13 @@ class MpsUnavailable(FlashpointError):
 
     code = "mps_unavailable"
     http_status = 503
+
+
+class HookBuildFailed(FlashpointError):
+    """The native GPU hook could not be built: no C compiler, or compilation failed."""
+
+    code = "hook_build_failed"
+    http_status = 500
 
 
 class RemoteError(FlashpointError):

@@ -1,0 +1,191 @@
+"""The per-GPU token manager: a thin asyncio Unix-socket server around
+:class:`flashpoint.policy.tokens.TokenState`.
+
+Each hooked process (``hook/fp_hook.c``) holds one connection and speaks the fixed-size
+protocol of ``hook/fp_protocol.h`` (``token_protocol.py``).  All decisions live in the pure
+state class; this module only reads messages, feeds them in with the clock, writes the
+grants out, and wakes up at the state's next deadline.  The host manager owns one instance
+per GPU or slice and calls :meth:`TokenManager.set_quota` when the controller changes a
+tenant's share.
+
+Run standalone (tests, benchmarks)::
+
+    python -m flashpoint.gpu.tokens --socket /tmp/fp.sock --quota 1=0.3:0.3 --quota 2=0.7:1.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from flashpoint.errors import ProtocolError
+from flashpoint.gpu import token_protocol as proto
+from flashpoint.log import get_logger
+from flashpoint.policy.tokens import ClientId, Grant, TenantId, TenantQuota, TokenConfig, TokenState
+
+STOP_TIMEOUT_S = 2.0
+log = get_logger("flashpoint.gpu.tokens")
+
+
+class TokenManager:
+    """Serve time tokens for one GPU (or slice) on a Unix socket."""
+
+    def __init__(self, socket_path: str | Path, config: TokenConfig | None = None,
+                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+        self.socket_path = str(socket_path)
+        self._clock = clock_ns
+        self.state = TokenState(config, clock_ns())
+        self._writers: dict[ClientId, asyncio.StreamWriter] = {}
+        self._ids = itertools.count(1)
+        self._server: asyncio.base_events.Server | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._conn_tasks: set[asyncio.Task[None]] = set()
+        self.pids: dict[ClientId, int] = {}
+
+    async def start(self) -> None:
+        """Listen on the socket (replacing a stale one) and start the clock task."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        self._server = await asyncio.start_unix_server(self._serve, path=self.socket_path)
+        self._ticker = asyncio.create_task(self._tick_loop(), name="token-manager-tick")
+
+    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Close the socket and every connection (hooks then fail open and retry)."""
+        if self._server is not None:
+            self._server.close()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        # Closing the transports ends each handler's read normally; cancelling handlers
+        # instead makes asyncio's stream callback log their CancelledError.
+        for w in list(self._writers.values()):
+            w.close()
+        conns = list(self._conn_tasks)
+        if conns:
+            _done, pending = await asyncio.wait(conns, timeout=timeout_s)
+            for t in pending:
+                t.cancel()
+        if self._ticker is not None:
+            await asyncio.wait([self._ticker], timeout=timeout_s)
+        if self._server is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), timeout_s)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+
+    def set_quota(self, tenant: TenantId, quota: TenantQuota) -> None:
+        """Change a tenant's quotas live (called by the host manager)."""
+        self._send(self.state.set_quota(tenant, quota, self._clock()))
+
+    def usage_by_tenant(self) -> dict[TenantId, int]:
+        """Lifetime GPU time charged per tenant, in ns (the manager's accounting)."""
+        return dict(self.state.tenant_total_ns)
+
+    # ---- I/O ----
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._conn_tasks.add(task)
+        client = next(self._ids)
+        try:
+            hello = proto.unpack(await reader.readexactly(proto.MSG_SIZE))
+            if hello.type is not proto.MsgType.HELLO:
+                raise ProtocolError(f"expected HELLO, got {hello.type.name}")
+            self.state.connect(client, hello.tenant, self._clock())
+            self._writers[client] = writer
+            self.pids[client] = hello.pid
+            while True:
+                msg = proto.unpack(await reader.readexactly(proto.MSG_SIZE))
+                now = self._clock()
+                if msg.type is proto.MsgType.REQUEST:
+                    self._send(self.state.request(client, msg.seq, msg.used_ns, now))
+                elif msg.type is proto.MsgType.RELEASE:
+                    self._send(self.state.release(client, msg.used_ns, now))
+                elif msg.type is proto.MsgType.MEM:
+                    pass  # accounting reports are accepted; aggregation is the host's job
+                else:
+                    raise ProtocolError(f"unexpected {msg.type.name} from a hook")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the hook went away; its grants and holds are dropped below
+        except ProtocolError as e:
+            log.warning("token_protocol_error", client=client, error=str(e))
+        finally:
+            self._writers.pop(client, None)
+            self._send(self.state.disconnect(client, self._clock()))
+            writer.close()
+            if task is not None:
+                self._conn_tasks.discard(task)
+
+    def _write(self, grants: list[Grant]) -> None:
+        for g in grants:
+            w = self._writers.get(g.client)
+            if w is not None and not w.is_closing():
+                w.write(proto.pack(proto.TokenMsg(proto.MsgType.GRANT, seq=g.seq, quota_ns=g.quota_ns)))
+
+    def _send(self, grants: list[Grant]) -> None:
+        self._write(grants)
+        self._wake.set()  # an event may have moved the next deadline
+
+    async def _tick_loop(self) -> None:
+        while True:
+            delay_s = 0.005
+            try:
+                delay_s = max(0.0, (self.state.next_deadline_ns() - self._clock()) / 1e9)
+            except Exception:  # noqa: BLE001 - the clock loop must not die (STYLE.md 4)
+                log.exception("token_deadline_failed")
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=delay_s)
+            try:
+                self._write(self.state.tick(self._clock()))
+            except Exception:  # noqa: BLE001 - logged; the next tick tries again
+                log.exception("token_tick_failed")
+
+
+def _parse_quota(text: str) -> tuple[int, TenantQuota]:
+    """``TENANT=REQUEST:LIMIT[:SM[:slo]]``, e.g. ``1=0.3:0.5`` or ``2=0.5:1.0:0.5:slo``."""
+    tenant, _, rest = text.partition("=")
+    parts = rest.split(":")
+    return int(tenant), TenantQuota(float(parts[0]), float(parts[1]),
+                                    float(parts[2]) if len(parts) > 2 else 1.0,
+                                    len(parts) > 3 and parts[3] == "slo")
+
+
+async def _main(args: argparse.Namespace) -> None:
+    mgr = TokenManager(args.socket, TokenConfig(window_ns=int(args.window_ms * 1e6),
+                                                token_ns=int(args.token_ms * 1e6)))
+    for q in args.quota:
+        tenant, quota = _parse_quota(q)
+        mgr.state.set_quota(tenant, quota, time.monotonic_ns())
+    await mgr.start()
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, done.set)
+    print(json.dumps({"listening": args.socket}), flush=True)
+    await done.wait()
+    print(json.dumps({"usage_ns": {str(k): v for k, v in mgr.usage_by_tenant().items()}}), flush=True)
+    await mgr.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Standalone token manager (tests and benchmarks; the host manager embeds the class)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--socket", required=True)
+    p.add_argument("--quota", action="append", default=[], help="TENANT=REQUEST:LIMIT[:SM[:slo]]")
+    p.add_argument("--window-ms", type=float, default=100.0)
+    p.add_argument("--token-ms", type=float, default=10.0)
+    asyncio.run(_main(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
