@@ -100,12 +100,13 @@ class FunctionProfile:
         """
         s0, s1 = _bracket(self.sm_shares, sm_share, "sm_share", self.function)
         q0, q1 = _bracket(self.quotas, quota, "quota", self.function)
-        corners = [self.lookup(s, q) for s in (s0, s1) for q in (q0, q1)]
+        by_key = {(p.sm_share, p.quota): p for p in self.points}  # a full grid: all present
+        corners = [by_key[(s, q)] for s in (s0, s1) for q in (q0, q1)]
         ts = (sm_share - s0) / (s1 - s0) if s1 > s0 else 0.0
         tq = (quota - q0) / (q1 - q0) if q1 > q0 else 0.0
         weights = [(1 - ts) * (1 - tq), (1 - ts) * tq, ts * (1 - tq), ts * tq]
-        thr = sum(w * p.throughput_rps for w, p in zip(weights, corners))  # type: ignore[union-attr]
-        lat = sum(w * p.p99_latency_s for w, p in zip(weights, corners))  # type: ignore[union-attr]
+        thr = sum(w * p.throughput_rps for w, p in zip(weights, corners, strict=True))
+        lat = sum(w * p.p99_latency_s for w, p in zip(weights, corners, strict=True))
         return ProfilePoint(sm_share, quota, thr, lat)
 
     def configs(self) -> tuple[ReplicaConfig, ...]:
@@ -122,7 +123,7 @@ def _bracket(grid: tuple[float, ...], v: float, what: str, fn: str) -> tuple[flo
     if not (grid[0] - _EPS <= v <= grid[-1] + _EPS):
         raise BadRequest(f"{what} {v} outside the profiled range [{grid[0]}, {grid[-1]}] "
                          f"of {fn!r}")
-    for lo, hi in zip(grid, grid[1:]):
+    for lo, hi in zip(grid, grid[1:], strict=False):
         if abs(v - lo) <= _EPS:
             return lo, lo
         if lo < v < hi:
@@ -187,6 +188,9 @@ class PodRequest:
     quota_request: float
     memory: PodMemory
 
+    def __post_init__(self) -> None:
+        _ = self.size  # shares outside (0, 1] are refused here, not at placement time
+
     @property
     def size(self) -> tuple[int, int]:
         """(w, h) in MaxRects units: quota along time, SM share along SMs."""
@@ -241,13 +245,18 @@ class GpuBin:
 
 @dataclass(frozen=True)
 class FastPlacement:
-    """Where a pod went (``gpu_id`` "" = nowhere) and the GPUs afterwards."""
+    """Where a pod went (``gpu_id`` "" = nowhere) and the GPUs afterwards.
+
+    ``repacked``: the GPU was re-packed to make room, so the rectangles of its other pods
+    moved too; positions are virtual, so nothing changes at run time (module docstring).
+    """
 
     gpu_id: str
     rect: Rect | None
     gpus: tuple[GpuBin, ...]
     new_gpu: bool = False
     reason: str = ""
+    repacked: bool = False
 
 
 def place_pod(gpus: Sequence[GpuBin], pod: PodRequest, spare_gpus: Sequence[GpuBin] = (),
@@ -285,7 +294,7 @@ def place_pod(gpus: Sequence[GpuBin], pod: PodRequest, spare_gpus: Sequence[GpuB
             new = _repacked(g, g.pods + (PlacedPod(pod, Rect(0, 0, w, h)),))
             if new is not None:
                 rect = next(p.rect for p in new.pods if p.pod.pod_id == pod.pod_id)
-                return FastPlacement(new.gpu_id, rect, _swap(gpus, i, new))
+                return FastPlacement(new.gpu_id, rect, _swap(gpus, i, new), repacked=True)
     for spare in spare_gpus:
         if spare.pods:
             raise BadRequest(f"spare GPU {spare.gpu_id!r} is not empty")

@@ -8,7 +8,13 @@ from hypothesis import strategies as st
 
 from flashpoint.errors import BadRequest
 from flashpoint.policy.dilu import (
-    DiluGpu, DiluParams, InstanceRequest, Kind, Reservation, affinity_gpus, release,
+    DiluGpu,
+    DiluParams,
+    InstanceRequest,
+    Kind,
+    Reservation,
+    affinity_gpus,
+    release,
     schedule,
 )
 

@@ -8,7 +8,11 @@ from hypothesis import strategies as st
 
 from flashpoint.errors import BadRequest
 from flashpoint.policy.dilu_profile import (
-    HgssParams, Trial, binary_search_profile, hgss, smr_for_fraction,
+    HgssParams,
+    Trial,
+    binary_search_profile,
+    hgss,
+    smr_for_fraction,
 )
 
 # RoBERTa-large batch latency (s) and throughput (rps) at (IBS, SMR%), as measured on an

@@ -13,9 +13,15 @@ from hypothesis import strategies as st
 from flashpoint.errors import BadRequest
 from flashpoint.policy import fastgshare as fg
 from flashpoint.policy.fastgshare import (
-    FunctionProfile, GpuBin, PodMemory, PodRequest, ProfilePoint, pack, place_pod,
+    FunctionProfile,
+    GpuBin,
+    PodMemory,
+    PodRequest,
+    ProfilePoint,
+    pack,
+    place_pod,
 )
-from flashpoint.policy.maxrects import SM_UNITS, TIME_UNITS, Rect, free_space
+from flashpoint.policy.maxrects import SM_UNITS, TIME_UNITS, best_fit, free_space
 from flashpoint.policy.rpr import plan
 
 MIB = 2**20
@@ -116,6 +122,14 @@ def test_memory_check_with_and_without_sharing_on_a_16gb_gpu():
         assert used[0].memory_used_bytes() <= used[0].memory_total_bytes
 
 
+def test_pod_shares_are_checked_at_construction():
+    for sm, q in ((0.0, 0.5), (0.5, 1.2), (float("nan"), 0.5)):
+        with pytest.raises(BadRequest):
+            PodRequest("p", "f", sm, q, PodMemory(0, 0))
+    with pytest.raises(BadRequest):
+        PodMemory(-1, 0)
+
+
 def test_sharing_is_per_function_not_across_models():
     g = GpuBin("g0", 100 * GIB)
     a = PodRequest("a", "f", 0.1, 0.1, PodMemory(GIB, GIB))
@@ -173,6 +187,12 @@ def test_without_repack_on_miss_small_pods_first_fragment_the_time_axis():
     first opens a second GPU (their 40% quotas split the time axis the BERTs need)."""
     used, _ = pack(_fig11_pods(), _spares(), repack_on_miss=False)
     assert len(used) == 2
+    gpus: tuple[GpuBin, ...] = ()
+    flags = []
+    for pod in _fig11_pods():  # with it, the first BERT triggers a repack of GPU 0
+        got = place_pod(gpus, pod, _spares())
+        gpus, flags = got.gpus, flags + [got.repacked]
+    assert len(gpus) == 1 and flags.count(True) >= 1 and not any(flags[:6])
     big_first = sorted(_fig11_pods(), key=lambda p: -p.size[0] * p.size[1])
     assert len(pack(big_first, _spares(), repack_on_miss=False)[0]) == 1
 
@@ -223,8 +243,19 @@ def test_packing_never_overlaps_or_overcommits_and_opens_a_gpu_only_when_needed(
     pods = [PodRequest(f"p{i}", f, sm / 100, q / 100, PodMemory(GIB, gb * GIB))
             for i, (f, sm, q, gb) in enumerate(specs)]
     spares = _spares(len(pods) or 1, mem=16 * GIB)
-    used, unplaced = pack(pods, spares)
-    _assert_valid(used)
-    # each pod fits an empty 16 GiB GPU on its own and there are enough spares: all placed
-    assert unplaced == ()
+    used: tuple[GpuBin, ...] = ()
+    for pod in pods:
+        w, h = pod.size
+        got = place_pod(used, pod, [s for s in spares if s.gpu_id not in {g.gpu_id for g in used}])
+        # each pod fits an empty 16 GiB GPU and there are enough spares: always placed
+        assert got.gpu_id and got.rect is not None and (got.rect.w, got.rect.h) == (w, h)
+        if got.new_gpu:  # only when no GPU in use had a hole and the memory for it
+            assert not any(g.memory_fits(pod) and best_fit(g.free, w, h) for g in used)
+        if not got.repacked:  # plain placements never move other pods
+            before = {p.pod.pod_id: p.rect for g in used for p in g.pods}
+            after = {p.pod.pod_id: p.rect for g in got.gpus for p in g.pods}
+            assert all(after[k] == r for k, r in before.items())
+        used = got.gpus
+        _assert_valid(used)
+    assert sum(len(g.pods) for g in used) == len(pods)
     assert len(used) >= fg.area_lower_bound(pods)

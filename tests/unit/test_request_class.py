@@ -8,7 +8,10 @@ from hypothesis import strategies as st
 
 from flashpoint.errors import BadRequest
 from flashpoint.policy.request_class import (
-    ClassQueue, RequestClass, SloCompliance, protean_slo_s,
+    ClassQueue,
+    RequestClass,
+    SloCompliance,
+    protean_slo_s,
 )
 
 S, B = RequestClass.STRICT, RequestClass.BEST_EFFORT
