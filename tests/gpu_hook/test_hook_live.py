@@ -210,7 +210,8 @@ async def test_per_thread_stream_variant_is_hooked(kit, tmp_path, sock):
             p.stop()
         await mgr.stop()
     assert a["launches_ptsz"] == a["launches"] > 0  # the driver's _ptsz entry was called...
-    assert 0.42 <= a["busy_ns"] / a["wall_ns"] <= 0.57  # ...through the gate (ungated: ~1.0)
+    # ...through the gate (ungated: ~1.0); wide bounds: a 1 s run on shared vCPUs is noisy
+    assert 0.35 <= a["busy_ns"] / a["wall_ns"] <= 0.65
 
 
 async def test_manager_killed_program_continues(kit, tmp_path, sock):
