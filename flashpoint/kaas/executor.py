@@ -28,13 +28,12 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from flashpoint.errors import BufferMismatch, FlashpointError, KernelFailed
+from flashpoint.kaas.backend import KaasResult
 from flashpoint.kaas.cache import BufferCache
 from flashpoint.kaas.graph import GraphPlan, cache_key, plan_graph
 from flashpoint.kaas.library import KernelLibrary, default_library
@@ -44,30 +43,6 @@ from flashpoint.kaas.store import ObjectStore
 GIB = 1 << 30
 # Left to the CUDA context and the allocator's rounding (App. A: total - 300 MB).
 CUDA_RESERVE_BYTES = 512 << 20
-
-
-@dataclass
-class KaasResult:
-    """What one request produced and where its time went."""
-
-    outputs: dict[str, np.ndarray] = field(default_factory=dict)  # inline outputs
-    stored: dict[str, str] = field(default_factory=dict)  # output name -> object key
-    timings_s: dict[str, float] = field(default_factory=dict)  # resident, kernels, d2h, total
-    cache: dict[str, int] = field(default_factory=dict)  # hits, misses, evictions, loaded_bytes
-    executor_id: str = ""
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"outputs": {k: {"dtype": str(v.dtype), "shape": list(v.shape),
-                                "bytes": v.tobytes()} for k, v in self.outputs.items()},
-                "stored": self.stored, "timings_s": self.timings_s, "cache": self.cache,
-                "executor_id": self.executor_id}
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> KaasResult:
-        outs = {k: np.frombuffer(v["bytes"], dtype=v["dtype"]).reshape(v["shape"])
-                for k, v in d["outputs"].items()}
-        return cls(outs, dict(d["stored"]), dict(d["timings_s"]), dict(d["cache"]),
-                   d["executor_id"])
 
 
 def default_capacity_bytes(device: str) -> int:
@@ -129,7 +104,6 @@ class Executor:
     # ------------------------------------------------------------------------ internals
     def _run(self, plan: GraphPlan, client: str) -> KaasResult:
         start = time.perf_counter()
-        req = plan.request
         seq = next(self._seq)
         self.requests += 1
         before = self.cache.stats.to_dict()

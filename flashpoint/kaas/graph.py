@@ -92,7 +92,7 @@ def plan_graph(req: KaasRequest, library: KernelLibrary) -> GraphPlan:
                 want = kdef.infer(metas, [lit.value for lit in k.literals])
             except BufferMismatch as e:
                 raise BufferMismatch(f"kernel {k.name!r}: {e.message}", kernel=k.name) from None
-            for name, (dtype, shape) in zip(k.outputs, want):
+            for name, (dtype, shape) in zip(k.outputs, want, strict=True):
                 got = buffers[name]
                 if (got.dtype, got.shape) != (dtype, shape):
                     raise BufferMismatch(
@@ -108,7 +108,7 @@ def _check_literals(kernel: str, kdef: KernelDef, literals: tuple) -> None:
     if len(literals) != len(kdef.literal_types):
         raise InvalidKernelGraph(f"kernel {kernel!r} takes literals {list(kdef.literal_types)}"
                                  f", got {len(literals)}", kernel=kernel)
-    for lit, want in zip(literals, kdef.literal_types):
+    for lit, want in zip(literals, kdef.literal_types, strict=True):
         # An integer may stand for a float literal; a float never for an integer.
         if want.startswith("i") and not lit.dtype.startswith("i"):
             raise InvalidKernelGraph(f"kernel {kernel!r}: literal {lit.value!r} must be an "

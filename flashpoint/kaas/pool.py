@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from flashpoint.errors import DeadlineExceeded
-from flashpoint.kaas.executor import Executor, KaasResult
+from flashpoint.kaas.backend import KaasResult
+from flashpoint.kaas.executor import Executor
 from flashpoint.kaas.graph import GraphPlan, cache_key
 from flashpoint.log import get_logger
 from flashpoint.policy.kaas import (

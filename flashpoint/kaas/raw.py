@@ -61,7 +61,7 @@ def register_cupy_kernel(lib: KernelLibrary, name: str, *, entry: str, n_inputs:
 
     def run(ins: Sequence[Any], outs: Sequence[Any], lits: Sequence[Any], spec: Any) -> None:
         ptrs = [cupy.uint64(t.data_ptr()) for t in (*ins, *outs)]
-        vals = [conv(v) for conv, v in zip(lit_np, lits)]
+        vals = [conv(v) for conv, v in zip(lit_np, lits, strict=True)]
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         try:
             with stream:

@@ -10,27 +10,16 @@ so executors on GPU workers over RPC slot in without touching the gateway.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from flashpoint.errors import BufferCacheFull, BufferMismatch
-from flashpoint.kaas.executor import Executor, KaasResult
+from flashpoint.kaas.backend import KaasResult
+from flashpoint.kaas.executor import Executor
 from flashpoint.kaas.graph import GraphPlan, plan_graph
 from flashpoint.kaas.library import KernelLibrary, default_library
 from flashpoint.kaas.pool import ExecutorPool, LocalExecutorHandle
 from flashpoint.kaas.spec import BufferKind, KaasRequest
 from flashpoint.kaas.store import MemoryObjectStore, ObjectStore
-
-
-class KaasBackend(Protocol):
-    """What the gateway needs for ``/v1/kaas`` and ``/v1/objects``."""
-
-    store: ObjectStore
-    max_buffer_bytes: int
-
-    def plan(self, req: KaasRequest) -> GraphPlan: ...
-
-    async def invoke(self, plan: GraphPlan, *, client: str, request_id: str,
-                     timeout_s: float | None = None) -> KaasResult: ...
 
 
 class KaasService:
