@@ -46,6 +46,10 @@ class ExecutorHandle(Protocol):
         """The device cache's keys as last known (for affinity)."""
         ...
 
+    def free_bytes(self) -> int:
+        """Room left in the device cache as last known."""
+        ...
+
     async def run(self, plan: GraphPlan, client: str) -> KaasResult: ...
 
     async def restart(self) -> None:
@@ -68,6 +72,9 @@ class LocalExecutorHandle:
 
     def cached_keys(self) -> frozenset[str]:
         return self.executor.cached_keys()
+
+    def free_bytes(self) -> int:
+        return self.executor.cache.free_bytes
 
     async def run(self, plan: GraphPlan, client: str) -> KaasResult:
         return await asyncio.to_thread(self.executor.run, plan, client=client)
@@ -150,7 +157,8 @@ class ExecutorPool:
         snap = KaasPoolSnapshot(
             now_s=self._clock(),
             workers=tuple(KaasWorkerSnapshot(h.executor_id, h.executor_id not in self._busy,
-                                             h.cached_keys(), self._busy.get(h.executor_id))
+                                             h.cached_keys(), self._busy.get(h.executor_id),
+                                             h.free_bytes())
                           for h in self._handles.values()),
             pending=tuple(p.snapshot for p in self._pending))
         decision, self._memory = decide(self.policy, snap, self._memory, self.params)

@@ -22,7 +22,8 @@ executor time, owners) is a frozen value passed in and returned.
   corrected to the measured time when it finishes), L[c] its mean service time (EWMA), K the
   penalty factor (10, the paper's 10× average latency), cached(r, w) the bytes of r's
   buffers already in w's cache. The lowest score over all (client, idle executor) pairs is
-  dispatched first, repeatedly. The paper's penalty is all-or-nothing on an "affinitized"
+  dispatched first, repeatedly (ties: more cached bytes, then the executor with the most free
+  cache, then arrival order). The paper's penalty is all-or-nothing on an "affinitized"
   GPU it never defines; weighting by the fraction of bytes that would miss sends a client to
   the executor holding most of its data and makes a half-warm executor a half penalty.
   Fair share: c is preferred over a waiting client d only while
@@ -46,6 +47,7 @@ class KaasWorkerSnapshot:
     idle: bool
     cached_keys: frozenset[str] = frozenset()
     client: str | None = None  # the client it is serving now (None when idle)
+    free_bytes: int = 0  # cache room left (ties go to the emptiest: new clients spread out)
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,7 @@ def affinity(snap: KaasPoolSnapshot, mem: KaasPolicyMemory,
                 cached = head.cached_bytes(w.cached_keys)
                 score = u.vtime_s + params.penalty_factor * u.avg_service_s * (
                     1.0 - cached / total)
-                rank = (score, -cached, order[head.request_id], wi)
+                rank = (score, -cached, -w.free_bytes, order[head.request_id], wi)
                 if best is None or rank < best[0]:
                     best = (rank, c, wi)
         assert best is not None
