@@ -1,9 +1,9 @@
 """KaaS contention experiment in small (the paper's §5.3 offline scenario) and warm overhead.
 
-Closed loop: ``--clients`` clients each send one request at a time, for ``--duration-s``
-after a warm-up, to a pool of ``--workers`` in-process executors (CPU torch, one thread
-each) under each policy — exclusive (the eTask baseline), round-robin and affinity — all in
-one run. Two workloads:
+Closed loop: ``--clients`` clients each send one request at a time, for ``--rounds`` windows
+of ``--duration-s`` after a warm-up (policies interleaved round by round), to a pool of
+``--workers`` in-process executors (CPU torch, one thread each) under each policy —
+exclusive (the eTask baseline), round-robin and affinity — all in one run. Two workloads:
 
 * ``gemm``: a chain of 3 matmuls of per-client constant ``D x D`` float32 matrices from the
   object store (the paper's cGEMM / §5.2 microbenchmark: big cacheable constants, a narrow
@@ -21,7 +21,7 @@ Warm overhead: a trivial graph (add of two 4-element vectors, inline) called bac
 reported is the time in the platform excluding the kernel phase, in process (parse,
 validate, schedule, make resident, copy out) and over HTTP (plus the gateway).
 
-    python bench/kaas.py [--clients 16 --workers 4 --duration-s 3]
+    python bench/kaas.py [--clients 16 --workers 4 --rounds 3 --duration-s 1.5]
 
 Prints a table, then one JSON line.
 """
@@ -105,6 +105,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def contention(workload: str, policy: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement window: a fresh pool, warm-up, then ``--duration-s`` counted."""
     # Room for about a quarter of the clients' working sets per executor, plus slack: the
     # pool as a whole holds everything only if each client stays on one executor.
     per_client = per_client_bytes(workload, args)
@@ -121,15 +122,12 @@ async def contention(workload: str, policy: str, args: argparse.Namespace) -> di
             args.jacobi_n, args.jacobi_iters)
         plans.append([svc.plan(KaasRequest.from_dict(build(c, *extra, rng))) for _ in range(3)])
     latencies: list[float] = []
-    done = 0
-    hits = misses = evictions = 0
+    counts = {"hits": 0, "misses": 0, "evictions": 0}
     loop = asyncio.get_running_loop()
-    t_start = loop.time()
-    t_measure = t_start + args.warmup_s
+    t_measure = loop.time() + args.warmup_s
     t_end = t_measure + args.duration_s
 
     async def client(c: int) -> None:
-        nonlocal done, hits, misses, evictions
         i = 0
         while loop.time() < t_end:
             t0 = loop.time()
@@ -139,19 +137,28 @@ async def contention(workload: str, policy: str, args: argparse.Namespace) -> di
             i += 1
             if t0 >= t_measure and t1 <= t_end:
                 latencies.append(t1 - t0)
-                done += 1
-                hits += r.cache["hits"]
-                misses += r.cache["misses"]
-                evictions += r.cache["evictions"]
+                for k in counts:
+                    counts[k] += r.cache[k]
 
     await asyncio.gather(*(client(c) for c in range(args.clients)))
     restarts = sum(getattr(h, "restarts", 0) for h in svc.pool.handles)
     await svc.close()
-    lookups = hits + misses
-    return {"workload": workload, "policy": policy, "req_s": done / args.duration_s,
-            "p50_ms": pct(latencies, 50) * 1e3, "p99_ms": pct(latencies, 99) * 1e3,
-            "hit_rate": hits / lookups if lookups else 0.0, "evictions": evictions,
-            "restarts": restarts, "requests": done, "cache_mib": round(capacity / MIB, 1)}
+    return {"latencies": latencies, "restarts": restarts, "cache_mib": capacity / MIB,
+            **counts}
+
+
+def summarise(workload: str, policy: str, windows: list[dict[str, Any]],
+              args: argparse.Namespace) -> dict[str, Any]:
+    lat = [x for w in windows for x in w["latencies"]]
+    hits = sum(w["hits"] for w in windows)
+    lookups = hits + sum(w["misses"] for w in windows)
+    return {"workload": workload, "policy": policy,
+            "req_s": len(lat) / (args.duration_s * len(windows)),
+            "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3,
+            "hit_rate": hits / lookups if lookups else 0.0,
+            "evictions": sum(w["evictions"] for w in windows),
+            "restarts": sum(w["restarts"] for w in windows), "requests": len(lat),
+            "cache_mib": round(windows[0]["cache_mib"], 1)}
 
 
 async def warm_overhead(args: argparse.Namespace) -> dict[str, Any]:
@@ -218,18 +225,24 @@ async def _http_overhead(svc: KaasService, body: dict[str, Any], calls: int) -> 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     rows = []
+    policies = args.policies.split(",")
     for workload in args.workloads.split(","):
-        for policy in args.policies.split(","):
-            rows.append(await contention(workload, policy, args))
+        # Rounds interleave the policies so background load on a shared machine falls on
+        # all of them alike; each policy's windows are pooled.
+        windows: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+        for _ in range(args.rounds):
+            for policy in policies:
+                windows[policy].append(await contention(workload, policy, args))
+        rows += [summarise(workload, p, windows[p], args) for p in policies]
     overhead = await warm_overhead(args)
     return {"rows": rows, "overhead": overhead}
 
 
 def report(result: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"KaaS contention: {args.clients} clients (closed loop), {args.workers} executors "
-          f"(CPU torch, 1 thread each), {args.duration_s:g} s after {args.warmup_s:g} s "
-          f"warm-up; link {args.link_gbps:g} GB/s on misses, exclusive restart "
-          f"{args.restart_ms:g} ms")
+          f"(CPU torch, 1 thread each), {args.rounds} rounds x {args.duration_s:g} s after "
+          f"{args.warmup_s:g} s warm-up per policy, interleaved; link {args.link_gbps:g} GB/s "
+          f"on misses, exclusive restart {args.restart_ms:g} ms")
     print(f"gemm: 3 x ({args.gemm_dim}x{args.gemm_dim}) constants x ({args.gemm_dim}x"
           f"{args.gemm_width}); jacobi: n={args.jacobi_n}, {args.jacobi_iters} sweeps")
     print(f"{'workload':8} {'policy':12} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
@@ -248,8 +261,9 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--duration-s", type=float, default=3.0)
-    p.add_argument("--warmup-s", type=float, default=1.0)
+    p.add_argument("--duration-s", type=float, default=1.5)
+    p.add_argument("--warmup-s", type=float, default=0.5)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workloads", default="gemm,jacobi")
     p.add_argument("--policies", default="exclusive,round_robin,affinity")
     p.add_argument("--gemm-dim", type=int, default=1024)

@@ -139,6 +139,8 @@ class ExecutorPool:
             async with asyncio.timeout(timeout_s):
                 return await asyncio.shield(item.future)
         except TimeoutError:
+            # A request already running finishes anyway; nobody will read its outcome.
+            item.future.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise DeadlineExceeded(f"KaaS request did not finish within {timeout_s:g} s",
                                    timeout_s=timeout_s) from None
         finally:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from flashpoint.errors import BadRequest, BufferMismatch, InvalidKernelGraph
+from flashpoint.errors import BadRequest, BufferMismatch, InvalidKernelGraph, PayloadTooLarge
 
 SPEC_VERSION = 1
 
@@ -123,7 +123,10 @@ class BufferSpec:
                                      f"{[k.value for k in BufferKind]}") from None
         size = d.get("size_bytes")
         if size is not None:
-            size = _int(size, f"buffer {name!r} size_bytes", 1, max_bytes)
+            size = _int(size, f"buffer {name!r} size_bytes", 1, 1 << 62)
+            if size > max_bytes:
+                raise PayloadTooLarge(f"buffer {name!r} of {size} bytes is over the "
+                                      f"{max_bytes}-byte limit", buffer=name)
         dtype = d.get("dtype")
         shape_raw = d.get("shape")
         if dtype is None and shape_raw is None and size is not None:
@@ -140,8 +143,8 @@ class BufferSpec:
         shape = tuple(shape_raw)
         nbytes = math.prod(shape) * DTYPE_BYTES[dtype]
         if nbytes > max_bytes:
-            raise BufferMismatch(f"buffer {name!r} of {nbytes} bytes is over the "
-                                 f"{max_bytes}-byte limit", buffer=name)
+            raise PayloadTooLarge(f"buffer {name!r} of {nbytes} bytes is over the "
+                                  f"{max_bytes}-byte limit", buffer=name)
         if size is not None and size != nbytes:
             raise BufferMismatch(f"buffer {name!r}: size_bytes {size} != {nbytes} "
                                  f"({dtype} {list(shape)})", buffer=name)

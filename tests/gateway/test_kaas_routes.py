@@ -123,6 +123,9 @@ def _bad(**changes) -> dict:
     (chain_request(x=np.ones((4, 4), np.float32), w_key="missing"), 404, "object_not_found"),
     (_bad(buffers=[buf("x", "input", [2, 2], data=[1, 2, 3])]), 400, "buffer_mismatch"),
     (chain_request(n=128), 413, "buffer_cache_full"),  # over the 64 KiB executor cache
+    (_bad(buffers=[{"name": "huge", "kind": "intermediate", "size_bytes": 1 << 40}]), 413,
+     "too_large"),
+    (_bad(buffers=[buf("huge", "intermediate", [1 << 20, 1 << 20])]), 413, "too_large"),
     (_bad(timeout_s="soon"), 400, "bad_request"),
     (_bad(client="no spaces"), 400, "bad_request"),
     ([1, 2], 400, "bad_request"),

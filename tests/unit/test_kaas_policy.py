@@ -168,3 +168,10 @@ def test_every_policy_assigns_each_request_and_worker_at_most_once():
 def test_unknown_policy():
     with pytest.raises(ValueError):
         decide("fifo", KaasPoolSnapshot(0, (), ()), KaasPolicyMemory())
+
+
+def test_affinity_ties_go_to_the_emptiest_worker():
+    ws = (KaasWorkerSnapshot("w0", True, frozenset({"other"}), free_bytes=MB),
+          KaasWorkerSnapshot("w1", True, frozenset(), free_bytes=4 * MB))
+    snap = KaasPoolSnapshot(0.0, ws, (req("r1", "new", ("k",)),))
+    assert pairs(decide("affinity", snap, KaasPolicyMemory())[0]) == [("r1", "w1")]
