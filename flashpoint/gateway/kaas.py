@@ -3,6 +3,8 @@
     POST /v1/kaas/invoke        invoke  KaasRequest fields + "client"?, "timeout_s"?,
                                         "output_encoding"? ("list" | "b64")
                                         -> outputs (inline or stored keys), timings, cache
+    GET  /v1/kaas/status        invoke  pool policy, queue, executors' cache hits/misses/
+                                        evictions and use, registered kernels
     PUT  /v1/objects/{key}      invoke  raw bytes -> 201 {"key", "size_bytes"}
                                         (immutable: other bytes under a key are 409)
     GET  /v1/objects/{key}      invoke  raw bytes | 404
@@ -99,6 +101,7 @@ class KaasRoutes:
     def route_defs(self) -> list[web.RouteDef]:
         return [
             web.post("/v1/kaas/invoke", self.invoke),
+            web.get("/v1/kaas/status", self.status),
             web.put("/v1/objects/{key:.+}", self.put_object),
             web.get("/v1/objects/{key:.+}", self.get_object),
         ]
@@ -144,6 +147,10 @@ class KaasRoutes:
         return json_response({"outputs": outputs, "timings_s": result.timings_s,
                               "cache": result.cache, "executor_id": result.executor_id,
                               "request_id": rid})
+
+    async def status(self, request: web.Request) -> web.Response:
+        self.ctx.require(request, Role.INVOKE)
+        return json_response(self.kaas.status())
 
     async def put_object(self, request: web.Request) -> web.Response:
         self.ctx.require(request, Role.INVOKE)

@@ -54,3 +54,7 @@ class KaasBackend(Protocol):
                      timeout_s: float | None = None) -> KaasResult:
         """Run on the pool; DeadlineExceeded, KernelFailed, ObjectExists (409)."""
         ...
+
+    def status(self) -> dict[str, Any]:
+        """Pool policy, queue, executors with their cache counters, registered kernels."""
+        ...

@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from flashpoint.errors import DeadlineExceeded
 from flashpoint.kaas.backend import KaasResult
@@ -147,6 +147,22 @@ class ExecutorPool:
             if item in self._pending:  # still queued: it will not run
                 self._pending.remove(item)
                 self._pump()
+
+    def status(self) -> dict[str, Any]:
+        """Queue, busy executors and every local executor's cumulative cache counters."""
+        execs = []
+        for h in self._handles.values():
+            entry: dict[str, Any] = {"executor_id": h.executor_id,
+                                     "busy": h.executor_id in self._busy}
+            if isinstance(h, LocalExecutorHandle):
+                cache = h.executor.cache
+                entry.update(requests=h.executor.requests, restarts=h.restarts,
+                             cache={**cache.stats.to_dict(), "used_bytes": cache.used_bytes,
+                                    "capacity_bytes": cache.capacity_bytes,
+                                    "buffers": len(cache)})
+            execs.append(entry)
+        return {"policy": self.policy, "queued": len(self._pending),
+                "completed": self.completed, "executors": execs}
 
     async def close(self) -> None:
         for t in list(self._tasks):

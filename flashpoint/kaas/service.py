@@ -55,6 +55,9 @@ class KaasService:
         return await self.pool.invoke(plan, client=client, request_id=request_id,
                                       timeout_s=timeout_s)
 
+    def status(self) -> dict[str, Any]:
+        return {**self.pool.status(), "kernels": self.library.names()}
+
     async def close(self) -> None:
         await self.pool.close()
 

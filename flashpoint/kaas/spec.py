@@ -45,6 +45,9 @@ LITERAL_TYPES = ("i32", "i64", "f32", "f64")
 MAX_KERNELS = 1024
 MAX_BUFFERS = 1024
 MAX_ITERS = 100_000
+# Kernel launches per request (kernels x n_iters): an executor cannot be interrupted inside
+# a request, so the work one request may ask for is bounded up front.
+MAX_LAUNCHES = 1_000_000
 MAX_DIMS = 8
 MAX_LITERALS = 64
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -132,7 +135,7 @@ class BufferSpec:
         if dtype is None and shape_raw is None and size is not None:
             # Described by its size only (the paper's temporaries): bytes.
             dtype, shape_raw = "uint8", [size]
-        if dtype not in DTYPE_BYTES:
+        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
             raise BufferMismatch(f"buffer {name!r}: dtype must be one of {sorted(DTYPE_BYTES)}",
                                  buffer=name)
         if (not isinstance(shape_raw, list) or not 0 < len(shape_raw) <= MAX_DIMS
@@ -222,6 +225,8 @@ class Literal:
         if isinstance(v, bool):
             raise InvalidKernelGraph(f"{where}: literals are numbers, not booleans")
         if isinstance(v, int):
+            if not -(2**63) <= v < 2**63:
+                raise InvalidKernelGraph(f"{where}: literal {v} does not fit i64")
             return cls("i64", v)
         if isinstance(v, float):
             return cls("f64", v)
@@ -232,6 +237,9 @@ class Literal:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (
                 dtype.startswith("i") and not isinstance(value, int)):
             raise InvalidKernelGraph(f"{where}: literal value does not fit {dtype}")
+        bits = int(dtype[1:])
+        if dtype.startswith("i") and not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+            raise InvalidKernelGraph(f"{where}: literal {value} does not fit {dtype}")
         return cls(dtype, value)
 
     def to_dict(self) -> dict[str, Any]:
@@ -334,6 +342,9 @@ class KaasRequest:
         if not isinstance(buffers, list) or not 0 < len(buffers) <= MAX_BUFFERS:
             raise InvalidKernelGraph(f"buffers must be a list of 1-{MAX_BUFFERS} buffers")
         n_iters = _int(d.get("n_iters", 1), "n_iters", 1, MAX_ITERS)
+        if n_iters * len(kernels) > MAX_LAUNCHES:
+            raise InvalidKernelGraph(f"{len(kernels)} kernels x {n_iters} iterations is over "
+                                     f"the {MAX_LAUNCHES}-launch limit")
         return cls(tuple(KernelSpec.from_dict(k, i) for i, k in enumerate(kernels)),
                    tuple(BufferSpec.from_dict(b, max_buffer_bytes) for b in buffers),
                    n_iters, version)

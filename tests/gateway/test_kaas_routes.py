@@ -59,6 +59,12 @@ async def test_invoke_inline_and_stored_outputs(kaas_server: ThreadedServer, kaa
         stored = chain_request(out_key="result-1")
         async with s.post("/v1/kaas/invoke", json=stored) as r:
             assert (await r.json())["outputs"] == {"y": {"key": "result-1"}}
+        async with s.get("/v1/kaas/status") as r:
+            status = await r.json()
+        assert status["policy"] == "affinity" and "torch.matmul" in status["kernels"]
+        caches = [e["cache"] for e in status["executors"]]
+        # the third call (another client: its own intermediates) hit only w
+        assert sum(c["hits"] for c in caches) == 4 and sum(c["misses"] for c in caches) == 5
         async with s.get("/v1/objects/result-1") as r:
             assert r.status == 200
             assert np.allclose(np.frombuffer(await r.read(), np.float32).reshape(4, 4),
@@ -130,6 +136,7 @@ def _bad(**changes) -> dict:
     (_bad(client="no spaces"), 400, "bad_request"),
     ([1, 2], 400, "bad_request"),
     (_bad(kernels="all"), 400, "invalid_kernel_graph"),
+    (_bad(n_iters=100_001), 400, "invalid_kernel_graph"),
 ])
 async def test_bad_requests(kaas_server: ThreadedServer, kaas, body, status, code):
     if code == "buffer_cache_full":

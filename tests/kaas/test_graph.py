@@ -119,5 +119,17 @@ def test_literal_types_checked():
     d["kernels"][0]["literals"] = [5]
     with pytest.raises(errors.BufferMismatch, match="dim"):
         plan(d)
+    d["kernels"][0]["literals"] = [{"dtype": "i32", "value": 2**31}]
+    with pytest.raises(errors.InvalidKernelGraph, match="fit"):
+        plan(d)
     d["kernels"][0]["literals"] = [{"dtype": "i32", "value": -1}]
     assert plan(d)
+
+
+def test_launch_cap(monkeypatch):
+    from flashpoint.kaas import spec
+
+    monkeypatch.setattr(spec, "MAX_LAUNCHES", 30)
+    with pytest.raises(errors.InvalidKernelGraph, match="launch"):
+        plan(_mutate(n_iters=11))  # 3 kernels x 11
+    assert plan(_mutate(n_iters=10))
