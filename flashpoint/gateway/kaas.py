@@ -138,9 +138,12 @@ class KaasRoutes:
             raise BadRequest("output_encoding must be 'list' or 'b64'")
         plan = self.kaas.plan(req)
         rid = request_id(request)
-        result = await self.kaas.invoke(
-            plan, client=client, request_id=rid,
-            timeout_s=effective_timeout_s(req_timeout, None, ctx.config))
+        timeout_s = effective_timeout_s(req_timeout, None, ctx.config)
+        # The same admission as function invocations: per-caller rate limit, in-flight cap.
+        result = await ctx.admission.run(
+            ctx.caller(request, principal), "the KaaS pool",
+            lambda: self.kaas.invoke(plan, client=client, request_id=rid, timeout_s=timeout_s),
+            timeout_s=timeout_s)
         outputs: dict[str, Any] = {name: {"key": key} for name, key in result.stored.items()}
         for name, arr in result.outputs.items():
             outputs[name] = _encode(arr, encoding)

@@ -178,3 +178,16 @@ async def test_routes_absent_without_kaas(server: ThreadedServer):
                 "store_outputs": {"y": "k"}}
         async with s.post("/v1/functions/double/invoke", json=body) as r:
             assert r.status == 400
+
+
+async def test_rate_limit_applies_to_kaas(backend: FakeBackend, kaas):
+    cfg = GatewayConfig(rate_limit_rps=0.001, rate_limit_burst=1)
+    server = ThreadedServer(make_app(backend, cfg, kaas=kaas), auto_decompress=False).start()
+    try:
+        async with aiohttp.ClientSession(server.url) as s:
+            async with s.post("/v1/kaas/invoke", json=chain_request()) as r:
+                assert r.status == 200
+            async with s.post("/v1/kaas/invoke", json=chain_request()) as r:
+                assert r.status == 429 and (await r.json())["code"] == "overloaded"
+    finally:
+        server.stop()
