@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -143,3 +145,18 @@ def test_reset_forgets_everything(store):
     ex.reset()
     assert not ex.cached_keys() and len(ex.host_cache) == 0
     assert run(ex, chain_request()).cache["hits"] == 0
+
+
+def test_a_request_never_evicts_its_own_buffers(store):
+    """Its cache hits are pinned before room is made for its misses: when only they could
+    make room, the request is refused rather than evicting what it is about to use."""
+    ex = Executor("e0", store, capacity_bytes=64 * 4)
+    copy_w = {"kernels": [kern("copy", ["w"], ["y"])],
+              "buffers": [buf("w", "input", [4, 4], key="w"), buf("y", "output", [4, 4])]}
+    run(ex, copy_w)
+    assert ex.cached_keys() == {"obj:w"}
+    big = copy.deepcopy(copy_w)
+    big["buffers"].append({"name": "scratch", "kind": "intermediate", "size_bytes": 64 * 3})
+    with pytest.raises(errors.BufferCacheFull):
+        run(ex, big)  # w (hit) + y + scratch = 320 bytes > 256
+    assert ex.cached_keys() == {"obj:w"} and ex.cache.pinned_bytes == 0
