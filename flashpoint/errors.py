@@ -9,14 +9,24 @@ as ``{"code", "message", "details"}`` and are rebuilt as the same class on the o
     ├── BadRequest                      bad_request, 400
     │   ├── InvalidName                 invalid_name, 400
     │   ├── PayloadTooLarge             too_large, 413
-    │   └── InvalidGeometry             invalid_geometry, 400 (a MIG geometry that cannot exist)
+    │   ├── InvalidGeometry             invalid_geometry, 400 (a MIG geometry that cannot exist)
+    │   ├── InvalidKernelGraph          invalid_kernel_graph, 400 (a KaaS request that cannot run)
+    │   │   ├── UnknownKernel           unknown_kernel, 400 (not in the kernel library)
+    │   │   ├── UndefinedBuffer         undefined_buffer, 400 (a kernel names an undeclared buffer)
+    │   │   ├── BufferMismatch          buffer_mismatch, 400 (size / dtype / shape disagree)
+    │   │   ├── ReadBeforeWrite         read_before_write, 400 (an intermediate read unwritten)
+    │   │   └── KernelGraphCycle        kernel_graph_cycle, 400
+    │   └── BufferCacheFull             buffer_cache_full, 413 (a KaaS request's buffers cannot
+    │                                   all be resident at once on an executor)
     ├── Unauthorized                    unauthorized, 401
     ├── Forbidden                       forbidden, 403
     ├── NotFound                        not_found, 404
     │   ├── FunctionNotFound            function_not_found, 404
-    │   └── ModelNotFound               model_not_found, 404
+    │   ├── ModelNotFound               model_not_found, 404
+    │   └── ObjectNotFound              object_not_found, 404 (no such key in the object store)
     ├── Conflict                        conflict, 409
-    │   └── MigUnavailable              mig_unavailable, 409 (MIG off or unsupported on the GPU)
+    │   ├── MigUnavailable              mig_unavailable, 409 (MIG off or unsupported on the GPU)
+    │   └── ObjectExists                object_exists, 409 (an immutable key holds other bytes)
     ├── RetryableError (retryable)
     │   ├── Overloaded                  overloaded, 429 (Retry-After)
     │   ├── Unavailable                 unavailable, 503 (Retry-After)
@@ -31,6 +41,7 @@ as ``{"code", "message", "details"}`` and are rebuilt as the same class on the o
     ├── IntegrityError                  integrity_error, 502 (bytes failed their sha256)
     ├── RegistryError                   registry_error, 502
     ├── ModelFailed                     model_failed, 500 (the model raised while running)
+    ├── KernelFailed                    kernel_failed, 500 (a KaaS kernel raised while running)
     ├── MigFailed                       mig_failed, 500 (NVML refused a MIG change midway)
     ├── MpsUnavailable                  mps_unavailable, 503 (no MPS binaries, or the daemon died)
     ├── HookBuildFailed                 hook_build_failed, 500 (no C compiler / the hook did not compile)
@@ -214,6 +225,55 @@ class HookBuildFailed(FlashpointError):
     """The native GPU hook could not be built: no C compiler, or compilation failed."""
 
     code = "hook_build_failed"
+    http_status = 500
+
+
+class InvalidKernelGraph(BadRequest):
+    """A KaaS request that cannot run as written; ``details`` name the kernel or buffer."""
+
+    code = "invalid_kernel_graph"
+
+
+class UnknownKernel(InvalidKernelGraph):
+    code = "unknown_kernel"
+
+
+class UndefinedBuffer(InvalidKernelGraph):
+    code = "undefined_buffer"
+
+
+class BufferMismatch(InvalidKernelGraph):
+    """A buffer's declared size, dtype or shape disagrees with its data or its kernel."""
+
+    code = "buffer_mismatch"
+
+
+class ReadBeforeWrite(InvalidKernelGraph):
+    code = "read_before_write"
+
+
+class KernelGraphCycle(InvalidKernelGraph):
+    code = "kernel_graph_cycle"
+
+
+class BufferCacheFull(PayloadTooLarge):
+    """A KaaS request needs more device memory than an executor's cache can give it."""
+
+    code = "buffer_cache_full"
+
+
+class ObjectNotFound(NotFound):
+    code = "object_not_found"
+
+
+class ObjectExists(Conflict):
+    """Objects are immutable: a key already holds different bytes."""
+
+    code = "object_exists"
+
+
+class KernelFailed(FlashpointError):
+    code = "kernel_failed"
     http_status = 500
 
 

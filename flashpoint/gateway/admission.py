@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from flashpoint.gateway.backend import InvokeBackend, InvokeResult
 from flashpoint.gateway.config import GatewayConfig
 
 _MAX_BUCKETS = 10_000
+T = TypeVar("T")
 
 
 @dataclass
@@ -71,6 +72,13 @@ class Admission:
                      inputs: dict[str, np.ndarray], *, request_id: str,
                      timeout_s: float) -> InvokeResult:
         """Admit, then run one invocation; the backstop fires ``deadline_grace_s`` late."""
+        return await self.run(caller, repr(name), lambda: backend.invoke(
+            name, inputs, request_id=request_id, timeout_s=timeout_s), timeout_s=timeout_s)
+
+    async def run(self, caller: str, what: str, call: Callable[[], Awaitable[T]], *,
+                  timeout_s: float) -> T:
+        """Admit ``caller`` (rate limit, in-flight cap), then await ``call()`` under the
+        deadline backstop; ``what`` names the work in the timeout message."""
         self._check_rate(caller)
         limit = self._config.max_inflight_requests
         if limit and self.inflight >= limit:
@@ -78,10 +86,9 @@ class Admission:
         self.inflight += 1
         try:
             async with asyncio.timeout(timeout_s + self._config.deadline_grace_s):
-                return await backend.invoke(name, inputs, request_id=request_id,
-                                            timeout_s=timeout_s)
+                return await call()
         except TimeoutError:
-            raise DeadlineExceeded(f"request to {name!r} did not finish within {timeout_s:g} s",
+            raise DeadlineExceeded(f"request to {what} did not finish within {timeout_s:g} s",
                                    timeout_s=timeout_s) from None
         finally:
             self.inflight -= 1

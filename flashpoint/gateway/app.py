@@ -17,6 +17,7 @@ from flashpoint.gateway.kserve import KServeRoutes
 from flashpoint.gateway.metrics import GatewayMetrics
 from flashpoint.gateway.middleware import make_middleware
 from flashpoint.gateway.native import NativeRoutes
+from flashpoint.kaas.backend import KaasBackend
 
 GATEWAY = web.AppKey("flashpoint_gateway", GatewayContext)
 
@@ -30,13 +31,23 @@ RUNNER_KWARGS = {"auto_decompress": False}
 
 def add_routes(app: web.Application, backend: InvokeBackend,
                config: GatewayConfig | None = None, *,
-               registry: CollectorRegistry | None = None) -> GatewayContext:
-    """Mount the gateway on ``app``; ``registry`` defaults to a private Prometheus registry."""
+               registry: CollectorRegistry | None = None,
+               kaas: KaasBackend | None = None) -> GatewayContext:
+    """Mount the gateway on ``app``; ``registry`` defaults to a private Prometheus registry.
+
+    ``kaas`` (optional) enables ``/v1/kaas/invoke``, ``/v1/objects`` and the native invoke's
+    ``store_outputs``.
+    """
     config = config or GatewayConfig()
     ctx = GatewayContext.create(backend, config, GatewayMetrics(registry))
+    ctx.kaas = kaas
     app[GATEWAY] = ctx
     app.middlewares.append(make_middleware(ctx))
     defs = NativeRoutes(ctx).route_defs() + KServeRoutes(ctx).route_defs()
+    if kaas is not None:
+        from flashpoint.gateway.kaas import KaasRoutes
+
+        defs += KaasRoutes(ctx, kaas).route_defs()
     defs.append(web.get("/metrics", ctx.metrics.handle))
     for d in defs:
         route = app.router.add_route(d.method, d.path, d.handler)
@@ -45,10 +56,11 @@ def add_routes(app: web.Application, backend: InvokeBackend,
     return ctx
 
 
-def make_app(backend: InvokeBackend, config: GatewayConfig | None = None) -> web.Application:
+def make_app(backend: InvokeBackend, config: GatewayConfig | None = None, *,
+             kaas: KaasBackend | None = None) -> web.Application:
     """A standalone gateway application."""
     config = config or GatewayConfig()
     # Handlers stream bodies themselves under config limits; request.read() is never used.
     app = web.Application(client_max_size=config.max_body_bytes)
-    add_routes(app, backend, config)
+    add_routes(app, backend, config, kaas=kaas)
     return app

@@ -35,6 +35,7 @@ class GatewayContext:
     admission: Admission
     limits: CodecLimits
     resources: set[web.AbstractResource] = field(default_factory=set)
+    kaas: Any = None  # a kaas.service.KaasBackend when KaaS and the object store are on
 
     @classmethod
     def create(cls, backend: InvokeBackend, config: GatewayConfig,

@@ -5,7 +5,8 @@
     GET    /v1/functions/{name}          invoke  FunctionInfo | 404
     DELETE /v1/functions/{name}          admin   {"deleted": name}
     POST   /v1/functions/{name}/invoke   invoke  {"inputs": {x: {data, shape, datatype}},
-                                                   "timeout_s"?} -> outputs + timings
+                                                   "timeout_s"?, "store_outputs"?}
+                                                   -> outputs + timings (+ stored)
     GET    /v1/status                    invoke  backend.cluster_status()
     GET    /healthz                      none    {"status": "ok"} | 503
 """
@@ -32,9 +33,10 @@ from flashpoint.gateway.context import (
     parse_json_body,
     request_id,
 )
+from flashpoint.gateway.kaas import decode_store_outputs, store_outputs
 from flashpoint.spec import FunctionSpec
 
-_INVOKE_KEYS = frozenset(("inputs", "timeout_s"))
+_INVOKE_KEYS = frozenset(("inputs", "timeout_s", "store_outputs"))
 _TENSOR_KEYS = frozenset(("data", "shape", "datatype"))
 
 
@@ -146,20 +148,31 @@ class NativeRoutes:
                                                             ctx.limits)
         else:
             inputs, req_timeout_s = decode_native_inputs(body, ctx.limits)
+        # Chaining into KaaS: outputs go to the object store under these keys (gateway/kaas.py).
+        to_store = decode_store_outputs(body)
+        if to_store and ctx.kaas is None:
+            raise BadRequest("store_outputs needs the object store, which is not enabled")
         rid = request_id(request)
         timeout_s = effective_timeout_s(req_timeout_s, info.spec.timeout_s, ctx.config)
         result = await ctx.admission.invoke(ctx.backend, ctx.caller(request, principal),
                                             info.spec.name, inputs, request_id=rid,
                                             timeout_s=timeout_s)
         declared = {t.name: t.datatype for t in info.spec.outputs}
+        outputs = result.outputs
+        stored = {}
+        if to_store:
+            stored = store_outputs(ctx.kaas.store, outputs, to_store)
+            outputs = {k: v for k, v in outputs.items() if k not in to_store}
         payload = {
-            "outputs": encode_native_outputs(result.outputs, declared),
+            "outputs": encode_native_outputs(outputs, declared),
             "timings_s": result.timings_s,
             "replica_id": result.replica_id,
             "cold": result.cold,
             "cold_start_source": result.cold_start_source,
             "request_id": rid,
         }
+        if stored:
+            payload["stored"] = stored
         resp = web.Response(status=200, content_type="application/json")
         encoded = oip.dump_json(payload)
         resp.body = await maybe_gzip(request, resp, encoded,

@@ -1,0 +1,213 @@
+"""A pool of KaaS executors behind one scheduling policy (pure, ``policy/kaas.py``).
+
+The pool talks to executors only through :class:`ExecutorHandle`: :class:`LocalExecutorHandle`
+runs an in-process :class:`~flashpoint.kaas.executor.Executor` on a thread; a handle over a
+worker's RPC connection (``Executor.run_wire`` on the far side) fits the same protocol.
+
+Dispatch is pull-based: on every arrival and every completion the pool snapshots executors
+(idle or busy, the cache keys they hold) and pending requests, asks the policy for
+assignments, and starts them. Requests of one client are served in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from flashpoint.errors import DeadlineExceeded
+from flashpoint.kaas.backend import KaasResult
+from flashpoint.kaas.executor import Executor
+from flashpoint.kaas.graph import GraphPlan, cache_key
+from flashpoint.log import get_logger
+from flashpoint.policy.kaas import (
+    POLICY_NAMES,
+    KaasAssignment,
+    KaasPendingSnapshot,
+    KaasPolicyMemory,
+    KaasPolicyParams,
+    KaasPoolSnapshot,
+    KaasWorkerSnapshot,
+    decide,
+    record_completion,
+)
+
+log = get_logger(__name__)
+
+
+class ExecutorHandle(Protocol):
+    """The one object that reaches an executor (in process, or a worker over RPC)."""
+
+    executor_id: str
+
+    def cached_keys(self) -> frozenset[str]:
+        """The device cache's keys as last known (for affinity)."""
+        ...
+
+    def free_bytes(self) -> int:
+        """Room left in the device cache as last known."""
+        ...
+
+    async def run(self, plan: GraphPlan, client: str) -> KaasResult: ...
+
+    async def restart(self) -> None:
+        """Start over with empty caches (exclusive reassignment: a cold start)."""
+        ...
+
+
+class LocalExecutorHandle:
+    """An in-process executor, run on a thread so the event loop stays free.
+
+    ``restart_s``: extra seconds a restart costs (a process start and imports on a real
+    worker; benchmarks set it to price the exclusive baseline's cold starts).
+    """
+
+    def __init__(self, executor: Executor, *, restart_s: float = 0.0) -> None:
+        self.executor = executor
+        self.executor_id = executor.executor_id
+        self.restart_s = restart_s
+        self.restarts = 0
+
+    def cached_keys(self) -> frozenset[str]:
+        return self.executor.cached_keys()
+
+    def free_bytes(self) -> int:
+        return self.executor.cache.free_bytes
+
+    async def run(self, plan: GraphPlan, client: str) -> KaasResult:
+        return await asyncio.to_thread(self.executor.run, plan, client=client)
+
+    async def restart(self) -> None:
+        self.restarts += 1
+        await asyncio.to_thread(self.executor.reset)
+        if self.restart_s:
+            await asyncio.sleep(self.restart_s)
+
+
+@dataclass
+class _Pending:
+    request_id: str
+    client: str
+    plan: GraphPlan
+    arrival_s: float
+    snapshot: KaasPendingSnapshot
+    future: asyncio.Future[KaasResult] = field(repr=False)
+
+
+class ExecutorPool:
+    """Runs validated requests on ``handles`` as the named policy decides."""
+
+    def __init__(self, handles: Sequence[ExecutorHandle], policy: str = "affinity", *,
+                 params: KaasPolicyParams | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if policy not in POLICY_NAMES:
+            raise ValueError(f"unknown KaaS pool policy {policy!r}; known: {POLICY_NAMES}")
+        if not handles:
+            raise ValueError("a pool needs at least one executor")
+        self.policy = policy
+        self.params = params or KaasPolicyParams()
+        self._handles = {h.executor_id: h for h in handles}
+        self._clock = clock
+        self._memory = KaasPolicyMemory()
+        self._pending: list[_Pending] = []
+        self._busy: dict[str, str] = {}  # executor id -> client
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.completed = 0
+
+    @property
+    def handles(self) -> list[ExecutorHandle]:
+        return list(self._handles.values())
+
+    def min_capacity_bytes(self) -> int | None:
+        caps = [h.executor.cache.capacity_bytes for h in self._handles.values()
+                if isinstance(h, LocalExecutorHandle)]
+        return min(caps) if caps else None
+
+    async def invoke(self, plan: GraphPlan, *, client: str, request_id: str,
+                     timeout_s: float | None = None) -> KaasResult:
+        """Queue ``plan`` for ``client`` and wait for its result (or the deadline)."""
+        loop = asyncio.get_running_loop()
+        snap = KaasPendingSnapshot(
+            request_id, client, self._clock(),
+            tuple((cache_key(b, client), b.size_bytes) for b in plan.request.buffers))
+        item = _Pending(request_id, client, plan, snap.arrival_s, snap, loop.create_future())
+        self._pending.append(item)
+        self._pump()
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(item.future)
+        except TimeoutError:
+            # A request already running finishes anyway; nobody will read its outcome.
+            item.future.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise DeadlineExceeded(f"KaaS request did not finish within {timeout_s:g} s",
+                                   timeout_s=timeout_s) from None
+        finally:
+            if item in self._pending:  # still queued: it will not run
+                self._pending.remove(item)
+                self._pump()
+
+    def status(self) -> dict[str, Any]:
+        """Queue, busy executors and every local executor's cumulative cache counters."""
+        execs = []
+        for h in self._handles.values():
+            entry: dict[str, Any] = {"executor_id": h.executor_id,
+                                     "busy": h.executor_id in self._busy}
+            if isinstance(h, LocalExecutorHandle):
+                cache = h.executor.cache
+                entry.update(requests=h.executor.requests, restarts=h.restarts,
+                             cache={**cache.stats.to_dict(), "used_bytes": cache.used_bytes,
+                                    "capacity_bytes": cache.capacity_bytes,
+                                    "buffers": len(cache)})
+            execs.append(entry)
+        return {"policy": self.policy, "queued": len(self._pending),
+                "completed": self.completed, "executors": execs}
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _pump(self) -> None:
+        if not self._pending or len(self._busy) == len(self._handles):
+            return
+        snap = KaasPoolSnapshot(
+            now_s=self._clock(),
+            workers=tuple(KaasWorkerSnapshot(h.executor_id, h.executor_id not in self._busy,
+                                             h.cached_keys(), self._busy.get(h.executor_id),
+                                             h.free_bytes())
+                          for h in self._handles.values()),
+            pending=tuple(p.snapshot for p in self._pending))
+        decision, self._memory = decide(self.policy, snap, self._memory, self.params)
+        by_id = {p.request_id: p for p in self._pending}
+        for a in decision.assignments:
+            item = by_id[a.request_id]
+            self._pending.remove(item)
+            self._busy[a.worker_id] = item.client
+            task = asyncio.create_task(self._run(item, a), name=f"kaas-{a.request_id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, item: _Pending, a: KaasAssignment) -> None:
+        handle = self._handles[a.worker_id]
+        start = self._clock()
+        try:
+            if a.restart:
+                await handle.restart()
+            result = await handle.run(item.plan, item.client)
+        except BaseException as e:  # typed errors reach the caller; the pool lives on
+            if not item.future.done():
+                item.future.set_exception(e)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+        else:
+            result.timings_s["queue"] = start - item.arrival_s
+            if not item.future.done():
+                item.future.set_result(result)
+        finally:
+            self.completed += 1
+            self._memory = record_completion(self._memory, item.client,
+                                             self._clock() - start, a.charge_s, self.params)
+            del self._busy[a.worker_id]
+            self._pump()
