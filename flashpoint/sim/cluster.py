@@ -28,13 +28,22 @@ hosts, the GPUs, the network and the request queue, on the :class:`Engine`'s clo
   by a tick take effect ``decision_s`` later, measured with ``perf_counter`` around
   ``ControllerState.handle`` (or fixed, for reproducible runs and tests).
 
-Partitioned pipelines (MP) are not simulated in this cut: stage deploys would need
-``StageReady``/``GroupLinked`` to be played and the pipeline's service model; see
-:mod:`flashpoint.sim.experiments` for what is reported instead.
+* **Partitioned pipelines** (MP; thesis Ch. 4): the function gets ``max_stages > 1`` and
+  a plan table solved by ``partition.table.plan_table`` with the worst-case (registry)
+  cost model; ``ControllerState`` picks plans (Eq 4.14) and places stages. A stage
+  fetches its own byte range (from a holder's RAM under LC, else the registry), loads it
+  pro rata and reports ``StageReady``; ``LinkGroup`` is acknowledged at once
+  (``GroupLinked``) and ``ServeGroup`` makes the group one dispatch target whose requests
+  take I(p) = I(1) + IN(p) (Eq 4.2: the partition cost model's transfers at every cut)
+  with the credits the state grants. Each stage then fetches the rest of the model and
+  completes into a whole replica (§4.2.5); the state dissolves the group. A pipeline's
+  cold start is counted once, from its deploy to serving. Simplification: a completed
+  stage serves alone *and* still counts inside its pipeline until the group dissolves.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -44,6 +53,8 @@ from enum import StrEnum
 
 from flashpoint.actors import controller_state as cs
 from flashpoint.actors.rates import RateMeter
+from flashpoint.partition.model import CostModel
+from flashpoint.partition.table import PlanTable, plan_table
 from flashpoint.policy.autoscale import make_autoscaler
 from flashpoint.policy.sourcing import REGISTRY
 from flashpoint.sim.engine import Engine, EventHandle
@@ -64,14 +75,20 @@ class Technique(StrEnum):
     LC = "LC"
     MC = "MC"
     LC_MC = "LC+MC"
+    MP = "MP"
+    LC_MC_MP = "LC+MC+MP"
 
     @property
     def locality(self) -> bool:
-        return self in (Technique.LC, Technique.LC_MC)
+        return self in (Technique.LC, Technique.LC_MC, Technique.LC_MC_MP)
 
     @property
     def multicast(self) -> bool:
-        return self in (Technique.MC, Technique.LC_MC)
+        return self in (Technique.MC, Technique.LC_MC, Technique.LC_MC_MP)
+
+    @property
+    def partition(self) -> bool:
+        return self in (Technique.MP, Technique.LC_MC_MP)
 
     @property
     def host_sharing(self) -> bool:
@@ -105,6 +122,10 @@ class ClusterConfig:
     # Replicas warm at t = 0 (a cluster in steady state rather than cold; the thesis does
     # not say how its runs begin). Placed by the live placement, their hosts hold the model.
     prewarm: int = 0
+    # MP: most stages per pipeline (the thesis sweeps 1..64; 0 = the model's layer count),
+    # and the intermediate-tensor link (GPU to GPU across hosts).
+    max_stages: int = 64
+    link_latency_s: float = 0.0005
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0 or self.wake_min_s < 0 or self.drain_s < 0:
@@ -124,6 +145,10 @@ class _Replica:
     stopped_s: float | None = None
     pending: EventHandle | None = None  # its to-device step, while starting
     flow: Flow | None = None  # its private download (BL), while it runs
+    stage: tuple[int, int] | None = None  # a partition stage's layers
+    completed: bool = False  # a stage that completed into a whole replica
+    service_s: float = 0.0  # per request; a pipeline group's is longer (transfers)
+    stages: tuple[str, ...] = ()  # a group target's stage replicas
     source: str = ""  # where its bytes came from (local, chain:<sender>, registry)
 
 
@@ -156,6 +181,8 @@ class RunMetrics:
     failed: int = 0
     sources: dict[str, int] = field(default_factory=dict)
     decisions: int = 0
+    pipelines: int = 0  # partitioned groups that served
+    completions: int = 0  # stages that completed into whole replicas
     decision_wall_s: float = 0.0
     events: int = 0
     wall_s: float = 0.0
@@ -210,6 +237,14 @@ class SimCluster:
             max_replicas=min(1024, config.topology.n_gpus), keep_alive_s=config.keep_alive_s,
             replica_concurrency=config.replica_concurrency, timeout_s=3600.0, compute=1.0,
         )
+        self.plans: PlanTable | None = None
+        self.cost: CostModel | None = None
+        if config.technique.partition:
+            n = len(model.layers)
+            stages = min(n, 64, config.max_stages or n)
+            self.spec = dataclasses.replace(self.spec, max_stages=max(1, stages))
+            self.cost = partition_cost(model, config)
+            self.plans = plan_table(model.layers, self.cost, p_max=stages, x_max=3000)
         self._replicas: dict[str, _Replica] = {}
         self._free: deque[str] = deque()  # warm replicas with a free credit (may be stale)
         self._queue: deque[tuple[float, float]] = deque()  # (arrival_s, work)
@@ -245,7 +280,8 @@ class SimCluster:
         for h in range(topo.n_hosts):
             self._feed(cs.HostRegistered(_hid(h), devices, self.config.host_ram_bytes,
                                          frozenset(), (), 0.0, leaf=f"leaf{topo.leaf_of(h)}"))
-        self._feed(cs.FunctionUpserted(self.spec, self.model.size_bytes))
+        whole = self.cost.cold_s(self.model.size_bytes) if self.cost is not None else 0.0
+        self._feed(cs.FunctionUpserted(self.spec, self.model.size_bytes, self.plans, whole))
         if self.config.prewarm > 0:
             self._prewarm(self.config.prewarm)
 
@@ -264,7 +300,8 @@ class SimCluster:
         for c in cmds:
             if isinstance(c, cs.DeployReplica):
                 h = _host(c.host_id)
-                rep = self._replicas[c.replica_id] = _Replica(c.replica_id, h, 0.0, warm_s=0.0)
+                rep = self._replicas[c.replica_id] = _Replica(c.replica_id, h, 0.0, warm_s=0.0,
+                                                              service_s=self.model.service_s)
                 self._cache[h].add(self.model.key)
                 self._feed(cs.ReplicaWarmed(rep.rid, {}, 0.0))
                 self._free.extend([rep.rid] * self.config.replica_concurrency)
@@ -338,7 +375,7 @@ class SimCluster:
             self._inflight += 1
             if rep.busy < self.config.replica_concurrency:
                 free.append(rid)
-            self.engine.schedule_in(self.model.service_s * work,
+            self.engine.schedule_in(rep.service_s * work,
                                     lambda rid=rid, a=arrival_s: self._complete(rid, a))
 
     def _complete(self, rid: str, arrival_s: float) -> None:
@@ -416,8 +453,17 @@ class SimCluster:
                 self._stop(c.replica_id)
             elif isinstance(c, cs.ForgetReplica):
                 rep = self._replicas.get(c.replica_id)
-                if rep is not None and rep.warm_s is None:
+                if rep is not None and rep.stages:  # a dissolved pipeline: no longer a target
+                    del self._replicas[c.replica_id]
+                elif rep is not None and rep.warm_s is None:
                     self._stop(c.replica_id)
+            elif isinstance(c, cs.LinkGroup):
+                # Linking is local work on the hosts (no bytes): acknowledged at once.
+                for cmd in self._feed(cs.GroupLinked(c.group_id, True, "", self.engine.now_s)):
+                    if isinstance(cmd, cs.ServeGroup):
+                        self._serve_group(cmd, tuple(r for r, _ in c.stages))
+                    else:
+                        self._execute([cmd])
             elif isinstance(c, cs.FailFunction):
                 self.metrics.failed += len(self._queue)
                 self._queue.clear()
@@ -432,8 +478,12 @@ class SimCluster:
         h = _host(c.host_id)
         rep = _Replica(c.replica_id, h, now)
         self._replicas[c.replica_id] = rep
+        rep.service_s = self.model.service_s
         key = self.model.key
         tech = self.config.technique
+        if c.stage is not None:
+            self._deploy_stage(rep, c)
+            return None
         if not tech.host_sharing:  # BL: a private download from the registry
             rep.source = "registry"
             rep.flow = self.net.start_flow(CLOUD, h, self.model.size_bytes,
@@ -468,6 +518,76 @@ class SimCluster:
         fill.source = rep.source = "registry"
         self.net.start_flow(CLOUD, h, self.model.size_bytes, lambda f, h=h: self._arrived(h))
         return None
+
+    # --- partitioned pipelines (MP) --------------------------------------------------------
+    def _deploy_stage(self, rep: _Replica, c: cs.DeployReplica) -> None:
+        """A stage fetches its own byte range first (execute-while-load), reports
+        ``StageReady``, then fetches the rest and completes into a whole replica (§4.2.5)."""
+        assert c.stage is not None
+        rep.stage = c.stage
+        first, last = c.stage
+        own = self.model.stage_bytes(first, last)
+        sender = self._stage_sender(c, rep.host)
+        rep.source = "registry" if sender == CLOUD else f"peer:h{sender}"
+        key = self.model.key
+
+        def ready() -> None:
+            if rep.rid not in self._replicas:
+                return
+            for cmd in [x for x in self._feed(cs.StageReady(rep.rid, self.engine.now_s))]:
+                self._execute([cmd])
+            rest = self.model.size_bytes - own
+            if key in self._cache[rep.host] or rest <= 0:
+                self._after(self.model.startup_s(rest), lambda: self._warm(rep.rid))
+            else:
+                rep.flow = self.net.start_flow(sender, rep.host, rest, lambda f: loaded_rest())
+
+        def loaded_rest() -> None:
+            rep.flow = None
+            rep.pending = self.engine.schedule_in(
+                self.model.startup_s(self.model.size_bytes - own), lambda: self._warm(rep.rid))
+
+        def arrived(_: Flow) -> None:
+            rep.flow = None
+            rep.pending = self.engine.schedule_in(self.model.startup_s(own), ready)
+
+        if key in self._cache[rep.host]:
+            rep.pending = self.engine.schedule_in(self.model.startup_s(own), ready)
+        else:
+            rep.flow = self.net.start_flow(sender, rep.host, own, arrived)
+
+    def _stage_sender(self, c: cs.DeployReplica, h: int) -> Node:
+        """The first fallback the plan names that can send: a holder's RAM (LC), else the
+        registry (the state lists holders first, the registry last)."""
+        src = c.source
+        for name in (src.fallback if src is not None else ()):
+            if name == REGISTRY:
+                return CLOUD
+            peer = _host(name)
+            if peer != h and self.config.technique.locality and self.model.key in self._cache[peer]:
+                return peer
+        return CLOUD
+
+    def _serve_group(self, cmd: cs.ServeGroup, stages: tuple[str, ...]) -> None:
+        """The group is one dispatch target; a request crosses every stage and every cut
+        (I(p) = I(1) + IN(p), thesis Eq 4.2, from the partition cost model)."""
+        now = self.engine.now_s
+        reps = [self._replicas[r] for r in stages if r in self._replicas]
+        transfers = 0.0
+        assert self.cost is not None
+        for r in reps[:-1]:
+            assert r.stage is not None
+            transfers += self.cost.transfer_s(self.model.layers[r.stage[1]].output_bytes)
+        deploy_s = min((r.deploy_s for r in reps), default=now)
+        group = _Replica(cmd.group_id, -1, now, warm_s=now, stages=stages,
+                         service_s=self.model.service_s + transfers)
+        self._replicas[cmd.group_id] = group
+        # A pipeline's cold start: requested to serving (its longest stage, §4.1.2).
+        self.metrics.cold_starts_s.append(now - deploy_s)
+        self.metrics.sources["pipeline"] = self.metrics.sources.get("pipeline", 0) + 1
+        self.metrics.pipelines += 1
+        for _ in range(cmd.credits):
+            self._free.append(cmd.group_id)
 
     def _start_chain(self, sender: Node, receivers: tuple[int, ...]) -> None:
         """A chain's bytes: one cut-through flow (MC) or one unicast per receiver (LC)."""
@@ -520,9 +640,15 @@ class SimCluster:
             return
         now = self.engine.now_s
         rep.warm_s, rep.pending = now, None
-        self.metrics.cold_starts_s.append(now - rep.deploy_s)
-        self.metrics.sources[rep.source] = self.metrics.sources.get(rep.source, 0) + 1
-        self._feed(cs.ReplicaWarmed(rid, {"cold_start_s": now - rep.deploy_s}, now))
+        if rep.stage is None:
+            self.metrics.cold_starts_s.append(now - rep.deploy_s)
+            self.metrics.sources[rep.source] = self.metrics.sources.get(rep.source, 0) + 1
+        else:  # a stage completed into a whole replica: its host holds the model now
+            rep.completed = True
+            self._cache[rep.host].add(self.model.key)
+            self.metrics.completions += 1
+        for cmd in self._feed(cs.ReplicaWarmed(rid, {"cold_start_s": now - rep.deploy_s}, now)):
+            self._execute([cmd])
         if not self.config.technique.locality:
             # No locality: the host keeps no copy once its GPUs have loaded it, and says so
             # (the controller learnt of the copy from ReplicaWarmed).
@@ -567,3 +693,15 @@ def _host(host_id: str) -> int:
     if host_id == REGISTRY:
         raise ValueError("the registry is not a host")
     return int(host_id[1:])
+
+
+def partition_cost(model: ModelProfile, config: ClusterConfig) -> CostModel:
+    """The cost model the plan table is solved with: worst case, non-local (thesis §4.2.2).
+
+    A part's cold start is its bytes over the registry link, then loaded and copied to the
+    GPU at the model's rates: all pro rata to bytes, so one effective rate. Intermediate
+    tensors cross a host link."""
+    per_byte_s = (8.0 / config.topology.cloud_bps + model.load_s / model.size_bytes
+                  + model.to_device_s / model.size_bytes)
+    return CostModel(bandwidth_bps=8.0 / per_byte_s, link_bps=config.topology.host_link_bps,
+                     overhead_s=0.0, link_latency_s=config.link_latency_s)

@@ -108,3 +108,42 @@ def test_decision_time_is_charged_in_simulated_time():
     slow = SimCluster(_cfg(Technique.LC_MC, decision_s=2.0), MODEL).run(_burst(1))
     fast = SimCluster(_cfg(Technique.LC_MC), MODEL).run(_burst(1))
     assert slow.latencies_s[0] == pytest.approx(fast.latencies_s[0] + 2.0)
+
+
+def test_partitioned_pipeline_starts_faster_then_completes_into_whole_replicas():
+    t5 = thesis_model("t5")
+    topo = Topology(n_hosts=4, gpus_per_host=1, hosts_per_leaf=4, cloud_bps=2e9)
+    # Four requests at once from zero: four GPUs, none holding T5.
+    mp = SimCluster(_cfg(Technique.MP, topology=topo, drain_s=900.0, keep_alive_s=1000.0), t5,
+                    record=True)
+    # (a late request keeps the control loop running until the groups have dissolved)
+    m = mp.run(RequestLog("burst", (*_burst(4).arrivals_s, 400.0)))
+    groups = [c for r in mp.records for c in r.commands if isinstance(c, cs.ServeGroup)]
+    stages = [c for r in mp.records for c in r.commands
+              if isinstance(c, cs.DeployReplica) and c.stage is not None]
+    assert m.pipelines == len(groups) >= 1 and len(stages) >= 2
+    # With the registry as the only source the stages share its link, but one copy crosses
+    # it instead of four (thesis §8.4.1): the pipeline serves after about one whole
+    # download, while BL's four replicas each wait for four.
+    one = t5.size_bytes * 8 / 2e9
+    assert min(m.cold_starts_s) < one + t5.load_s + t5.to_device_s
+    bl = SimCluster(_cfg(Technique.BL, topology=topo, drain_s=900.0), t5).run(_burst(4))
+    assert min(bl.cold_starts_s) > 3 * one
+    assert m.avg_latency_s < bl.avg_latency_s / 2
+    # Every stage completes into a whole replica, and the groups dissolve.
+    assert m.completions == len(stages)
+    assert any(isinstance(c, cs.DissolveStages) for r in mp.records for c in r.commands)
+    assert m.unserved == 0
+
+
+def test_pipeline_requests_pay_the_transfer_penalty():
+    t5 = thesis_model("t5")
+    topo = Topology(n_hosts=4, gpus_per_host=1, hosts_per_leaf=4)
+    sim = SimCluster(_cfg(Technique.MP, topology=topo, drain_s=900.0), t5)
+    sim.run(_burst(4))
+    cost = sim.cost
+    assert cost is not None and cost.link_bps == topo.host_link_bps
+    # The first requests are served by the pipeline: end-to-end is at least its cold start
+    # plus I(1) and one cut's transfer.
+    cut = cost.transfer_s(t5.layers[0].output_bytes)
+    assert sorted(sim.metrics.latencies_s)[0] >= min(sim.metrics.cold_starts_s) + t5.service_s + cut

@@ -22,6 +22,7 @@ def tiny_results():
 def test_grid_runs_every_combination_and_serves_the_trace(tiny_results):
     assert [(r.autoscaler, r.technique) for r in tiny_results] == [
         (a, t) for a in ("atl", "owk") for t in Technique]
+    assert len(Technique) == 6
     for r in tiny_results:
         assert r.metrics.requests > 1000
         assert r.metrics.unserved == 0, (r.autoscaler, r.technique)

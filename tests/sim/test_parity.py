@@ -42,7 +42,7 @@ def _record(autoscaler: str, tech: Technique, params=()) -> tuple[SimCluster, Cl
 
 
 @pytest.mark.parametrize("autoscaler", ["atl", "tsk", "owk", "smstar"])
-@pytest.mark.parametrize("tech", [Technique.BL, Technique.LC_MC])
+@pytest.mark.parametrize("tech", [Technique.BL, Technique.LC_MC, Technique.LC_MC_MP])
 def test_replaying_the_simulators_events_gives_its_decisions(autoscaler, tech):
     sim, cfg = _record(autoscaler, tech)
     assert sim.records is not None
