@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--concurrency", type=int, default=8)
     sim = sub.add_parser("sim", help="the data-centre simulator")
     ssub = sim.add_subparsers(dest="sim_cmd", required=True)
-    from flashpoint.sim.experiments import add_arguments as sim_arguments, cli as sim_cli
+    from flashpoint.sim.experiments import add_arguments as sim_arguments
+    from flashpoint.sim.experiments import cli as sim_cli
 
     sim_arguments(ssub.add_parser("reproduce", help="the thesis's evaluation grid, as a report"))
     args = p.parse_args(argv)

@@ -158,7 +158,6 @@ class _Fill:
 
     waiters: list[str] = field(default_factory=list)
     source: str = ""
-    loaded: bool = False
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,7 @@ def chain_path(topology: Topology, nodes: Sequence[Node]) -> tuple[LinkId, ...]:
     """The links of a chain ``nodes[0] -> nodes[1] -> ...``: every hop's path, in order."""
     if len(nodes) < 2:
         raise ValueError("a chain needs a sender and at least one receiver")
-    return tuple(link for a, b in zip(nodes, nodes[1:]) for link in topology.path(a, b))
+    return tuple(link for a, b in zip(nodes[:-1], nodes[1:], strict=True) for link in topology.path(a, b))
 
 
 def max_min_rates(paths: Mapping[K, Sequence[LinkId]],
