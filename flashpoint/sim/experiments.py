@@ -306,6 +306,13 @@ _DIFFERENCES = """\
   anchors, exec time = load / 214 (Fig 3.6) for every model; a fixed 2 ms request
   overhead. The thesis's per-model figures exist only in its plots.
 * **Start state**: runs begin with ceil(λ₀/μ₁) warm replicas; the thesis does not say.
+* **LC+MC ≈ LC here.** With 8 GPUs per host and a warm start, most scale-ups fit on GPUs of
+  hosts that already hold the model (placement's stage 1), which start from RAM; peer
+  chains are rare, so chaining has little left to speed up. The thesis's −75% for LC+MC
+  over LC implies many scale-ups onto new hosts, i.e. larger bursts relative to the
+  replicas already running than our synthetic traces produce.
+* **Ratios are means of per-run ratios** (the thesis's aggregation, digest §9 item 13), so
+  one run with a huge BL latency dominates a "×"; read the per-run table.
 """
 
 
