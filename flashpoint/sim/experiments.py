@@ -26,6 +26,7 @@ Choices the thesis leaves open, made here and said in the report:
 from __future__ import annotations
 
 import argparse
+import bisect
 import math
 import statistics
 import sys
@@ -41,6 +42,7 @@ from flashpoint.sim.traces import (
     RateTrace,
     RequestLog,
     azure_functions_like,
+    load_azure_llm_csv,
     requests_from_rates,
     twitter_like,
 )
@@ -49,7 +51,10 @@ __all__ = ["ExperimentConfig", "RunResult", "run_grid", "report_markdown", "add_
            "cli", "SMALL", "FULL", "THESIS"]
 
 AUTOSCALERS = ("atl", "tsk", "owk", "smstar")
-TRACES = ("twitter", "azure")
+#: twitter, azure: synthetic traces with the thesis's statistics; azure_llm: the real Azure
+#: LLM conversation trace (``../shared/traces``), timestamps as they are, no thesis numbers.
+TRACES = ("twitter", "azure", "azure_llm")
+AZURE_LLM_CSV = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure_llm_conv_2023.csv"
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,23 @@ def rate_trace(kind: str, cfg: ExperimentConfig) -> RateTrace:
         return twitter_like(cfg.seed, cfg.duration_s, cfg.trace_scale)
     if kind == "azure":
         return azure_functions_like(cfg.seed, cfg.duration_s, cfg.trace_scale)
+    if kind == "azure_llm":
+        return request_log(kind, cfg).per_second(cfg.duration_s)
     raise ValueError(f"unknown trace {kind!r}; known: {TRACES}")
+
+
+def request_log(kind: str, cfg: ExperimentConfig) -> RequestLog:
+    """The requests a run serves: Poisson from a synthetic trace, or the real log's
+    timestamps (cut to ``duration_s``, thinned or replicated by ``trace_scale``)."""
+    if kind != "azure_llm":
+        return requests_from_rates(rate_trace(kind, cfg), cfg.seed)
+    if not AZURE_LLM_CSV.exists():
+        raise ValueError(f"trace azure_llm needs {AZURE_LLM_CSV}")
+    full = load_azure_llm_csv(AZURE_LLM_CSV)
+    n = bisect.bisect_left(full.arrivals_s, float(cfg.duration_s))
+    # Token counts are not used as work: the thesis's models run fixed-size inputs.
+    log = RequestLog(full.name, full.arrivals_s[:n])
+    return log if cfg.trace_scale == 1.0 else log.scaled(cfg.trace_scale, cfg.seed)
 
 
 def _replica_rate(model: ModelProfile, concurrency: int) -> float:
@@ -134,8 +155,8 @@ def run_grid(cfg: ExperimentConfig, progress: bool = False) -> list[RunResult]:
     """Every (trace, model, autoscaler, technique) of ``cfg``; the same request log per trace."""
     out: list[RunResult] = []
     for kind in cfg.traces:
-        trace = rate_trace(kind, cfg)
-        log = requests_from_rates(trace, cfg.seed)
+        log = request_log(kind, cfg)
+        trace = log.per_second(cfg.duration_s) if kind == "azure_llm" else rate_trace(kind, cfg)
         for name in cfg.models:
             model = thesis_model(name)
             for scaler in cfg.autoscalers:
@@ -242,7 +263,8 @@ def report_markdown(results: Sequence[RunResult], cfg: ExperimentConfig, wall_s:
     lines += ["", "## Beside the thesis", ""]
     for kind in cfg.traces:
         sub = [r for r in results if r.trace == kind]
-        th = THESIS[kind]
+        th = THESIS.get(kind, {"cold_x": {}, "e2e_x": {}, "lcmc_vs_lc": ("n/a", "n/a"),
+                               "headline": ("n/a", "n/a", "n/a")})
         lines += [f"### {kind}", "",
                   "| technique | cold start × vs BL (ours) | (thesis) | e2e × vs BL (ours) | "
                   "(thesis) |", "|---|---|---|---|---|"]
@@ -326,7 +348,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts-per-leaf", type=int)
     p.add_argument("--duration-s", type=int)
     p.add_argument("--trace-scale", type=float, help="multiply the trace's rates")
-    p.add_argument("--traces", default="twitter", help="comma list: twitter,azure")
+    p.add_argument("--traces", default="twitter", help=f"comma list of {','.join(TRACES)}")
     p.add_argument("--models", default="t5", help=f"comma list of {','.join(THESIS_MODELS)}")
     p.add_argument("--autoscalers", default=",".join(AUTOSCALERS))
     p.add_argument("--techniques", default=",".join(t.value for t in Technique))
@@ -356,7 +378,8 @@ def cli(args: argparse.Namespace) -> int:
     """``flashpoint sim reproduce``: run the grid, print progress, write the report."""
     cfg = config_from_args(args)
     for kind in cfg.traces:
-        rate_trace(kind, replace(cfg, duration_s=1))  # unknown names fail before any run
+        if kind not in TRACES:  # unknown names fail before any run
+            raise ValueError(f"unknown trace {kind!r}; known: {TRACES}")
     for name in cfg.models:
         thesis_model(name)
     t0 = time.perf_counter()

@@ -74,3 +74,19 @@ def test_cli_rejects_an_unknown_model():
 
     with pytest.raises(ValueError, match="unknown model"):
         main(["sim", "reproduce", "--models", "llama", "--duration-s", "10"])
+
+
+def test_real_azure_llm_trace_runs_with_its_own_timestamps():
+    from flashpoint.sim.experiments import AZURE_LLM_CSV, request_log
+
+    if not AZURE_LLM_CSV.exists():
+        pytest.skip("shared traces not mounted")
+    cfg = replace(TINY, traces=("azure_llm",), duration_s=300, autoscalers=("atl",),
+                  techniques=(Technique.BL, Technique.LC_MC))
+    log = request_log("azure_llm", cfg)
+    assert 0 < len(log) and log.duration_s < 300
+    results = run_grid(cfg)
+    assert [r.trace for r in results] == ["azure_llm", "azure_llm"]
+    assert all(r.metrics.requests == len(log) and r.metrics.unserved == 0 for r in results)
+    text = report_markdown(results, cfg, wall_s=1.0)
+    assert "### azure_llm" in text
