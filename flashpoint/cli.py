@@ -188,7 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--preset", default="small")
     demo.add_argument("--requests", type=int, default=64)
     demo.add_argument("--concurrency", type=int, default=8)
+    sim = sub.add_parser("sim", help="the data-centre simulator")
+    ssub = sim.add_subparsers(dest="sim_cmd", required=True)
+    from flashpoint.sim.experiments import add_arguments as sim_arguments
+    from flashpoint.sim.experiments import cli as sim_cli
+
+    sim_arguments(ssub.add_parser("reproduce", help="the thesis's evaluation grid, as a report"))
     args = p.parse_args(argv)
+    if args.cmd == "sim":  # pure and offline: no config, logging or event loop
+        return sim_cli(args)
 
     from flashpoint.log import configure
 

@@ -1,8 +1,17 @@
-"""Data-centre simulator (issue 7): a discrete-event engine and a flow-level network.
+"""Data-centre simulator (issue 7).
 
-Pure and dependency-light: no asyncio, torch, NVML, aiohttp, RPC or actors (STYLE.md, the
-import rule; ``tests/sim/test_import_rule.py``). Later layers drive the live state classes
-and policies with this engine's simulated clock.
+* ``engine`` — discrete-event heap; ``network`` — max-min fair flows on a spine-leaf
+  topology (chains as one flow over every hop);
+* ``traces`` — rate traces, request logs, the Azure LLM CSV, synthetic Twitter/Azure traces;
+* ``models`` — the thesis's six model profiles and a loader for profiled manifests;
+* ``cluster`` — hosts, GPUs, caches and a request queue around the live
+  ``ControllerState`` (autoscalers, placement, sourcing, partitioning);
+* ``experiments`` — the thesis's grid and report (``flashpoint sim reproduce``).
+
+Pure and dependency-light: no asyncio, torch, NVML, aiohttp or RPC; from ``actors/`` only
+the pure ``controller_state`` and ``rates`` (STYLE.md, the import rule;
+``tests/unit/test_import_rule.py``). ``cluster`` and ``experiments`` are not imported here,
+so the engine and network stay importable on their own.
 """
 
 from flashpoint.sim.engine import DEFAULT_MAX_EVENTS, Engine, EventHandle, EventLimitExceeded
@@ -15,11 +24,12 @@ from flashpoint.sim.network import (
     LinkKind,
     Node,
     Topology,
+    chain_path,
     max_min_rates,
 )
 
 __all__ = [
     "DEFAULT_MAX_EVENTS", "Engine", "EventHandle", "EventLimitExceeded",
     "CLOUD", "Flow", "FlowId", "FlowNetwork", "LinkId", "LinkKind", "Node", "Topology",
-    "max_min_rates",
+    "chain_path", "max_min_rates",
 ]

@@ -33,7 +33,7 @@ from typing import Final, NamedTuple, NewType, TypeVar
 from flashpoint.sim.engine import Engine, EventHandle
 
 __all__ = [
-    "CLOUD", "Node", "LinkKind", "LinkId", "Topology", "max_min_rates",
+    "CLOUD", "Node", "LinkKind", "LinkId", "Topology", "chain_path", "max_min_rates",
     "FlowId", "Flow", "FlowNetwork",
 ]
 
@@ -143,6 +143,13 @@ class Topology:
         if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < self.n_hosts:
             raise ValueError(f"unknown node {node!r}: hosts are 0..{self.n_hosts - 1} or {CLOUD!r}")
         return node
+
+
+def chain_path(topology: Topology, nodes: Sequence[Node]) -> tuple[LinkId, ...]:
+    """The links of a chain ``nodes[0] -> nodes[1] -> ...``: every hop's path, in order."""
+    if len(nodes) < 2:
+        raise ValueError("a chain needs a sender and at least one receiver")
+    return tuple(link for a, b in zip(nodes[:-1], nodes[1:], strict=True) for link in topology.path(a, b))
 
 
 def max_min_rates(paths: Mapping[K, Sequence[LinkId]],
@@ -268,14 +275,24 @@ class FlowNetwork:
     # --- changes -------------------------------------------------------------------------
 
     def start_flow(self, src: Node, dst: Node, size_bytes: float,
-                   on_done: Callable[[Flow], None]) -> Flow:
+                   on_done: Callable[[Flow], None],
+                   path: Sequence[LinkId] | None = None) -> Flow:
         """Start moving ``size_bytes`` from ``src`` to ``dst`` now; ``on_done(flow)`` at the end.
 
         A zero-byte flow completes at the current time (in an event, not synchronously).
+        ``path`` overrides the topology's route: a cut-through TCP chain is one flow over the
+        links of all its hops (:func:`chain_path`), so it moves at its bottleneck hop's rate
+        and loads every hop's links with that rate. A link listed twice counts twice.
         """
         if not (0.0 <= size_bytes < math.inf):
             raise ValueError(f"size_bytes must be finite and >= 0, got {size_bytes!r}")
-        path = self.topology.path(src, dst)
+        if path is None:
+            path = self.topology.path(src, dst)
+        else:
+            path = tuple(path)
+            unknown = [link for link in path if link not in self.topology.capacity_bps]
+            if not path or unknown:
+                raise ValueError(f"path must be non-empty links of the topology, got {unknown}")
         self._advance()
         flow_id = FlowId(self._next_id)
         self._next_id += 1

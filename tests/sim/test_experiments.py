@@ -1,0 +1,92 @@
+"""The experiment grid and its report, and the ``flashpoint sim reproduce`` entry point."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from flashpoint.sim.cluster import Technique
+from flashpoint.sim.experiments import SMALL, ExperimentConfig, report_markdown, run_grid
+
+TINY = ExperimentConfig(n_hosts=4, gpus_per_host=4, hosts_per_leaf=2, duration_s=120,
+                        trace_scale=0.3, models=("bart",), autoscalers=("atl", "owk"),
+                        decision_s=0.0, drain_s=120.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_results():
+    return run_grid(TINY)
+
+
+def test_grid_runs_every_combination_and_serves_the_trace(tiny_results):
+    assert [(r.autoscaler, r.technique) for r in tiny_results] == [
+        (a, t) for a in ("atl", "owk") for t in Technique]
+    assert len(Technique) == 6
+    for r in tiny_results:
+        assert r.metrics.requests > 1000
+        assert r.metrics.unserved == 0, (r.autoscaler, r.technique)
+        assert r.metrics.replica_s > 0 and r.metrics.events_per_s > 0
+
+
+def test_locality_beats_the_baseline_on_cold_starts(tiny_results):
+    by = {(r.autoscaler, r.technique): r.metrics for r in tiny_results}
+    for a in ("atl", "owk"):
+        bl, lc = by[(a, Technique.BL)], by[(a, Technique.LC_MC)]
+        if lc.cold_starts_s and bl.cold_starts_s:
+            assert lc.avg_cold_start_s < bl.avg_cold_start_s
+
+
+def test_report_puts_the_thesis_beside_ours(tiny_results):
+    text = report_markdown(tiny_results, TINY, wall_s=1.0)
+    assert "| twitter | bart | atl | BL |" in text
+    assert "15.41×" in text and "3.09×" in text  # thesis LC and MC cold-start gains
+    assert "-93.51%" in text  # the headline
+    assert "events/s" in text and "Why the numbers differ" in text
+
+
+def test_grid_is_deterministic_with_fixed_decision_time():
+    cfg = replace(TINY, autoscalers=("atl",), techniques=(Technique.LC_MC,))
+    a, b = run_grid(cfg), run_grid(cfg)
+    assert a[0].metrics.latencies_s == b[0].metrics.latencies_s
+
+
+def test_small_scale_default_is_the_briefs_80_gpus_for_10_minutes():
+    assert SMALL.topology.n_gpus == 80 and SMALL.duration_s == 600
+
+
+def test_cli_reproduce_writes_a_report(tmp_path, capsys):
+    from flashpoint.cli import main
+
+    out = tmp_path / "report.md"
+    rc = main(["sim", "reproduce", "--hosts", "4", "--gpus-per-host", "2", "--hosts-per-leaf",
+               "2", "--duration-s", "60", "--trace-scale", "0.2", "--models", "codebert",
+               "--autoscalers", "atl", "--techniques", "BL,LC+MC", "--decision-s", "0",
+               "--out", str(out)])
+    assert rc == 0
+    text = out.read_text()
+    assert "| twitter | codebert | atl | LC+MC |" in text
+    assert "events/s" in capsys.readouterr().err
+
+
+def test_cli_rejects_an_unknown_model():
+    from flashpoint.cli import main
+
+    with pytest.raises(ValueError, match="unknown model"):
+        main(["sim", "reproduce", "--models", "llama", "--duration-s", "10"])
+
+
+def test_real_azure_llm_trace_runs_with_its_own_timestamps():
+    from flashpoint.sim.experiments import AZURE_LLM_CSV, request_log
+
+    if not AZURE_LLM_CSV.exists():
+        pytest.skip("shared traces not mounted")
+    cfg = replace(TINY, traces=("azure_llm",), duration_s=300, autoscalers=("atl",),
+                  techniques=(Technique.BL, Technique.LC_MC))
+    log = request_log("azure_llm", cfg)
+    assert 0 < len(log) and log.duration_s < 300
+    results = run_grid(cfg)
+    assert [r.trace for r in results] == ["azure_llm", "azure_llm"]
+    assert all(r.metrics.requests == len(log) and r.metrics.unserved == 0 for r in results)
+    text = report_markdown(results, cfg, wall_s=1.0)
+    assert "### azure_llm" in text
