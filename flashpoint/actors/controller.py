@@ -653,9 +653,9 @@ class Controller:
             REQUESTS.labels(name, "overloaded").inc()
             raise Overloaded(f"queue for {name!r} is full", retry_after_s=1.0)
         timeout = min(timeout_s or fn.spec.timeout_s, fn.spec.timeout_s)
-        cold = not any(r.phase == cs.ReplicaPhase.WARM for r in self.state.replicas_of(name)) \
-            and not any(g.function == name and g.phase == cs.GroupPhase.SERVING
-                        for g in self.state.groups.values())
+        # Warm replicas and serving groups are the dispatcher's accepting targets: asking it
+        # costs O(this function's replicas), not a scan of the whole cluster per request.
+        cold = not self.dispatcher.accepting(name)
         p = Pending(request_id, name, {"request_id": request_id, "inputs": encode_tensors(inputs)},
                     asyncio.get_running_loop().create_future(), t0, t0 + timeout, cold)
         self._last_request[name] = t0
@@ -759,6 +759,12 @@ class Controller:
 
     def list_functions(self) -> list[FunctionInfo]:
         return [self._info(fn) for fn in self.state.functions.values()]
+
+    def function_spec(self, name: str) -> FunctionSpec:
+        fn = self.state.functions.get(name)
+        if fn is None:
+            raise FunctionNotFound(f"function {name!r} is not registered")
+        return fn.spec
 
     def get_function(self, name: str) -> FunctionInfo:
         fn = self.state.functions.get(name)

@@ -99,6 +99,11 @@ class Dispatcher:
         return out
 
     # views ----------------------------------------------------------------------------
+    def accepting(self, function: str) -> bool:
+        """Whether some warm target of ``function`` takes new requests."""
+        slots = self._slots
+        return any(slots[r].accepting for r in self._by_function.get(function, ()))
+
     def queued(self, function: str) -> int:
         return len(self._queues.get(function, ()))
 

@@ -64,6 +64,10 @@ class InvokeBackend(Protocol):
     def get_function(self, name: str) -> FunctionInfo:
         """Raises FunctionNotFound."""
 
+    def function_spec(self, name: str) -> FunctionSpec:
+        """The registered spec alone: cheap enough for every request (no replica counts).
+        Raises FunctionNotFound."""
+
     async def invoke(
         self,
         name: str,

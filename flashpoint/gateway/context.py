@@ -18,6 +18,7 @@ from flashpoint.gateway.config import GatewayConfig
 from flashpoint.gateway.metrics import GatewayMetrics
 from flashpoint.gateway.oip import CodecLimits, load_json
 from flashpoint.ids import new_id
+from flashpoint.spec import FunctionSpec
 
 # Large encodes and decodes leave the event loop (STYLE 13).
 OFFLOAD_BYTES = 1024 * 1024
@@ -65,6 +66,12 @@ class GatewayContext:
         if len(name) > 256:
             raise FunctionNotFound(f"function {name[:64]!r}... not found")
         return self.backend.get_function(name)
+
+    def spec(self, name: str) -> FunctionSpec:
+        """A function's spec (the invoke paths need nothing more)."""
+        if len(name) > 256:
+            raise FunctionNotFound(f"function {name[:64]!r}... not found")
+        return self.backend.function_spec(name)
 
 
 def request_id(request: web.Request) -> str:

@@ -23,7 +23,6 @@ from flashpoint.errors import BadRequest, ModelNotFound, Unavailable
 from flashpoint.gateway import oip
 from flashpoint.gateway.admission import effective_timeout_s
 from flashpoint.gateway.auth import Role
-from flashpoint.gateway.backend import FunctionInfo
 from flashpoint.gateway.body import read_body
 from flashpoint.gateway.context import (
     OFFLOAD_BYTES,
@@ -32,6 +31,7 @@ from flashpoint.gateway.context import (
     maybe_gzip,
     request_id,
 )
+from flashpoint.spec import FunctionSpec
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -60,14 +60,14 @@ class KServeRoutes:
             web.post("/v2/models/{name}/versions/{version}/infer", self.infer),
         ]
 
-    def _model(self, request: web.Request) -> FunctionInfo:
+    def _model(self, request: web.Request) -> FunctionSpec:
         name = request.match_info["name"]
-        info = self.ctx.function(name)
+        spec = self.ctx.spec(name)
         version = request.match_info.get("version")
-        if version is not None and version != info.spec.model_version:
+        if version is not None and version != spec.model_version:
             raise ModelNotFound(f"model {name!r} has no version {version[:64]!r}; it serves "
-                                f"version {info.spec.model_version!r}")
-        return info
+                                f"version {spec.model_version!r}")
+        return spec
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         self.ctx.require(request, Role.INVOKE)
@@ -83,21 +83,20 @@ class KServeRoutes:
 
     async def model_metadata(self, request: web.Request) -> web.Response:
         self.ctx.require(request, Role.INVOKE)
-        return json_response(oip.model_metadata(self._model(request).spec))
+        return json_response(oip.model_metadata(self._model(request)))
 
     async def model_ready(self, request: web.Request) -> web.Response:
         self.ctx.require(request, Role.INVOKE)
-        info = self._model(request)
+        spec = self._model(request)
         if not self.ctx.backend.is_ready():
-            raise Unavailable(f"model {info.spec.name!r} is not ready: the cluster has no live "
+            raise Unavailable(f"model {spec.name!r} is not ready: the cluster has no live "
                               f"host", retry_after_s=1.0)
-        return json_response({"name": info.spec.name, "ready": True})
+        return json_response({"name": spec.name, "ready": True})
 
     async def infer(self, request: web.Request) -> web.Response:
         ctx = self.ctx
         principal = ctx.require(request, Role.INVOKE)
-        info = self._model(request)
-        spec = info.spec
+        spec = self._model(request)
         raw = await read_body(request, ctx.config)
         header_length = request.headers.get(HEADER_LENGTH)
         if len(raw) >= OFFLOAD_BYTES:

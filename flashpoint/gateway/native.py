@@ -140,7 +140,7 @@ class NativeRoutes:
     async def invoke(self, request: web.Request) -> web.Response:
         ctx = self.ctx
         principal = ctx.require(request, Role.INVOKE)
-        info = ctx.function(request.match_info["name"])
+        spec = ctx.spec(request.match_info["name"])
         raw = await read_body(request, ctx.config)
         body = await parse_json_body(ctx, raw)
         if len(raw) >= OFFLOAD_BYTES:
@@ -153,11 +153,11 @@ class NativeRoutes:
         if to_store and ctx.kaas is None:
             raise BadRequest("store_outputs needs the object store, which is not enabled")
         rid = request_id(request)
-        timeout_s = effective_timeout_s(req_timeout_s, info.spec.timeout_s, ctx.config)
+        timeout_s = effective_timeout_s(req_timeout_s, spec.timeout_s, ctx.config)
         result = await ctx.admission.invoke(ctx.backend, ctx.caller(request, principal),
-                                            info.spec.name, inputs, request_id=rid,
+                                            spec.name, inputs, request_id=rid,
                                             timeout_s=timeout_s)
-        declared = {t.name: t.datatype for t in info.spec.outputs}
+        declared = {t.name: t.datatype for t in spec.outputs}
         outputs = result.outputs
         stored = {}
         if to_store:

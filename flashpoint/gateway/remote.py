@@ -148,6 +148,9 @@ class RemoteBackend:
             raise FunctionNotFound(f"function {name!r} is not registered")
         return info
 
+    def function_spec(self, name: str) -> FunctionSpec:
+        return self.get_function(name).spec
+
     def cluster_status(self) -> dict[str, Any]:
         age = time.monotonic() - self._refreshed_s if self._refreshed_s else None
         return {**self._status, "gateway": {"controller_connected": self.connected,

@@ -103,6 +103,9 @@ class EchoBackend:
     def list_functions(self) -> list[FunctionInfo]:
         return [self._info(s) for s in self.functions.values()]
 
+    def function_spec(self, name: str) -> FunctionSpec:
+        return self.get_function(name).spec
+
     def get_function(self, name: str) -> FunctionInfo:
         spec = self.functions.get(name)
         if spec is None:
