@@ -66,6 +66,9 @@ class FunctionSpec:
     # Fraction of one device's compute a replica reserves (placement never over-commits it);
     # 0 = not reserved (a replica may share a device with others freely).
     compute: float = 0.0
+    # Latency objective of a strict request, end to end in the controller (queueing and any
+    # cold start included); 0 = none. Compliance is counted for strict requests only.
+    slo_ms: float = 0.0
     inputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
     outputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
 
@@ -89,6 +92,8 @@ class FunctionSpec:
             raise BadRequest("max_stages must be in 1..64")
         if not 0.0 <= self.compute <= 1.0:
             raise BadRequest("compute must be a fraction in [0, 1]")
+        if not 0.0 <= self.slo_ms <= 3_600_000:
+            raise BadRequest("slo_ms must be in [0, 3600000]")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -115,7 +120,7 @@ class FunctionSpec:
                     "max_stages"):
             if key in kw and (not isinstance(kw[key], int) or isinstance(kw[key], bool)):
                 raise BadRequest(f"{key} must be an integer")
-        for key in ("batch_wait_ms", "keep_alive_s", "timeout_s", "compute"):
+        for key in ("batch_wait_ms", "keep_alive_s", "timeout_s", "compute", "slo_ms"):
             if key in kw and (not isinstance(kw[key], (int, float)) or isinstance(kw[key], bool)):
                 raise BadRequest(f"{key} must be a number")
         for key in ("name", "model", "model_version"):

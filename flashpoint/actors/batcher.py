@@ -2,7 +2,8 @@
 
 Requests are concatenated along their first (batch) dimension when their inputs agree in
 names, dtypes and trailing shapes; a request that does not fit the current batch waits for
-the next one. The model runs on one dedicated thread so the event loop stays responsive.
+the next one. Strict requests go before best-effort ones (FIFO within each class).
+The model runs on one dedicated thread so the event loop stays responsive.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class _Item:
     rows: int
     key: tuple
     future: asyncio.Future
+    order: tuple[int, int]  # (0 strict | 1 best-effort, arrival sequence): queue position
     enqueued_s: float = field(default_factory=time.perf_counter)
 
 
@@ -42,8 +44,10 @@ class Batcher:
         self._run = run_batch
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
-        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._held: _Item | None = None
+        # (class, sequence, item): strict before best-effort, FIFO within a class. A request
+        # that did not fit a batch goes back with its own position, so it is first again.
+        self._queue: asyncio.PriorityQueue[tuple[int, int, _Item]] = asyncio.PriorityQueue()
+        self._seq = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         self._task: asyncio.Task | None = None
         self.batches_run = 0
@@ -60,34 +64,37 @@ class Batcher:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        leftovers = [self._held] if self._held is not None else []
-        self._held = None
+        leftovers = []
         while not self._queue.empty():
-            leftovers.append(self._queue.get_nowait())
+            leftovers.append(self._queue.get_nowait()[2])
         _fail(leftovers)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize() + (1 if self._held else 0)
+        return self._queue.qsize()
 
-    async def submit(self, inputs: dict[str, np.ndarray], *,
-                     alone: bool = True) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    async def submit(self, inputs: dict[str, np.ndarray], *, alone: bool = True,
+                     best_effort: bool = False
+                     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """Queue one request (batch dim first); returns its outputs and timings.
 
         ``alone=False`` says more requests are being submitted in the same step (one frame
-        of several), so this one must wait for the batching loop to gather them.
+        of several), so this one must wait for the batching loop to gather them;
+        ``best_effort`` requests wait behind every queued strict one.
         """
         rows = {a.shape[0] if a.ndim else 1 for a in inputs.values()}
         if len(rows) != 1 or any(a.ndim == 0 for a in inputs.values()):
             raise FlashpointError("inputs must share a leading batch dimension")
-        if (alone and self.max_wait_s <= 0 and not self._busy and self._held is None
+        if (alone and self.max_wait_s <= 0 and not self._busy
                 and self._queue.empty() and self._ewma_run_s < INLINE_BELOW_S):
             # Nothing to batch with and the model is fast: run it here, which saves the two
             # task switches of a trip through the batching loop on every idle request.
             return self._run_inline(inputs, rows.pop())
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Item(inputs, rows.pop(), _signature(inputs), fut))
+        self._seq += 1
+        item = _Item(inputs, rows.pop(), _signature(inputs), fut, (int(best_effort), self._seq))
+        self._queue.put_nowait((*item.order, item))
         return await fut
 
     def _run_inline(self, inputs: dict[str, np.ndarray],
@@ -110,15 +117,12 @@ class Batcher:
         return infer_s
 
     async def _next(self, timeout_s: float | None) -> _Item | None:
-        if self._held is not None:
-            item, self._held = self._held, None
-            return item
         if timeout_s is None:
-            return await self._queue.get()
+            return (await self._queue.get())[2]
         if timeout_s <= 0:
-            return self._queue.get_nowait() if not self._queue.empty() else None
+            return self._queue.get_nowait()[2] if not self._queue.empty() else None
         try:
-            return await asyncio.wait_for(self._queue.get(), timeout_s)
+            return (await asyncio.wait_for(self._queue.get(), timeout_s))[2]
         except TimeoutError:
             return None
 
@@ -146,7 +150,7 @@ class Batcher:
                 if nxt is None:
                     break
                 if nxt.key != first.key or rows + nxt.rows > self.max_batch_size:
-                    self._held = nxt
+                    self._queue.put_nowait((*nxt.order, nxt))  # first of the next batch
                     break
                 batch.append(nxt)
                 rows += nxt.rows

@@ -45,6 +45,7 @@ from flashpoint.partition.cache import PlanCache
 from flashpoint.partition.model import CostModel, LayerProfile
 from flashpoint.pipeline.client import PipelineClient
 from flashpoint.policy.autoscale import make_autoscaler
+from flashpoint.policy.request_class import RequestClass, SloCompliance
 from flashpoint.policy.sourcing import REGISTRY
 from flashpoint.registry.manifest import Manifest
 from flashpoint.spec import FunctionSpec, TensorSpec
@@ -56,6 +57,9 @@ from flashpoint.transfer.plan import Endpoint
 log = get_logger("flashpoint.controller")
 
 REQUESTS = Counter("flashpoint_requests_total", "Invocations by outcome", ["function", "outcome"])
+SLO = Counter("flashpoint_slo_requests_total",
+              "Strict requests of functions with an SLO, by whether they met it",
+              ["function", "outcome"])
 LATENCY = Histogram("flashpoint_request_seconds", "End-to-end invoke latency", ["function"],
                     buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
 COLD_STARTS = Histogram("flashpoint_cold_start_seconds", "Cold-start phase durations", ["phase"],
@@ -84,6 +88,7 @@ class Pending:
     enqueued_s: float
     deadline_s: float
     cold: bool
+    best_effort: bool = False
     attempts: int = 0
     sent_s: float = 0.0
 
@@ -183,6 +188,7 @@ class Controller:
         self._backlog_wake_s = 0.0
         self._pump_pending: set[str] = set()
         self._ok_metrics: dict[str, tuple[Any, Any]] = {}  # function -> (ok counter, latency)
+        self._slo: dict[str, SloCompliance] = {}  # strict requests within the function's SLO
         self._manifests: dict[str, str] = {}  # "name@version" -> manifest JSON (immutable)
         self._arrivals = RateMeter()
         self._completions = RateMeter()
@@ -309,7 +315,8 @@ class Controller:
                         + (f": {fn.unplaced}" if fn.unplaced else ""), retry_after_s=5.0))
 
     def _oldest(self, name: str) -> Pending | None:
-        return self.dispatcher.peek(name)
+        fronts = self.dispatcher.fronts(name)
+        return min(fronts, key=lambda p: p.enqueued_s) if fronts else None
 
     def _apply(self, event: cs.Event) -> None:
         self._execute(self.state.handle(event))
@@ -609,11 +616,20 @@ class Controller:
             self._completions.add(ps[0].function, len(ps))
             self._pump(ps[0].function)
 
+    def _slo_failed(self, spec: FunctionSpec, best_effort: bool) -> None:
+        """A strict request with an SLO that got no answer missed it (PROTEAN counts only
+        strict requests; best-effort ones are judged by their latency tails instead)."""
+        if spec.slo_ms > 0 and not best_effort:
+            SLO.labels(spec.name, "missed").inc()
+            self._slo[spec.name] = self._slo.get(spec.name, SloCompliance()).record_failure(
+                RequestClass.STRICT)
+
     def _retry_or_fail(self, p: Pending, err: FlashpointError) -> None:
         p.attempts += 1
         if (err.retryable and p.attempts < MAX_DISPATCH_ATTEMPTS and not p.future.done()
                 and time.monotonic() < p.deadline_s and p.function in self.state.functions):
-            self.dispatcher.enqueue(p.function, p, front=True)  # requests are idempotent
+            # requests are idempotent
+            self.dispatcher.enqueue(p.function, p, front=True, best_effort=p.best_effort)
         elif not p.future.done():
             p.future.set_exception(err)
 
@@ -641,8 +657,10 @@ class Controller:
             raise BadRequest("all inputs need the same non-zero leading (batch) dimension")
 
     async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
-                     timeout_s: float | None = None) -> InvokeResult:
+                     timeout_s: float | None = None,
+                     request_class: str = RequestClass.STRICT) -> InvokeResult:
         t0 = time.monotonic()
+        best_effort = request_class == RequestClass.BEST_EFFORT
         fn = self.state.functions.get(name)
         if fn is None:
             raise FunctionNotFound(f"function {name!r} is not registered")
@@ -656,12 +674,15 @@ class Controller:
         # Warm replicas and serving groups are the dispatcher's accepting targets: asking it
         # costs O(this function's replicas), not a scan of the whole cluster per request.
         cold = not self.dispatcher.accepting(name)
-        p = Pending(request_id, name, {"request_id": request_id, "inputs": encode_tensors(inputs)},
-                    asyncio.get_running_loop().create_future(), t0, t0 + timeout, cold)
+        payload = {"request_id": request_id, "inputs": encode_tensors(inputs)}
+        if best_effort:
+            payload["class"] = RequestClass.BEST_EFFORT  # the worker's queue serves strict first
+        p = Pending(request_id, name, payload, asyncio.get_running_loop().create_future(), t0,
+                    t0 + timeout, cold, best_effort)
         self._last_request[name] = t0
         self._arrivals.add(name)
         self._invocations[name] = self._invocations.get(name, 0) + 1
-        self.dispatcher.enqueue(name, p)
+        self.dispatcher.enqueue(name, p, best_effort=best_effort)
         self._pump(name)  # a backlog left after dispatch wakes the control loop (_flush)
         if cold:
             self._wake.set()  # scale from zero now, not at the next tick
@@ -673,9 +694,12 @@ class Controller:
         except _Expired:
             self.dispatcher.remove(name, p)
             REQUESTS.labels(name, "deadline").inc()
+            self._slo_failed(fn.spec, best_effort)
             raise DeadlineExceeded(f"request {request_id} exceeded {timeout:.3f}s") from None
         except FlashpointError as exc:
             REQUESTS.labels(name, exc.code).inc()
+            if exc.http_status >= 500:  # the platform failed it, not the caller's input
+                self._slo_failed(fn.spec, best_effort)
             raise
         except asyncio.CancelledError:
             self.dispatcher.remove(name, p)
@@ -695,6 +719,11 @@ class Controller:
             ok = self._ok_metrics[name] = (REQUESTS.labels(name, "ok"), LATENCY.labels(name))
         ok[0].inc()
         ok[1].observe(total)
+        if fn.spec.slo_ms > 0 and not best_effort:
+            before = self._slo.get(name, SloCompliance())
+            after = self._slo[name] = before.record(RequestClass.STRICT, total,
+                                                    fn.spec.slo_ms / 1000)
+            SLO.labels(name, "met" if after.met > before.met else "missed").inc()
         return InvokeResult(decode_tensors(reply.get("outputs")), timings, rid, cold,
                             handle.source if cold and handle is not None else "")
 
@@ -747,6 +776,7 @@ class Controller:
         self._apply(cs.FunctionDeleted(name))
         self._last_request.pop(name, None)
         self._ok_metrics.pop(name, None)
+        self._slo.pop(name, None)
 
     def _info(self, fn: cs.FunctionRecord) -> FunctionInfo:
         reps = self.state.replicas_of(fn.spec.name)
@@ -804,6 +834,9 @@ class Controller:
             "functions": [i.to_dict() for i in self.list_functions()],
             "scaling": [{"function": name, **self.state.counts(name)}
                         for name in self.state.functions],
+            "slo": [{"function": name, "met": c.met, "missed": c.missed,
+                     "compliance": c.compliance} for name, c in self._slo.items()
+                    if name in self.state.functions],
             "cost": self.cost.report(now),
             "replacements": list(self.replacements),
         }

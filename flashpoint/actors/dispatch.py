@@ -1,9 +1,11 @@
 """Request queues and credit-based dispatch (the thesis's pull queue, without polling).
 
-One FIFO per function; each warm replica holds ``credits`` (how many requests it has room
-for). ``assign`` pairs queued requests with replicas that have free credits, least-loaded
-first, so a new replica fills up at once instead of old ones piling up work (thesis §5.2.3,
-Sparrow-style). Pure state: the controller actor does the sending.
+One FIFO per function and request class — strict requests always go before best-effort
+ones (PROTEAN's reorderer, see ``policy/request_class.py``); each warm replica holds
+``credits`` (how many requests it has room for). ``assign`` pairs queued requests with
+replicas that have free credits, least-loaded first, so a new replica fills up at once
+instead of old ones piling up work (thesis §5.2.3, Sparrow-style).
+Pure state: the controller actor does the sending.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ class Dispatcher:
     """Queues of opaque request items and the replicas that may take them."""
 
     def __init__(self) -> None:
-        self._queues: dict[str, deque[Any]] = {}
+        # function -> (strict FIFO, best-effort FIFO)
+        self._queues: dict[str, tuple[deque[Any], deque[Any]]] = {}
         self._slots: dict[str, _Slot] = {}
         self._by_function: dict[str, set[str]] = {}
 
@@ -54,48 +57,56 @@ class Dispatcher:
             slot.inflight -= 1
 
     # queues ---------------------------------------------------------------------------
-    def enqueue(self, function: str, item: Any, *, front: bool = False) -> None:
-        q = self._queues.setdefault(function, deque())
+    def enqueue(self, function: str, item: Any, *, front: bool = False,
+                best_effort: bool = False) -> None:
+        queues = self._queues.get(function)
+        if queues is None:
+            queues = self._queues[function] = (deque(), deque())
+        q = queues[1] if best_effort else queues[0]
         if front:
             q.appendleft(item)
         else:
             q.append(item)
 
     def remove(self, function: str, item: Any) -> bool:
-        q = self._queues.get(function)
-        if not q:
-            return False
-        try:
-            q.remove(item)
-        except ValueError:
-            return False
-        return True
+        for q in self._queues.get(function, ()):
+            try:
+                q.remove(item)
+                return True
+            except ValueError:
+                pass
+        return False
 
     def peek(self, function: str) -> Any | None:
-        """The oldest queued item of ``function``, without removing it."""
-        q = self._queues.get(function)
-        return q[0] if q else None
+        """The item ``function`` would dispatch next, without removing it."""
+        fronts = self.fronts(function)
+        return fronts[0] if fronts else None
+
+    def fronts(self, function: str) -> list[Any]:
+        """The oldest queued item of each class of ``function`` (strict first), in place."""
+        return [q[0] for q in self._queues.get(function, ()) if q]
 
     def drain_queue(self, function: str) -> list[Any]:
-        q = self._queues.pop(function, deque())
-        return list(q)
+        strict, best_effort = self._queues.pop(function, ((), ()))
+        return [*strict, *best_effort]
 
     def assign(self, function: str) -> list[tuple[Any, str]]:
         """Pair queued items of ``function`` with replicas that have free credits."""
-        q = self._queues.get(function)
-        if not q:
+        queues = self._queues.get(function)
+        if not queues or not (queues[0] or queues[1]):
             return []
+        strict, best_effort = queues
         out: list[tuple[Any, str]] = []
         candidates = [
             (rid, self._slots[rid]) for rid in self._by_function.get(function, ())
             if self._slots[rid].accepting
         ]
-        while q and candidates:
+        while (strict or best_effort) and candidates:
             rid, slot = min(candidates, key=lambda c: (c[1].inflight / c[1].credits, c[0]))
             if slot.inflight >= slot.credits:
                 break
             slot.inflight += 1
-            out.append((q.popleft(), rid))
+            out.append(((strict or best_effort).popleft(), rid))
         return out
 
     # views ----------------------------------------------------------------------------
@@ -105,7 +116,8 @@ class Dispatcher:
         return any(slots[r].accepting for r in self._by_function.get(function, ()))
 
     def queued(self, function: str) -> int:
-        return len(self._queues.get(function, ()))
+        queues = self._queues.get(function)
+        return len(queues[0]) + len(queues[1]) if queues else 0
 
     def inflight(self, function: str) -> int:
         return sum(self._slots[r].inflight for r in self._by_function.get(function, ()))

@@ -6,7 +6,7 @@ accepting requests while the controller restarts (and retry them once it is back
 Messages, one per method (versioned by the ``v`` field; a gateway refuses a reply of
 another version):
 
-- ``gw_invoke``   {v, name, inputs (encoded tensors), request_id, timeout_s}
+- ``gw_invoke``   {v, name, inputs (encoded tensors), request_id, timeout_s, request_class}
                   -> {v, outputs, timings_s, replica_id, cold, cold_start_source}
 - ``gw_functions`` {v} -> {v, functions: [FunctionInfo dict], ready, status}
 - ``gw_register`` {v, spec} -> {v, info}
@@ -22,13 +22,15 @@ from typing import Any, Protocol
 from flashpoint.errors import BadRequest
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult
 from flashpoint.gateway.remote import GATEWAY_RPC_VERSION, result_to_wire
+from flashpoint.policy.request_class import RequestClass
 from flashpoint.spec import FunctionSpec
 from flashpoint.tensors import decode_tensors
 
 
 class _Backend(Protocol):
     async def invoke(self, name: str, inputs: Any, *, request_id: str,
-                     timeout_s: float | None = None) -> InvokeResult: ...
+                     timeout_s: float | None = None,
+                     request_class: str = RequestClass.STRICT) -> InvokeResult: ...
     async def register_function(self, spec: FunctionSpec) -> FunctionInfo: ...
     async def delete_function(self, name: str) -> None: ...
     def list_functions(self) -> list[FunctionInfo]: ...
@@ -65,10 +67,13 @@ class GatewayService:
         if timeout_s is not None and (not isinstance(timeout_s, (int, float))
                                       or isinstance(timeout_s, bool) or not timeout_s > 0):
             raise BadRequest("timeout_s must be a positive number")
+        cls = payload.get("request_class", RequestClass.STRICT)
+        if cls not in tuple(RequestClass):
+            raise BadRequest(f"request_class must be one of {[c.value for c in RequestClass]}")
         result = await self._backend.invoke(
             _text(payload, "name"), decode_tensors(payload.get("inputs")),
             request_id=_text(payload, "request_id"),
-            timeout_s=float(timeout_s) if timeout_s is not None else None)
+            timeout_s=float(timeout_s) if timeout_s is not None else None, request_class=cls)
         return result_to_wire(result)
 
     async def _functions(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:

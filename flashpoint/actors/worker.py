@@ -39,6 +39,7 @@ import numpy as np
 
 from flashpoint.errors import BadRequest, FlashpointError, Unavailable
 from flashpoint.log import bind_ids, configure, get_logger
+from flashpoint.policy.request_class import RequestClass
 from flashpoint.spec import FunctionSpec
 from flashpoint.tensors import DECODED_DTYPE, decode_tensors, encode_tensors
 
@@ -345,7 +346,8 @@ class Worker:
         missing = set(self.replica.input_names) - set(inputs)
         if missing:
             raise BadRequest(f"missing inputs: {sorted(missing)}")
-        outputs, timings = await self.batcher.submit(inputs, alone=alone)
+        outputs, timings = await self.batcher.submit(
+            inputs, alone=alone, best_effort=payload.get("class") == RequestClass.BEST_EFFORT)
         return {"outputs": encode_tensors(outputs), "timings_s": timings}
 
     async def _infer_many(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:

@@ -70,10 +70,11 @@ class Admission:
 
     async def invoke(self, backend: InvokeBackend, caller: str, name: str,
                      inputs: dict[str, np.ndarray], *, request_id: str,
-                     timeout_s: float) -> InvokeResult:
+                     timeout_s: float, request_class: str = "strict") -> InvokeResult:
         """Admit, then run one invocation; the backstop fires ``deadline_grace_s`` late."""
         return await self.run(caller, repr(name), lambda: backend.invoke(
-            name, inputs, request_id=request_id, timeout_s=timeout_s), timeout_s=timeout_s)
+            name, inputs, request_id=request_id, timeout_s=timeout_s,
+            request_class=request_class), timeout_s=timeout_s)
 
     async def run(self, caller: str, what: str, call: Callable[[], Awaitable[T]], *,
                   timeout_s: float) -> T:

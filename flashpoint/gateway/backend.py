@@ -75,8 +75,11 @@ class InvokeBackend(Protocol):
         *,
         request_id: str,
         timeout_s: float | None = None,
+        request_class: str = "strict",
     ) -> InvokeResult:
         """Run one request. Inputs carry the batch dimension first (a request is >= 1 rows).
+        ``request_class`` is ``"strict"`` or ``"best_effort"`` (served after every queued
+        strict request, never counted against the function's SLO).
 
         Raises FunctionNotFound, BadRequest (inputs do not match the function's signature),
         Overloaded / Unavailable (with retry_after_s), DeadlineExceeded, ModelFailed.

@@ -105,3 +105,24 @@ async def maybe_gzip(request: web.Request, resp: web.Response, body: bytes,
     if len(body) >= OFFLOAD_BYTES:
         return await asyncio.to_thread(gzip.compress, body, 5)
     return gzip.compress(body, 5)
+
+
+REQUEST_CLASS_HEADER = "X-Request-Class"
+REQUEST_CLASSES = ("strict", "best_effort")
+
+
+def request_class(request: web.Request, stated: Any = None) -> str:
+    """The request's class: ``stated`` (the body's ``request_class``, or KServe's
+    ``parameters.request_class``), else the ``X-Request-Class`` header, else strict."""
+    header = request.headers.get(REQUEST_CLASS_HEADER)
+    if stated is not None and header is not None and stated != header:
+        raise BadRequest(f"request_class {stated!r:.40} and the {REQUEST_CLASS_HEADER} header "
+                         f"{header!r:.40} disagree")
+    value = stated if stated is not None else header
+    if value is None:
+        return "strict"
+    if value not in REQUEST_CLASSES:
+        raise BadRequest(f"request_class must be one of {list(REQUEST_CLASSES)}, "
+                         f"not {value!r:.40}")
+    return str(value)
+

@@ -29,6 +29,7 @@ from flashpoint.gateway.context import (
     GatewayContext,
     json_response,
     maybe_gzip,
+    request_class,
     request_id,
 )
 from flashpoint.spec import FunctionSpec
@@ -106,11 +107,12 @@ class KServeRoutes:
         declared = {t.name: t.datatype for t in spec.outputs}
         if declared:  # fail before spending GPU time on an output that cannot exist
             oip.check_requested_outputs(req.outputs, declared)
+        cls = request_class(request, req.parameters.get("request_class"))
         rid = request_id(request)
         timeout_s = effective_timeout_s(req.timeout_s, spec.timeout_s, ctx.config)
         result = await ctx.admission.invoke(ctx.backend, ctx.caller(request, principal),
                                             spec.name, req.inputs, request_id=rid,
-                                            timeout_s=timeout_s)
+                                            timeout_s=timeout_s, request_class=cls)
         kwargs = dict(model_name=spec.name, model_version=spec.model_version,
                       request_id=req.id, outputs=result.outputs, declared=declared,
                       requested=req.outputs, binary_output=req.binary_output)

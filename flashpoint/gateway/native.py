@@ -31,12 +31,13 @@ from flashpoint.gateway.context import (
     json_response,
     maybe_gzip,
     parse_json_body,
+    request_class,
     request_id,
 )
 from flashpoint.gateway.kaas import decode_store_outputs, store_outputs
 from flashpoint.spec import FunctionSpec
 
-_INVOKE_KEYS = frozenset(("inputs", "timeout_s", "store_outputs"))
+_INVOKE_KEYS = frozenset(("inputs", "timeout_s", "store_outputs", "request_class"))
 _TENSOR_KEYS = frozenset(("data", "shape", "datatype"))
 
 
@@ -152,11 +153,12 @@ class NativeRoutes:
         to_store = decode_store_outputs(body)
         if to_store and ctx.kaas is None:
             raise BadRequest("store_outputs needs the object store, which is not enabled")
+        cls = request_class(request, body.get("request_class"))
         rid = request_id(request)
         timeout_s = effective_timeout_s(req_timeout_s, spec.timeout_s, ctx.config)
         result = await ctx.admission.invoke(ctx.backend, ctx.caller(request, principal),
                                             spec.name, inputs, request_id=rid,
-                                            timeout_s=timeout_s)
+                                            timeout_s=timeout_s, request_class=cls)
         declared = {t.name: t.datatype for t in spec.outputs}
         outputs = result.outputs
         stored = {}

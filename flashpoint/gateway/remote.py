@@ -180,10 +180,12 @@ class RemoteBackend:
         self._functions.pop(name, None)
 
     async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
-                     timeout_s: float | None = None) -> InvokeResult:
+                     timeout_s: float | None = None,
+                     request_class: str = "strict") -> InvokeResult:
         timeout = timeout_s if timeout_s is not None else 60.0
         payload = {"v": GATEWAY_RPC_VERSION, "name": name, "inputs": encode_tensors(inputs),
-                   "request_id": request_id, "timeout_s": timeout}
+                   "request_id": request_id, "timeout_s": timeout,
+                   "request_class": request_class}
         return result_from_wire(await self._retrying("gw_invoke", payload, timeout,
                                                      _connection_lost, trace=request_id))
 

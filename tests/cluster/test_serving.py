@@ -138,3 +138,25 @@ async def test_queued_request_past_its_deadline_or_cancelled_is_never_sent(clust
     ctl.dispatcher.add_replica(rid, "one", 1)  # accepting again
     res = await asyncio.wait_for(ctl.invoke("one", x, request_id="ok"), 10)
     np.testing.assert_allclose(res.outputs["y"], x["x"])
+
+
+async def test_slo_compliance_counts_strict_requests_only(cluster) -> None:
+    ctl = cluster.controller
+    x = {"x": np.ones((1, 2), np.float32)}
+    await ctl.register_function(FunctionSpec(name="easy", model="noop", slo_ms=60_000,
+                                             min_replicas=1))
+    await ctl.register_function(FunctionSpec(name="hard", model="noop", slo_ms=0.001,
+                                             min_replicas=1))
+    await wait_for("warm replicas", lambda: all(
+        ctl.get_function(f).replicas_warm >= 1 for f in ("easy", "hard")), 60)
+    for fn in ("easy", "hard"):
+        for i in range(3):
+            await asyncio.wait_for(ctl.invoke(fn, x, request_id=f"{fn}-s{i}"), 10)
+        be = await asyncio.wait_for(ctl.invoke(fn, x, request_id=f"{fn}-be",
+                                               request_class="best_effort"), 10)
+        np.testing.assert_allclose(be.outputs["y"], x["x"])  # served, just never counted
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{ctl.url}/v1/status") as r:
+            slo = {e["function"]: e for e in (await r.json())["slo"]}
+    assert (slo["easy"]["met"], slo["easy"]["missed"], slo["easy"]["compliance"]) == (3, 0, 1.0)
+    assert (slo["hard"]["met"], slo["hard"]["missed"], slo["hard"]["compliance"]) == (0, 3, 0.0)

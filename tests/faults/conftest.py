@@ -113,7 +113,8 @@ class EchoBackend:
         return self._info(spec)
 
     async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
-                     timeout_s: float | None = None) -> InvokeResult:
+                     timeout_s: float | None = None,
+                     request_class: str = "strict") -> InvokeResult:
         spec = self.get_function(name).spec
         if spec.inputs:
             want = {t.name: t.datatype for t in spec.inputs}

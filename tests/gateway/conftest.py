@@ -68,10 +68,11 @@ class FakeBackend:
         return self._info(spec)
 
     async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
-                     timeout_s: float | None = None) -> InvokeResult:
+                     timeout_s: float | None = None,
+                     request_class: str = "strict") -> InvokeResult:
         spec = self.get_function(name).spec
         self.calls.append({"name": name, "inputs": inputs, "request_id": request_id,
-                           "timeout_s": timeout_s})
+                           "request_class": request_class, "timeout_s": timeout_s})
         if spec.model == "identity":
             outputs = {f"{k}_out": v for k, v in inputs.items()}
         elif spec.model == "double":

@@ -231,3 +231,38 @@ async def test_add_routes_beside_other_routes(backend: FakeBackend):
                 assert 'route="/rpc"' not in await r.text()
     finally:
         await runner.cleanup()
+
+
+async def test_request_class_from_body_header_or_kserve_parameters(server: ThreadedServer,
+                                                                   backend: FakeBackend):
+    x = {"x": {"data": [1.0, 2.0], "shape": [1, 2], "datatype": "FP32"}}
+    kx = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}]}
+    async with aiohttp.ClientSession(server.url) as s:
+        async def native(body: dict, headers: dict | None = None) -> int:
+            async with s.post("/v1/functions/identity/invoke", json=body, headers=headers) as r:
+                await r.read()
+                return r.status
+
+        assert await native({"inputs": x}) == 200
+        assert backend.calls[-1]["request_class"] == "strict"
+        assert await native({"inputs": x, "request_class": "best_effort"}) == 200
+        assert backend.calls[-1]["request_class"] == "best_effort"
+        assert await native({"inputs": x}, {"X-Request-Class": "best_effort"}) == 200
+        assert backend.calls[-1]["request_class"] == "best_effort"
+        async with s.post("/v2/models/identity/infer",
+                          json={**kx, "parameters": {"request_class": "best_effort"}}) as r:
+            assert r.status == 200, await r.text()
+        assert backend.calls[-1]["request_class"] == "best_effort"
+        calls = len(backend.calls)
+        for body, headers in (({"inputs": x, "request_class": "urgent"}, None),
+                              ({"inputs": x}, {"X-Request-Class": "gold"}),
+                              ({"inputs": x, "request_class": "strict"},
+                               {"X-Request-Class": "best_effort"})):
+            async with s.post("/v1/functions/identity/invoke", json=body, headers=headers) as r:
+                err = await r.json()
+                assert r.status == 400 and err["code"] == "bad_request", err
+                assert "request_class" in err["error"]
+        async with s.post("/v2/models/identity/infer",
+                          json={**kx, "parameters": {"request_class": 7}}) as r:
+            assert r.status == 400
+        assert len(backend.calls) == calls  # refused before reaching the backend

@@ -269,3 +269,31 @@ async def test_inline_model_error_is_a_model_failure():
     with pytest.raises(ModelFailed, match="ValueError: bad weights"):
         await asyncio.wait_for(b.submit({"x": np.zeros((1, 2), np.float32)}), T)
     await _stop(b)
+
+
+async def test_strict_requests_are_batched_before_best_effort_ones():
+    gate = threading.Event()
+    rec = Recorder(gate)
+    b = await _started(Batcher(rec, max_batch_size=2, max_wait_s=0.0))
+    try:
+        first = asyncio.ensure_future(b.submit({"x": np.zeros((2, 1), np.float32)}))
+        await asyncio.wait_for(asyncio.to_thread(rec.started.wait, 2.0), T)  # model busy
+        order: list[str] = []
+
+        async def one(tag: str, value: float, best_effort: bool) -> None:
+            await b.submit({"x": np.full((1, 1), value, np.float32)}, best_effort=best_effort)
+            order.append(tag)
+
+        tasks = [asyncio.ensure_future(one("be1", 1, True)),
+                 asyncio.ensure_future(one("be2", 2, True)),
+                 asyncio.ensure_future(one("s1", 3, False)),
+                 asyncio.ensure_future(one("s2", 4, False))]
+        await asyncio.sleep(0.05)  # all four queued behind the running batch
+        assert b.depth == 4
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, *tasks), T)
+        assert order[:2] == ["s1", "s2"] and sorted(order[2:]) == ["be1", "be2"]
+        assert rec.sizes == [2, 2, 2]
+    finally:
+        gate.set()
+        await _stop(b)

@@ -153,3 +153,30 @@ def test_property_credits_never_exceeded(credits, ops):
                 assert rid not in stopped
         for rid, c in cap.items():
             assert 0 <= d.inflight_of(rid) <= c
+
+
+def test_strict_requests_go_before_best_effort_ones_fifo_within_each():
+    d = Dispatcher()
+    for i in range(3):
+        d.enqueue("f", f"be{i}", best_effort=True)
+    d.enqueue("f", "s0")
+    d.enqueue("f", "s1")
+    d.enqueue("f", "retry", front=True)  # a retried strict request goes first of all
+    assert d.queued("f") == 6 and d.peek("f") == "retry"
+    assert d.fronts("f") == ["retry", "be0"]  # the oldest of each class (queue age)
+    d.add_replica("r", "f", credits=4)
+    assert [item for item, _ in d.assign("f")] == ["retry", "s0", "s1", "be0"]
+    d.enqueue("f", "s2")
+    for _ in range(4):
+        d.release("r")
+    assert [item for item, _ in d.assign("f")] == ["s2", "be1", "be2"]
+    assert d.remove("f", "nope") is False and d.queued("f") == 0
+
+
+def test_remove_finds_best_effort_items_and_drain_keeps_class_order():
+    d = Dispatcher()
+    d.enqueue("f", "be", best_effort=True)
+    d.enqueue("f", "s")
+    d.enqueue("f", "be2", best_effort=True)
+    assert d.remove("f", "be") is True
+    assert d.drain_queue("f") == ["s", "be2"] and d.queued("f") == 0
