@@ -14,7 +14,6 @@ from typing import Any
 
 from flashpoint.errors import BufferCacheFull, BufferMismatch
 from flashpoint.kaas.backend import KaasResult
-from flashpoint.kaas.executor import Executor
 from flashpoint.kaas.graph import GraphPlan, plan_graph
 from flashpoint.kaas.library import KernelLibrary, default_library
 from flashpoint.kaas.pool import ExecutorPool, LocalExecutorHandle
@@ -23,13 +22,20 @@ from flashpoint.kaas.store import MemoryObjectStore, ObjectStore
 
 
 class KaasService:
+    """Validated KaaS requests on an executor pool, inputs and outputs in ``store``.
+
+    ``capacity_bytes``: one executor's device cache (the 413 bound) when the pool cannot
+    tell (remote executors that are not up yet); by default the pool's smallest local one.
+    """
+
     def __init__(self, store: ObjectStore, pool: ExecutorPool,
                  library: KernelLibrary | None = None, *,
-                 max_buffer_bytes: int | None = None) -> None:
+                 max_buffer_bytes: int | None = None,
+                 capacity_bytes: int | None = None) -> None:
         self.store = store
         self.pool = pool
         self.library = library or default_library()
-        cap = pool.min_capacity_bytes()
+        cap = capacity_bytes or pool.min_capacity_bytes()
         self.max_buffer_bytes = max_buffer_bytes or cap or (1 << 31)
         self._capacity_bytes = cap
 
@@ -66,6 +72,8 @@ def local_service(n_executors: int = 4, *, policy: str = "affinity",
                   capacity_bytes: int = 256 << 20, store: ObjectStore | None = None,
                   devices: Sequence[str] = ("cpu",), **executor_kwargs: Any) -> KaasService:
     """A service with ``n_executors`` in-process executors (round-robin over ``devices``)."""
+    from flashpoint.kaas.executor import Executor  # torch: only where executors run
+
     store = store or MemoryObjectStore()
     library = default_library()
     restart_s = executor_kwargs.pop("restart_s", 0.0)
