@@ -41,6 +41,7 @@ from flashpoint.errors import (
 )
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult
 from flashpoint.ids import new_id
+from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
 from flashpoint.partition.cache import PlanCache
 from flashpoint.partition.model import CostModel, LayerProfile
@@ -364,9 +365,13 @@ class Controller:
         self._sync_dispatch()
 
     def _sync_dispatch(self) -> None:
-        """Every warm replica with a live worker handle is dispatchable; then pump queues."""
+        """Every warm replica with a live worker handle is dispatchable (a KaaS executor's
+        joins the KaaS pool, whichever came first: its report or its host's); then pump."""
         for rep in self.state.replicas.values():
-            if rep.phase == cs.ReplicaPhase.WARM and rep.replica_id in self.workers \
+            if rep.phase == cs.ReplicaPhase.WARM and rep.function == KAAS_FUNCTION \
+                    and (w := self.workers.get(rep.replica_id)) is not None:
+                self.kaas.ensure(rep.replica_id, w.conn)
+            elif rep.phase == cs.ReplicaPhase.WARM and rep.replica_id in self.workers \
                     and not self.dispatcher.has_replica(rep.replica_id):
                 fn = self.state.functions.get(rep.function)
                 if fn is not None:
@@ -532,9 +537,6 @@ class Controller:
             for phase, secs in timings.items():
                 COLD_STARTS.labels(phase).observe(secs)
         self._apply(cs.ReplicaWarmed(rid, timings, time.monotonic()))
-        rep = self.state.replicas.get(rid)
-        if p.get("kind") == "kaas" and rep is not None and rep.phase == cs.ReplicaPhase.WARM:
-            self.kaas.replica_ready(rid, conn)
         log.info("replica_warm", replica_id=rid, timings=timings)
         return {"ok": True}
 

@@ -4,8 +4,8 @@ Which workers form the pool: ``[controller] kaas_workers = N`` KaaS executor rep
 by :class:`~flashpoint.actors.controller_state.ControllerState` like model replicas (the
 reserved function name :data:`~flashpoint.kaas.KAAS_FUNCTION`, a ``DeployKaas`` command), so
 they share devices, host managers, warm worker processes and device-memory accounting with
-model serving. Each one's worker announces itself with ``replica_ready`` (``kind: "kaas"``)
-over the connection the controller keeps to every worker; :class:`KaasPool` then adds a
+model serving. Each one's worker announces itself with ``replica_ready`` over the connection the controller keeps to every worker; once the replica is warm in the controller's state
+and its connection is known (in either order), :class:`KaasPool` adds a
 :class:`~flashpoint.kaas.remote.WorkerExecutorHandle` over that connection to the
 :class:`~flashpoint.kaas.pool.ExecutorPool`, and removes it when the replica is forgotten or
 its connection drops.
@@ -49,8 +49,13 @@ class KaasPool:
         self.max_buffer_bytes = self.service.max_buffer_bytes
 
     # the controller's events ------------------------------------------------------------
-    def replica_ready(self, replica_id: str, conn: RpcConnection) -> None:
-        """A KaaS replica's worker is up (or reconnected) on ``conn``: it joins the pool."""
+    def ensure(self, replica_id: str, conn: RpcConnection) -> None:
+        """A warm KaaS replica's worker is reachable on ``conn``: it is in the pool (a new
+        handle when its connection changed: a reconnected worker is re-learnt, and the new
+        handle ships what it needs once, since it does not know the worker's cache yet)."""
+        handle = self.pool.get(replica_id)
+        if isinstance(handle, WorkerExecutorHandle) and handle.conn is conn:
+            return
         self.pool.add(WorkerExecutorHandle(replica_id, conn, self.store,
                                            capacity_bytes=self.cache_bytes))
         log.info("kaas_executor_joined", replica_id=replica_id,

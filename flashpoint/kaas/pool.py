@@ -128,6 +128,9 @@ class ExecutorPool:
     def handles(self) -> list[ExecutorHandle]:
         return list(self._handles.values())
 
+    def get(self, executor_id: str) -> ExecutorHandle | None:
+        return self._handles.get(executor_id)
+
     def add(self, handle: ExecutorHandle) -> None:
         """A new executor (or a reconnected one under the same id, replacing the old handle)."""
         self._handles[handle.executor_id] = handle

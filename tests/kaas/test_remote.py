@@ -126,3 +126,35 @@ async def test_pool_over_remote_handles_comes_and_goes(setup):
         assert pool.status()["executors"] == []
     finally:
         await pool.close()
+
+
+async def test_controller_pool_relearns_a_reconnected_worker(setup):
+    from flashpoint.actors.kaas_pool import KaasPool
+    from flashpoint.config import ControllerConfig
+
+    _, conn, store = setup
+    kp = KaasPool(ControllerConfig(kaas_workers=1, kaas_cache_bytes=1 << 20))
+    try:
+        kp.ensure("k0", conn)
+        first = kp.pool.get("k0")
+        kp.ensure("k0", conn)
+        assert kp.pool.get("k0") is first  # same connection: same handle, same knowledge
+        conn2 = FakeConn(conn.runtime)
+        kp.ensure("k0", conn2)
+        assert kp.pool.get("k0").conn is conn2
+        kp.store.put("w", store.get("w"))
+        plan = kp.plan(KaasRequest.from_dict(chain_request()))
+        res = await kp.invoke(plan, client="c", request_id="r", timeout_s=10)
+        assert res.executor_id == "k0" and kp.status()["executors_wanted"] == 1
+        kp.replica_gone("k0")
+        kp.replica_gone("k0")  # idempotent
+        assert kp.pool.get("k0") is None
+    finally:
+        await kp.close()
+    off = KaasPool(ControllerConfig())
+    with pytest.raises(errors.KaasUnavailable) as info:
+        off.plan(KaasRequest.from_dict(chain_request()))
+    assert info.value.http_status == 503
+    broken = KaasPool(ControllerConfig(kaas_workers=1), broken=lambda: "no CUDA")
+    with pytest.raises(errors.KaasUnavailable, match="no CUDA"):
+        broken.plan(KaasRequest.from_dict(chain_request()))
