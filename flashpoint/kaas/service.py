@@ -2,9 +2,10 @@
 
 :class:`KaasService` validates a request (typed 400s before it queues), checks it can fit
 on an executor (413) and that its store inputs exist with the declared sizes (404/400),
-then runs it on the pool. This first cut runs the pool's executors in the controller's
-process (:func:`local_service`); the pool only uses :class:`~flashpoint.kaas.pool.ExecutorHandle`,
-so executors on GPU workers over RPC slot in without touching the gateway.
+then runs it on the pool. The pool only uses :class:`~flashpoint.kaas.pool.ExecutorHandle`:
+:func:`local_service` builds in-process executors (tests, benchmarks); a cluster's
+controller builds one over executors on GPU workers (``actors/kaas_pool.py``,
+``kaas/remote.py``).
 """
 
 from __future__ import annotations
