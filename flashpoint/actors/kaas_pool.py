@@ -4,8 +4,9 @@ Which workers form the pool: ``[controller] kaas_workers = N`` KaaS executor rep
 by :class:`~flashpoint.actors.controller_state.ControllerState` like model replicas (the
 reserved function name :data:`~flashpoint.kaas.KAAS_FUNCTION`, a ``DeployKaas`` command), so
 they share devices, host managers, warm worker processes and device-memory accounting with
-model serving. Each one's worker announces itself with ``replica_ready`` over the connection the controller keeps to every worker; once the replica is warm in the controller's state
-and its connection is known (in either order), :class:`KaasPool` adds a
+model serving. Each one's worker announces itself with ``replica_ready`` over the
+connection the controller keeps to every worker; once the replica is warm in the
+controller's state and that connection is known (in either order), :class:`KaasPool` adds a
 :class:`~flashpoint.kaas.remote.WorkerExecutorHandle` over that connection to the
 :class:`~flashpoint.kaas.pool.ExecutorPool`, and removes it when the replica is forgotten or
 its connection drops.
