@@ -26,7 +26,7 @@ from flashpoint.errors import KaasUnavailable
 from flashpoint.kaas.backend import KaasResult
 from flashpoint.kaas.graph import GraphPlan
 from flashpoint.kaas.pool import ExecutorPool
-from flashpoint.kaas.remote import RpcConnection, WorkerExecutorHandle
+from flashpoint.kaas.remote import RpcConnection, WorkerExecutorHandle, check_frame_budget
 from flashpoint.kaas.service import KaasService
 from flashpoint.kaas.spec import KaasRequest
 from flashpoint.kaas.store import MemoryObjectStore
@@ -81,7 +81,9 @@ class KaasPool:
     def plan(self, req: KaasRequest) -> GraphPlan:
         """Validate (typed 400/404/413) once the cluster runs KaaS at all (else 503)."""
         self._check_enabled()
-        return self.service.plan(req)
+        plan = self.service.plan(req)
+        check_frame_budget(req)
+        return plan
 
     async def invoke(self, plan: GraphPlan, *, client: str, request_id: str,
                      timeout_s: float | None = None) -> KaasResult:

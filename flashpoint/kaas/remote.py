@@ -12,7 +12,9 @@ it (the controller's link is the bottleneck for large constants on many workers;
 registry/S3-backed store that workers read directly would remove that), and each reply
 carries the list of held keys (O(cached objects) per request, small next to the data).
 It needs nothing new to reach: the bytes ride the RPC connection the controller already
-holds to each worker.
+holds to each worker. Hence one limit: a request and its reply are one RPC frame each, so
+what a request may move each way is bounded up front (:func:`check_frame_budget`, a 413);
+chunked shipping (or workers reading the store themselves) would lift it.
 
 Two races are closed explicitly:
 
@@ -35,19 +37,37 @@ Wire messages (version 1)::
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
-from flashpoint.errors import BadRequest, ObjectExists, ObjectNotFound
+from flashpoint.errors import BadRequest, ObjectExists, ObjectNotFound, PayloadTooLarge
 from flashpoint.kaas.backend import KaasResult
 from flashpoint.kaas.graph import GraphPlan
-from flashpoint.kaas.spec import BufferKind
+from flashpoint.kaas.spec import BufferKind, KaasRequest
 from flashpoint.kaas.store import MemoryObjectStore, ObjectStore
 
 if TYPE_CHECKING:  # torch: only the worker side builds an executor
     from flashpoint.kaas.executor import Executor
 
 WIRE_VERSION = 1
+# What one request may move each way: an RPC frame (rpc.frames.DEFAULT_MAX_FRAME_BYTES,
+# 16 MiB) less room for the request's description and the reply's counters.
+FRAME_BUDGET_BYTES = 15 << 20
+
+
+def check_frame_budget(req: KaasRequest, budget_bytes: int = FRAME_BUDGET_BYTES) -> None:
+    """PayloadTooLarge (413) when ``req`` could not travel to a worker or back in one frame:
+    its store inputs (shipped on a miss) plus inline inputs (base64 in the request), or
+    its outputs (returned inline or as stored objects)."""
+    inbound = sum(b.size_bytes if b.key is not None else 4 * math.ceil(b.size_bytes / 3)
+                  for b in req.buffers if b.kind is BufferKind.INPUT)
+    outbound = sum(b.size_bytes for b in req.buffers if b.kind is BufferKind.OUTPUT)
+    if max(inbound, outbound) > budget_bytes:
+        raise PayloadTooLarge(
+            f"this request moves {inbound} bytes to a worker and {outbound} back; KaaS on "
+            f"workers moves at most {budget_bytes} bytes each way per request (one RPC frame)",
+            inbound_bytes=inbound, outbound_bytes=outbound, budget_bytes=budget_bytes)
 
 
 class WorkerKaasRuntime:

@@ -158,3 +158,21 @@ async def test_controller_pool_relearns_a_reconnected_worker(setup):
     broken = KaasPool(ControllerConfig(kaas_workers=1), broken=lambda: "no CUDA")
     with pytest.raises(errors.KaasUnavailable, match="no CUDA"):
         broken.plan(KaasRequest.from_dict(chain_request()))
+
+
+def test_frame_budget_is_a_413_up_front():
+    from flashpoint.kaas.remote import check_frame_budget
+
+    from .helpers import buf, kern
+
+    def req(n: int, **inp: Any) -> KaasRequest:
+        return KaasRequest.from_dict({"kernels": [kern("relu", ["x"], ["y"])],
+                                      "buffers": [buf("x", "input", [n], **inp),
+                                                  buf("y", "output", [n])]})
+
+    check_frame_budget(req(1024, key="x"), budget_bytes=4096)
+    with pytest.raises(errors.PayloadTooLarge) as info:
+        check_frame_budget(req(1025, key="x"), budget_bytes=4096)
+    assert info.value.http_status == 413 and info.value.details["inbound_bytes"] == 4100
+    with pytest.raises(errors.PayloadTooLarge):  # inline data travels as base64
+        check_frame_budget(req(800, data=[0.0] * 800), budget_bytes=4096)
