@@ -827,6 +827,9 @@ class Controller:
                         for name in self.state.functions],
             "cost": self.cost.report(now),
             "replacements": list(self.replacements),
+            "kaas": {"executors_wanted": self.cc.kaas_workers,
+                     "executors": len(self.kaas.pool.handles),
+                     "broken": self.state.kaas_broken, "unplaced": self.state.kaas_unplaced},
         }
 
     def is_live(self) -> bool:

@@ -127,6 +127,35 @@ async def test_kernel_graphs_run_on_a_worker_process(kaas_cluster: LocalCluster)
         (ex,) = st["executors"]
         assert ex["executor_id"] == rep.replica_id and ex["shipped_bytes"] == W.nbytes
         assert st["executors_wanted"] == 1 and st["broken"] is None
+        async with s.get(f"{url}/v1/status") as r:
+            cl = await r.json()
+        assert cl["kaas"] == {"executors_wanted": 1, "executors": 1, "broken": None,
+                              "unplaced": ""}
+        assert [x["phase"] for x in cl["replicas"] if x["function"] == KAAS_FUNCTION] == ["warm"]
+
+
+async def test_a_dead_executor_worker_is_replaced(kaas_cluster: LocalCluster) -> None:
+    ctl = kaas_cluster.controller
+    url = ctl.url
+    (old,) = [h.executor_id for h in ctl.kaas.pool.handles]
+    worker = kaas_cluster.hosts[0].replicas[old].worker
+    assert worker is not None
+    async with aiohttp.ClientSession() as s:
+        async with s.put(f"{url}/v1/objects/w", data=W.tobytes()) as r:
+            assert r.status == 201
+        status, body = await _invoke(s, url, chain_request(N, x=W))
+        assert status == 200, body
+        worker.proc.kill()  # the worker process this cluster started, by its handle
+        await wait_for("the dead executor left the pool",
+                       lambda: old not in {h.executor_id for h in ctl.kaas.pool.handles}, 30)
+        await wait_for("a replacement executor joined the pool",
+                       lambda: len(ctl.kaas.pool.handles) == 1, 60)
+        status, body = await _invoke(s, url, chain_request(N, x=W))
+        assert status == 200, body
+        assert body["executor_id"] != old
+        assert body["cache"]["shipped_bytes"] == W.nbytes  # a fresh cache: w ships again
+        y = np.asarray(body["outputs"]["y"]["data"], np.float32).reshape(N, N)
+        assert np.allclose(y, _expected(W), rtol=1e-5, atol=1e-5)
 
 
 async def test_without_kaas_workers_invoke_is_503(tmp_path: Path) -> None:
