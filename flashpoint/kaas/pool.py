@@ -52,7 +52,9 @@ class ExecutorHandle(Protocol):
         """Room left in the device cache as last known."""
         ...
 
-    async def run(self, plan: GraphPlan, client: str) -> KaasResult: ...
+    async def run(self, plan: GraphPlan, client: str, request_id: str = "") -> KaasResult:
+        """Run ``plan`` for ``client``; ``request_id`` travels to a remote executor."""
+        ...
 
     async def restart(self) -> None:
         """Start over with empty caches (exclusive reassignment: a cold start)."""
@@ -78,7 +80,7 @@ class LocalExecutorHandle:
     def free_bytes(self) -> int:
         return self.executor.cache.free_bytes
 
-    async def run(self, plan: GraphPlan, client: str) -> KaasResult:
+    async def run(self, plan: GraphPlan, client: str, request_id: str = "") -> KaasResult:
         return await asyncio.to_thread(self.executor.run, plan, client=client)
 
     async def restart(self) -> None:
@@ -224,7 +226,7 @@ class ExecutorPool:
                 raise PeerLost(f"KaaS executor {a.worker_id} left the pool")
             if a.restart:
                 await handle.restart()
-            result = await handle.run(item.plan, item.client)
+            result = await handle.run(item.plan, item.client, item.request_id)
         except BaseException as e:  # typed errors reach the caller; the pool lives on
             if not item.future.done():
                 item.future.set_exception(e)

@@ -135,8 +135,8 @@ class WorkerKaasRuntime:
 class RpcConnection(Protocol):
     """The part of an RPC connection the handle uses (tests pass a fake)."""
 
-    async def call(self, method: str, payload: dict[str, Any], *,
-                   timeout_s: float) -> dict[str, Any]: ...
+    async def call(self, method: str, payload: dict[str, Any], *, timeout_s: float,
+                   trace: str | None = None) -> dict[str, Any]: ...
 
 
 class WorkerExecutorHandle:
@@ -173,14 +173,16 @@ class WorkerExecutorHandle:
     async def run(self, plan: GraphPlan, client: str, request_id: str = "") -> KaasResult:
         payload, shipped = self._payload(plan, client, request_id, ship_all=False)
         try:
-            reply = await self.conn.call("kaas_run", payload, timeout_s=self.run_timeout_s)
+            reply = await self.conn.call("kaas_run", payload, timeout_s=self.run_timeout_s,
+                                         trace=request_id or None)
         except ObjectNotFound:
             # The worker lost an object we thought it held; nothing ran yet. Once more with
             # every store input on board.
             self.retries += 1
             payload, more = self._payload(plan, client, request_id, ship_all=True)
             shipped += more
-            reply = await self.conn.call("kaas_run", payload, timeout_s=self.run_timeout_s)
+            reply = await self.conn.call("kaas_run", payload, timeout_s=self.run_timeout_s,
+                                         trace=request_id or None)
         self._forget -= set(payload["forget"])
         self._absorb(reply)
         self.requests += 1

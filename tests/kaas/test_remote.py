@@ -29,8 +29,8 @@ class FakeConn:
         self.runtime = runtime
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
-    async def call(self, method: str, payload: dict[str, Any], *,
-                   timeout_s: float) -> dict[str, Any]:
+    async def call(self, method: str, payload: dict[str, Any], *, timeout_s: float,
+                   trace: str | None = None) -> dict[str, Any]:
         payload = msgpack.unpackb(msgpack.packb(payload, use_bin_type=True), raw=False)
         self.calls.append((method, payload))
         fn = {"kaas_run": self.runtime.run, "kaas_reset": lambda _p: self.runtime.reset()}
@@ -120,6 +120,7 @@ async def test_pool_over_remote_handles_comes_and_goes(setup):
         assert not waiting.done()  # no executor yet: it queues
         pool.add(handle)
         assert (await waiting).executor_id == "k0"
+        assert handle.conn.calls[-1][1]["request_id"] == "r1"  # the causality id travels
         assert pool.remove("k0") is handle and pool.handles == []
         with pytest.raises(errors.DeadlineExceeded):
             await pool.invoke(_plan(), client="c", request_id="r2", timeout_s=0.05)
