@@ -73,9 +73,26 @@ class ControllerConfig:
     partition_link_bps: float = 7.5e9
     partition_overhead_s: float = 0.5
     partition_link_latency_s: float = 0.0005
+    # Kernel-as-a-Service (flashpoint/kaas/): how many KaaS executor replicas the controller
+    # keeps placed on workers (0 = none: /v1/kaas/invoke answers 503 kaas_unavailable), each
+    # with a device buffer cache of kaas_cache_bytes (placement reserves it plus
+    # replica_overhead_bytes), scheduled by the named pool policy (policy/kaas.py), with
+    # the object store (controller RAM) bounded by kaas_store_bytes (0 = unbounded).
+    kaas_workers: int = 0
+    kaas_cache_bytes: int = 256 << 20
+    kaas_policy: str = "affinity"
+    kaas_store_bytes: int = 0
 
     def __post_init__(self) -> None:
         make_autoscaler(self.autoscaler, self.autoscaler_params)  # BadRequest names the fault
+        from flashpoint.policy.kaas import POLICY_NAMES
+
+        if self.kaas_policy not in POLICY_NAMES:
+            raise BadRequest(f"controller.kaas_policy {self.kaas_policy!r}: one of "
+                             f"{list(POLICY_NAMES)}")
+        if self.kaas_workers < 0 or self.kaas_cache_bytes <= 0 or self.kaas_store_bytes < 0:
+            raise BadRequest("controller.kaas_workers and kaas_store_bytes must be >= 0, "
+                             "kaas_cache_bytes > 0")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ as ``{"code", "message", "details"}`` and are rebuilt as the same class on the o
     ├── RetryableError (retryable)
     │   ├── Overloaded                  overloaded, 429 (Retry-After)
     │   ├── Unavailable                 unavailable, 503 (Retry-After)
-    │   │   └── NoCapacity              no_capacity, 503
+    │   │   ├── NoCapacity              no_capacity, 503
+    │   │   └── KaasUnavailable         kaas_unavailable, 503 (no KaaS executor pool configured)
     │   ├── PeerLost                    peer_lost, 503   (connection to a peer died)
     │   ├── ConnectFailed               connect_failed, 503
     │   └── TransferFailed              transfer_failed, 503 (no source could deliver the bytes)
@@ -153,6 +154,13 @@ class Unavailable(RetryableError):
 
 class NoCapacity(Unavailable):
     code = "no_capacity"
+
+
+class KaasUnavailable(Unavailable):
+    """The cluster runs no KaaS executors (``[controller] kaas_workers = 0``), or none is
+    placed yet: a kernel graph has nowhere to run."""
+
+    code = "kaas_unavailable"
 
 
 class PeerLost(RetryableError):

@@ -23,6 +23,7 @@ from prometheus_client import Counter, Histogram
 from flashpoint.actors import controller_state as cs
 from flashpoint.actors.dispatch import Dispatcher
 from flashpoint.actors.gateway_service import GatewayService
+from flashpoint.actors.kaas_pool import KaasPool
 from flashpoint.actors.persist import FunctionTable
 from flashpoint.actors.pipeline_target import PipelineTarget
 from flashpoint.actors.rates import RateMeter
@@ -40,6 +41,7 @@ from flashpoint.errors import (
 )
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult
 from flashpoint.ids import new_id
+from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
 from flashpoint.partition.cache import PlanCache
 from flashpoint.partition.model import CostModel, LayerProfile
@@ -121,6 +123,12 @@ class HostHandle:
             "chain": chain, "fallback": fallback,
         }, timeout_s=10.0)
 
+    async def deploy_kaas(self, cmd: cs.DeployKaas) -> None:
+        await self.conn.call("deploy_replica", {
+            "replica_id": cmd.replica_id, "device_id": cmd.device_id, "kind": "kaas",
+            "device_bytes": cmd.device_bytes, "cache_bytes": cmd.cache_bytes,
+        }, timeout_s=10.0)
+
     async def stop(self, replica_id: str) -> None:
         await self.conn.call("stop_replica", {"replica_id": replica_id}, timeout_s=10.0)
 
@@ -170,9 +178,12 @@ class Controller:
                                         autoscaler=make_autoscaler(self.cc.autoscaler,
                                                                    self.cc.autoscaler_params),
                                         max_chain_length=self.cc.max_chain_length,
-                                        drain_margin_s=self.cc.drain_margin_s)
+                                        drain_margin_s=self.cc.drain_margin_s,
+                                        kaas_replicas=self.cc.kaas_workers,
+                                        kaas_cache_bytes=self.cc.kaas_cache_bytes)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
+        self.kaas = KaasPool(self.cc, lambda: self.state.kaas_broken)
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())
         self.hosts: dict[str, HostHandle] = {}
         self.workers: dict[str, WorkerHandle] = {}
@@ -221,7 +232,7 @@ class Controller:
                 log.error("function_restore_failed", function=spec.name, error=exc.to_wire())
         gw = self.config.gateway
         app = web.Application(client_max_size=gw.max_body_bytes)
-        add_routes(app, self, gateway_config(gw))
+        add_routes(app, self, gateway_config(gw), kaas=self.kaas)
         self._rpc = RpcServer(
             {"register_host": self._register_host, "heartbeat": self._heartbeat,
              "replica_ready": self._replica_ready, "replica_failed": self._replica_failed,
@@ -251,6 +262,7 @@ class Controller:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for name in list(self.state.functions):
             self._fail_queue(name, FlashpointError("controller shutting down"))
+        await self.kaas.close()
         if self._rpc is not None:
             await self._rpc.stop(timeout_s=2.0)
         if self._runner is not None:
@@ -324,7 +336,7 @@ class Controller:
     def _execute(self, cmds: list[cs.Command]) -> None:
         for cmd in cmds:
             match cmd:
-                case cs.DeployReplica():
+                case cs.DeployReplica() | cs.DeployKaas():
                     self._spawn(self._deploy(cmd), f"deploy:{cmd.replica_id}")
                 case cs.StartChain():
                     self._spawn(self._start_chain(cmd), f"chain:{cmd.transfer_id}")
@@ -336,6 +348,7 @@ class Controller:
                         self._spawn(self._stop_on_host(host, cmd.replica_id), f"stop:{cmd.replica_id}")
                 case cs.ForgetReplica():
                     self.dispatcher.remove_replica(cmd.replica_id)
+                    self.kaas.replica_gone(cmd.replica_id)
                     self._stage_endpoints.pop(cmd.replica_id, None)
                     self._stage_timings.pop(cmd.replica_id, None)
                     handle = self.workers.pop(cmd.replica_id, None)
@@ -359,9 +372,13 @@ class Controller:
         self._sync_dispatch()
 
     def _sync_dispatch(self) -> None:
-        """Every warm replica with a live worker handle is dispatchable; then pump queues."""
+        """Every warm replica with a live worker handle is dispatchable (a KaaS executor's
+        joins the KaaS pool, whichever came first: its report or its host's); then pump."""
         for rep in self.state.replicas.values():
-            if rep.phase == cs.ReplicaPhase.WARM and rep.replica_id in self.workers \
+            if rep.phase == cs.ReplicaPhase.WARM and rep.function == KAAS_FUNCTION \
+                    and (w := self.workers.get(rep.replica_id)) is not None:
+                self.kaas.ensure(rep.replica_id, w.conn)
+            elif rep.phase == cs.ReplicaPhase.WARM and rep.replica_id in self.workers \
                     and not self.dispatcher.has_replica(rep.replica_id):
                 fn = self.state.functions.get(rep.function)
                 if fn is not None:
@@ -369,11 +386,14 @@ class Controller:
         for name in self.state.functions:
             self._pump(name)
 
-    async def _deploy(self, cmd: cs.DeployReplica) -> None:
+    async def _deploy(self, cmd: cs.DeployReplica | cs.DeployKaas) -> None:
         host = self.hosts.get(cmd.host_id)
         try:
             if host is None:
                 raise FlashpointError(f"host {cmd.host_id} has no connection")
+            if isinstance(cmd, cs.DeployKaas):
+                await host.deploy_kaas(cmd)
+                return
             key = f"{cmd.spec.model}@{cmd.spec.model_version}"
             await host.deploy(cmd, self._resolve_source(cmd.source), self._manifests.get(key))
         except FlashpointError as exc:
@@ -554,6 +574,7 @@ class Controller:
         rid = self._conn_replica.pop(id(conn), None)
         if rid is not None and self.workers.get(rid) is not None and self.workers[rid].conn is conn:
             self.workers.pop(rid, None)
+            self.kaas.replica_gone(rid)
             self.dispatcher.remove_replica(rid)
             self._apply(cs.ReplicaFailed(rid, "worker connection lost", during_start=False))
 
@@ -839,6 +860,9 @@ class Controller:
                     if name in self.state.functions],
             "cost": self.cost.report(now),
             "replacements": list(self.replacements),
+            "kaas": {"executors_wanted": self.cc.kaas_workers,
+                     "executors": len(self.kaas.pool.handles),
+                     "broken": self.state.kaas_broken, "unplaced": self.state.kaas_unplaced},
         }
 
     def is_live(self) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.policy import autoscale
 from flashpoint.policy.partitioning import (
     GroupSnapshot,
@@ -262,6 +263,18 @@ class DeployReplica:
 
 
 @dataclass(frozen=True)
+class DeployKaas:
+    """Start a KaaS executor replica (no model: a worker whose executor's device cache is
+    ``cache_bytes``; ``device_bytes`` is what it reserves on the device, cache included)."""
+
+    replica_id: str
+    host_id: str
+    device_id: str
+    device_bytes: int
+    cache_bytes: int
+
+
+@dataclass(frozen=True)
 class StartChain:
     """A host holding the model in RAM streams it down ``receivers`` (one chain)."""
 
@@ -337,7 +350,7 @@ class RequestHost:
     replacing: str
 
 
-Command = (DeployReplica | StartChain | StopAccepting | StopReplica | ForgetReplica
+Command = (DeployReplica | DeployKaas | StartChain | StopAccepting | StopReplica | ForgetReplica
            | FailFunction | LinkGroup | ServeGroup | DissolveStages | RequestHost)
 
 
@@ -348,7 +361,8 @@ class ControllerState:
                  cold_start_timeout_s: float = 120.0, registry_sends: bool = True,
                  stop_unknown_replicas: bool = True, process_bytes: int = 0,
                  autoscaler: autoscale.Autoscaler | None = None,
-                 max_chain_length: int = 8, drain_margin_s: float = 10.0) -> None:
+                 max_chain_length: int = 8, drain_margin_s: float = 10.0,
+                 kaas_replicas: int = 0, kaas_cache_bytes: int = 256 << 20) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.stop_unknown_replicas = stop_unknown_replicas
         self.process_bytes = process_bytes  # host RAM of one worker process (placement)
@@ -371,6 +385,14 @@ class ControllerState:
         self.replicas: dict[str, ReplicaRecord] = {}
         self.functions: dict[str, FunctionRecord] = {}
         self.groups: dict[str, GroupRecord] = {}
+        # KaaS executors (issue 10): a fixed number of replicas of the reserved function
+        # KAAS_FUNCTION, placed like any replica (they count against device memory and host
+        # RAM), never autoscaled: the paper starts one executor per GPU at boot (§4.1.4).
+        self.kaas_replicas = kaas_replicas
+        self.kaas_cache_bytes = kaas_cache_bytes
+        self.kaas_start_failures = 0
+        self.kaas_broken: str | None = None  # why, once KaaS starts keep failing
+        self.kaas_unplaced = ""  # why the last placement could not place them all
         self._seq = itertools.count(1)
         self.epoch = "r"  # prefix for replica ids; the actor sets a per-boot value
 
@@ -417,6 +439,8 @@ class ControllerState:
                 if rep is None or rep.phase != ReplicaPhase.STARTING:
                     return []
                 rep.phase, rep.warm_s, rep.timings_s = ReplicaPhase.WARM, event.now_s, dict(event.timings_s)
+                if rep.function == KAAS_FUNCTION:
+                    self.kaas_start_failures = 0
                 fn = self.functions.get(rep.function)
                 if fn is not None:
                     fn.start_failures = 0
@@ -453,7 +477,8 @@ class ControllerState:
             reported.add(replica_id)
             fn = self.functions.get(function)
             known = self.replicas.get(replica_id)
-            if fn is None or device_id not in self.hosts[ev.host_id].devices:
+            kaas = function == KAAS_FUNCTION and self.kaas_replicas > 0
+            if (fn is None and not kaas) or device_id not in self.hosts[ev.host_id].devices:
                 # A replica we have no function for (deleted while we were away): stop it.
                 if self.replicas.pop(replica_id, None) is not None:
                     cmds.append(ForgetReplica(replica_id))
@@ -463,9 +488,10 @@ class ControllerState:
                 # Adopt it (controller restart): no duplicate will be started for it.
                 self.replicas[replica_id] = ReplicaRecord(
                     replica_id, function, ev.host_id, device_id,
-                    fn.model_bytes + self.replica_overhead_bytes,
+                    self._kaas_device_bytes() if fn is None
+                    else fn.model_bytes + self.replica_overhead_bytes,
                     ReplicaPhase.WARM if warm else ReplicaPhase.STARTING, ev.now_s,
-                    ev.now_s if warm else None, compute=fn.spec.compute,
+                    ev.now_s if warm else None, compute=fn.spec.compute if fn else 0.0,
                 )
         # Replicas we believed on this host that it no longer has are gone.
         for rep in [r for r in self.replicas.values() if r.host_id == ev.host_id]:
@@ -499,6 +525,10 @@ class ControllerState:
         if rep is None:
             return []
         cmds: list[Command] = [ForgetReplica(rep.replica_id)]
+        if rep.function == KAAS_FUNCTION and ev.during_start:
+            self.kaas_start_failures += 1
+            if self.kaas_start_failures >= MAX_CONSECUTIVE_START_FAILURES:
+                self.kaas_broken = ev.reason
         fn = self.functions.get(rep.function)
         if fn is not None and ev.during_start:
             fn.start_failures += 1
@@ -559,6 +589,7 @@ class ControllerState:
             if load.last_request_s is not None:
                 fn.last_request_s = load.last_request_s
             cmds += self._scale(fn, load, ev.now_s)
+        cmds += self._place_kaas(ev.now_s)
         for key, began in list(self.receiving.items()):
             host = self.hosts.get(key[0])
             if host is None or not host.alive or ev.now_s - began > self.cold_start_timeout_s:
@@ -873,6 +904,33 @@ class ControllerState:
                                                ReplicaPhase.STARTING, now_s,
                                                compute=fn.spec.compute)
             cmds.append(DeployReplica(rid, p.host_id, p.device_id, fn.spec))
+        return cmds
+
+    def _kaas_device_bytes(self) -> int:
+        # The executor's cache plus what any replica needs beyond its bytes (CUDA context,
+        # allocator rounding): the host reserves the same, so both agree on what fits.
+        return self.kaas_cache_bytes + self.replica_overhead_bytes
+
+    def _place_kaas(self, now_s: float) -> list[Command]:
+        """Keep ``kaas_replicas`` KaaS executor replicas placed (replacing lost ones), by the
+        same placement as model replicas; after repeated failed starts, stop trying."""
+        if self.kaas_replicas <= 0 or self.kaas_broken is not None:
+            return []
+        count = self.kaas_replicas - sum(r.function == KAAS_FUNCTION and not self._leaving(r)
+                                         for r in self.replicas.values())
+        if count <= 0:
+            return []
+        need = self._kaas_device_bytes()
+        decision = select_receivers(self.snapshot(now_s), PlacementRequest(
+            KAAS_FUNCTION, "", count, device_bytes=need, host_bytes=0,
+            process_bytes=self.process_bytes))
+        self.kaas_unplaced = decision.reason if decision.unplaced else ""
+        cmds: list[Command] = []
+        for p in decision.placements:
+            rid = f"{KAAS_FUNCTION}-{self.epoch}{next(self._seq)}"
+            self.replicas[rid] = ReplicaRecord(rid, KAAS_FUNCTION, p.host_id, p.device_id,
+                                               need, ReplicaPhase.STARTING, now_s)
+            cmds.append(DeployKaas(rid, p.host_id, p.device_id, need, self.kaas_cache_bytes))
         return cmds
 
     def _request(self, fn: FunctionRecord, count: int) -> PlacementRequest:

@@ -271,6 +271,8 @@ class HostManager:
             raise BadRequest("deploy needs a replica_id")
         if replica_id in self.replicas:
             return {"accepted": True, "duplicate": True}
+        if payload.get("kind") == "kaas":
+            return self._deploy_kaas(replica_id, payload)
         spec = FunctionSpec.from_dict(payload.get("spec"))
         device_id = str(payload.get("device_id", ""))
         device = next((d for d in self.devices if d.device_id == device_id), None)
@@ -304,17 +306,77 @@ class HostManager:
         # A cold start reserves its device memory and its worker's host RAM when it begins,
         # so concurrent starts can never overcommit either.
         need = (manifest.blob_size if manifest else 0) + self.config.controller.replica_overhead_bytes
-        used = self._device_used.get(device_id, 0)
-        if used + need > device.memory_bytes:
-            raise NoCapacity(f"device {device_id} on {self.host_id}: {need} bytes needed, "
-                             f"{device.memory_bytes - used} free", retry_after_s=5.0)
-        self.cache.reserve_process(self.hc.worker_memory_bytes)
-        rt.process_bytes, rt.device_bytes = self.hc.worker_memory_bytes, need
-        self._device_used[device_id] = used + need
+        self._reserve(rt, device, need)
         self.replicas[replica_id] = rt
         rt.task = self._spawn_task(self._cold_start(rt, spec, source, manifest),
                                    f"coldstart:{replica_id}")
         return {"accepted": True}
+
+    def _reserve(self, rt: ReplicaTask, device: Device, need: int) -> None:
+        """Reserve ``need`` bytes of ``device`` and a worker's host RAM for ``rt``, or raise
+        NoCapacity; from the moment its cold start begins, so concurrent starts can never
+        overcommit either."""
+        used = self._device_used.get(device.device_id, 0)
+        if used + need > device.memory_bytes:
+            raise NoCapacity(f"device {device.device_id} on {self.host_id}: {need} bytes "
+                             f"needed, {device.memory_bytes - used} free", retry_after_s=5.0)
+        self.cache.reserve_process(self.hc.worker_memory_bytes)
+        rt.process_bytes, rt.device_bytes = self.hc.worker_memory_bytes, need
+        self._device_used[device.device_id] = used + need
+
+    def _deploy_kaas(self, replica_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """A KaaS executor replica: no model to fetch, a worker whose executor's device cache
+        is ``cache_bytes``; reserves ``device_bytes`` of its device like a model replica."""
+        from flashpoint.kaas import KAAS_FUNCTION
+
+        device_id = str(payload.get("device_id", ""))
+        device = next((d for d in self.devices if d.device_id == device_id), None)
+        if device is None:
+            raise BadRequest(f"unknown device {device_id!r} on host {self.host_id}")
+        need, cache_bytes = payload.get("device_bytes"), payload.get("cache_bytes")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                   for v in (need, cache_bytes)):
+            raise BadRequest("a KaaS deploy needs positive integer device_bytes and cache_bytes")
+        rt = ReplicaTask(replica_id, KAAS_FUNCTION, device_id)
+        self._reserve(rt, device, need)
+        self.replicas[replica_id] = rt
+        rt.task = self._spawn_task(self._start_kaas(rt, cache_bytes), f"kaas:{replica_id}")
+        return {"accepted": True}
+
+    async def _start_kaas(self, rt: ReplicaTask, cache_bytes: int) -> None:
+        from flashpoint.kaas import KAAS_FUNCTION
+
+        bind_ids(replica_id=rt.replica_id)
+        try:
+            try:
+                worker = await self._take_worker()
+                worker.replica_id, worker.device_id = rt.replica_id, rt.device_id
+                worker.function = KAAS_FUNCTION
+                rt.worker = worker
+                reply = await worker.conn.call("load_kaas", {
+                    "replica_id": rt.replica_id, "host_id": self.host_id,
+                    "device": rt.device_id if rt.device_id.startswith("cuda") else "cpu",
+                    "cache_bytes": cache_bytes, "controller_url": self.hc.controller_url,
+                }, timeout_s=self.config.controller.deploy_timeout_s)
+                worker.warm = True
+                log.info("kaas_executor_started", timings=reply.get("timings_s"))
+            finally:
+                self._spawn_task(self._refill(), "refill")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._start_failed(rt, exc)
+
+    async def _start_failed(self, rt: ReplicaTask, exc: Exception) -> None:
+        reason = exc.message if isinstance(exc, FlashpointError) else f"{type(exc).__name__}: {exc}"
+        log.warning("cold_start_failed", reason=reason)
+        self.replicas.pop(rt.replica_id, None)
+        self._release(rt)
+        if rt.worker is not None:
+            rt.worker.replica_id = None  # the watcher must not report it twice
+            await self._stop_worker(rt.worker, 2.0)
+        await self._report("replica_failed", {
+            "replica_id": rt.replica_id, "reason": reason[:500], "during_start": True})
 
     def _release(self, rt: ReplicaTask) -> None:
         """Give back a replica's reservations (idempotent)."""
@@ -503,15 +565,7 @@ class HostManager:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            reason = exc.message if isinstance(exc, FlashpointError) else f"{type(exc).__name__}: {exc}"
-            log.warning("cold_start_failed", reason=reason)
-            self.replicas.pop(rt.replica_id, None)
-            self._release(rt)
-            if rt.worker is not None:
-                rt.worker.replica_id = None  # the watcher must not report it twice
-                await self._stop_worker(rt.worker, 2.0)
-            await self._report("replica_failed", {
-                "replica_id": rt.replica_id, "reason": reason[:500], "during_start": True})
+            await self._start_failed(rt, exc)
 
     async def _complete_stage(self, rt: ReplicaTask, segment: Any) -> None:
         """Model completion: once this host holds the whole model, turn the stage replica

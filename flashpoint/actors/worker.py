@@ -21,6 +21,12 @@ stage was built), warms it, and announces itself to the controller as a whole re
 in-flight pipeline request fails because of it: the stage server keeps serving until the
 host sends ``dissolve_stage`` (the controller's call, once the pipeline gets no more work).
 
+A KaaS executor replica (``load_kaas``, issue 10) serves no model: the worker builds a
+:class:`~flashpoint.kaas.remote.WorkerKaasRuntime` (one executor, its buffer cache of the
+deploy's ``cache_bytes`` on the worker's device), announces itself to the controller with
+``replica_ready`` (``kind: "kaas"``), and serves ``kaas_run`` / ``kaas_reset`` on that
+connection; the controller ships the objects a request needs inline (see kaas/remote.py).
+
 The process exits when its host connection is lost (never an orphan) or on ``shutdown``.
 """
 
@@ -85,6 +91,7 @@ class Worker:
         self.stage_server: Any = None  # a StageServer while this worker serves a pipeline stage
         self._controller_url = ""
         self._completing: asyncio.Task | None = None
+        self.kaas: Any = None  # a WorkerKaasRuntime while this worker is a KaaS executor
 
     async def run(self) -> None:
         import torch  # imported before any replica is assigned: the warm pool's whole point
@@ -101,6 +108,7 @@ class Worker:
 
         self._host_conn = await connect(
             self.host_url, {"load_replica": self._load_replica, "shutdown": self._shutdown,
+                            "load_kaas": self._load_kaas,
                             "complete_replica": self._complete_replica,
                             "dissolve_stage": self._dissolve_stage,
                             "set_next_hop": self._set_next_hop},
@@ -168,6 +176,53 @@ class Worker:
             secret=self.secret, on_connected=self._announce,
         )
         await self._controller.start()
+
+    # KaaS executor --------------------------------------------------------------------------
+    async def _load_kaas(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """Become a KaaS executor replica (idempotent by replica id): build the executor on
+        the device now (its CUDA context and cache, so the first request pays for data
+        only, as the paper's executors), then announce to the controller."""
+        from flashpoint.kaas import KAAS_FUNCTION
+        from flashpoint.kaas.remote import WorkerKaasRuntime
+        from flashpoint.rpc import ReconnectingClient
+
+        rid = str(payload.get("replica_id", ""))
+        if self.kaas is not None and self.kaas.executor_id == rid:
+            return {"timings_s": self._ready_payload["timings_s"] if self._ready_payload else {}}
+        if self.kaas is not None or self.replica is not None:
+            raise BadRequest("worker already serves another replica")
+        cache_bytes = payload.get("cache_bytes")
+        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes <= 0:
+            raise BadRequest("load_kaas needs a positive integer cache_bytes")
+        bind_ids(replica_id=rid)
+        runtime = WorkerKaasRuntime(rid, str(payload.get("device", "cpu")),
+                                    capacity_bytes=cache_bytes)
+        t0 = time.perf_counter()
+        await asyncio.to_thread(runtime.executor)
+        timings = {"load": time.perf_counter() - t0}
+        self.kaas = runtime
+        self._ready_payload = {
+            "replica_id": rid, "host_id": payload.get("host_id", ""), "function": KAAS_FUNCTION,
+            "kind": "kaas", "credits": 1, "timings_s": timings, "source": "kaas"}
+        self._controller = ReconnectingClient(
+            str(payload["controller_url"]),
+            {"kaas_run": self._kaas_run, "kaas_reset": self._kaas_reset,
+             "replica_status": self._status},
+            secret=self.secret, on_connected=self._announce)
+        await self._controller.start()
+        log.info("kaas_executor_loaded", **{k: round(v, 4) for k, v in timings.items()})
+        return {"timings_s": timings}
+
+    async def _kaas_run(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.kaas is None:
+            raise Unavailable("this worker is no KaaS executor", retry_after_s=0.1)
+        # Off the loop: kernels and copies block; the worker's connections stay responsive.
+        return await asyncio.to_thread(self.kaas.run, payload)
+
+    async def _kaas_reset(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.kaas is None:
+            raise Unavailable("this worker is no KaaS executor", retry_after_s=0.1)
+        return await asyncio.to_thread(self.kaas.reset)
 
     # partition stages ---------------------------------------------------------------------
     def _pipeline_reply(self) -> dict[str, Any]:

@@ -19,8 +19,10 @@ without auth), optionally narrowed by a ``client`` label so one caller's functio
 scheduled as different clients (the paper equates client and function, digest §5.10) —
 a label can never make a caller share another caller's fair share.
 
-First cut: the executors run in the gateway's process (``kaas.service.local_service``);
-the routes only see the ``KaasBackend`` protocol.
+The routes only see the ``KaasBackend`` protocol: the controller mounts them over its
+pool of executors on workers (``actors/kaas_pool.py``; ``[controller] kaas_workers``, 0 =
+invocations answer 503 ``kaas_unavailable``); tests mount an in-process
+``kaas.service.local_service``.
 """
 
 from __future__ import annotations

@@ -13,9 +13,15 @@ Modules::
     pool       ExecutorPool: pull-based dispatch through policy/kaas.py
     service    KaasService: what the gateway calls; local_service() builds one in process
 
-First cut: executors run in the process that builds the service (enable the routes with
-``gateway.add_routes(..., kaas=local_service(...))``; the controller does not yet). The pool
-reaches executors only through ``pool.ExecutorHandle``, and ``Executor.run_wire`` is the
-plain-data entry point for a worker RPC handler; executors in GPU worker processes also
-need an object store they can reach (registry/S3-backed), which is the next step.
+    remote     WorkerKaasRuntime (a worker's executor) and WorkerExecutorHandle (the
+               controller's handle over its RPC connection; ships inputs the worker lacks)
+
+In a cluster the controller keeps the object store and deploys ``[controller] kaas_workers``
+KaaS executor replicas (reserved function name :data:`KAAS_FUNCTION`) through the normal
+placement path; ``actors/kaas_pool.py`` turns them into the pool behind ``/v1/kaas``.
+``local_service`` still builds an in-process pool (tests, ``bench/kaas.py``).
 """
+
+# The reserved function name of KaaS executor replicas: not a valid user function name
+# (names start with a letter or digit), so it never collides with a registered function.
+KAAS_FUNCTION = "_kaas"

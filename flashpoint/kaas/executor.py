@@ -82,6 +82,23 @@ class Executor:
     def cached_keys(self) -> frozenset[str]:
         return self.cache.keys()
 
+    def held_objects(self) -> list[str]:
+        """Object keys whose bytes this executor holds in either tier (device or host cache):
+        a request reading one of them needs no copy of it from the data layer."""
+        return sorted({k[4:] for k in (*self.cache.keys(), *self.host_cache.keys())
+                       if k.startswith("obj:")})
+
+    def forget(self, keys: list[str]) -> None:
+        """Drop cached copies of objects ``keys`` from both tiers (unpinned only: requests
+        are serial, so between requests nothing is pinned). A worker is told to when the data
+        layer refused the bytes it cached for a key (another writer won the key)."""
+        with self._lock:
+            for key in keys:
+                for cache in (self.cache, self.host_cache):
+                    entry = cache.remove(f"obj:{key}")
+                    if entry is not None:
+                        del entry.value
+
     def reset(self) -> None:
         """Forget every cached buffer: what a restarted worker (an eTask's cold start) has."""
         with self._lock:

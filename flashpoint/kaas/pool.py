@@ -14,12 +14,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
-from flashpoint.errors import DeadlineExceeded
+from flashpoint.errors import DeadlineExceeded, PeerLost
 from flashpoint.kaas.backend import KaasResult
-from flashpoint.kaas.executor import Executor
 from flashpoint.kaas.graph import GraphPlan, cache_key
 from flashpoint.log import get_logger
 from flashpoint.policy.kaas import (
@@ -33,6 +32,9 @@ from flashpoint.policy.kaas import (
     decide,
     record_completion,
 )
+
+if TYPE_CHECKING:  # the executor imports torch; a controller's pool has remote handles only
+    from flashpoint.kaas.executor import Executor
 
 log = get_logger(__name__)
 
@@ -50,7 +52,9 @@ class ExecutorHandle(Protocol):
         """Room left in the device cache as last known."""
         ...
 
-    async def run(self, plan: GraphPlan, client: str) -> KaasResult: ...
+    async def run(self, plan: GraphPlan, client: str, request_id: str = "") -> KaasResult:
+        """Run ``plan`` for ``client``; ``request_id`` travels to a remote executor."""
+        ...
 
     async def restart(self) -> None:
         """Start over with empty caches (exclusive reassignment: a cold start)."""
@@ -76,7 +80,7 @@ class LocalExecutorHandle:
     def free_bytes(self) -> int:
         return self.executor.cache.free_bytes
 
-    async def run(self, plan: GraphPlan, client: str) -> KaasResult:
+    async def run(self, plan: GraphPlan, client: str, request_id: str = "") -> KaasResult:
         return await asyncio.to_thread(self.executor.run, plan, client=client)
 
     async def restart(self) -> None:
@@ -97,14 +101,19 @@ class _Pending:
 
 
 class ExecutorPool:
-    """Runs validated requests on ``handles`` as the named policy decides."""
+    """Runs validated requests on ``handles`` as the named policy decides.
+
+    Handles may come and go (:meth:`add`, :meth:`remove`: executors on workers that warm up
+    or die); requests queue while no executor is there, until their deadline.
+    """
 
     def __init__(self, handles: Sequence[ExecutorHandle], policy: str = "affinity", *,
                  params: KaasPolicyParams | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 allow_empty: bool = False) -> None:
         if policy not in POLICY_NAMES:
             raise ValueError(f"unknown KaaS pool policy {policy!r}; known: {POLICY_NAMES}")
-        if not handles:
+        if not handles and not allow_empty:
             raise ValueError("a pool needs at least one executor")
         self.policy = policy
         self.params = params or KaasPolicyParams()
@@ -119,6 +128,22 @@ class ExecutorPool:
     @property
     def handles(self) -> list[ExecutorHandle]:
         return list(self._handles.values())
+
+    def get(self, executor_id: str) -> ExecutorHandle | None:
+        return self._handles.get(executor_id)
+
+    def add(self, handle: ExecutorHandle) -> None:
+        """A new executor (or a reconnected one under the same id, replacing the old handle)."""
+        self._handles[handle.executor_id] = handle
+        self._pump()
+
+    def remove(self, executor_id: str) -> ExecutorHandle | None:
+        """Forget an executor; a request running on it fails with its connection's error."""
+        handle = self._handles.pop(executor_id, None)
+        if executor_id in self._memory.owners:
+            owners = {w: c for w, c in self._memory.owners.items() if w != executor_id}
+            self._memory = replace(self._memory, owners=owners)
+        return handle
 
     def min_capacity_bytes(self) -> int | None:
         caps = [h.executor.cache.capacity_bytes for h in self._handles.values()
@@ -160,6 +185,8 @@ class ExecutorPool:
                              cache={**cache.stats.to_dict(), "used_bytes": cache.used_bytes,
                                     "capacity_bytes": cache.capacity_bytes,
                                     "buffers": len(cache)})
+            elif hasattr(h, "status"):  # a remote handle reports what it last heard
+                entry.update(h.status())
             execs.append(entry)
         return {"policy": self.policy, "queued": len(self._pending),
                 "completed": self.completed, "executors": execs}
@@ -170,7 +197,7 @@ class ExecutorPool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _pump(self) -> None:
-        if not self._pending or len(self._busy) == len(self._handles):
+        if not self._pending or all(w in self._busy for w in self._handles):
             return
         snap = KaasPoolSnapshot(
             now_s=self._clock(),
@@ -183,6 +210,8 @@ class ExecutorPool:
         by_id = {p.request_id: p for p in self._pending}
         for a in decision.assignments:
             item = by_id[a.request_id]
+            if a.worker_id not in self._handles:
+                continue
             self._pending.remove(item)
             self._busy[a.worker_id] = item.client
             task = asyncio.create_task(self._run(item, a), name=f"kaas-{a.request_id}")
@@ -190,12 +219,14 @@ class ExecutorPool:
             task.add_done_callback(self._tasks.discard)
 
     async def _run(self, item: _Pending, a: KaasAssignment) -> None:
-        handle = self._handles[a.worker_id]
+        handle = self._handles.get(a.worker_id)
         start = self._clock()
         try:
+            if handle is None:  # removed between the decision and this task's start
+                raise PeerLost(f"KaaS executor {a.worker_id} left the pool")
             if a.restart:
                 await handle.restart()
-            result = await handle.run(item.plan, item.client)
+            result = await handle.run(item.plan, item.client, item.request_id)
         except BaseException as e:  # typed errors reach the caller; the pool lives on
             if not item.future.done():
                 item.future.set_exception(e)
@@ -209,5 +240,5 @@ class ExecutorPool:
             self.completed += 1
             self._memory = record_completion(self._memory, item.client,
                                              self._clock() - start, a.charge_s, self.params)
-            del self._busy[a.worker_id]
+            self._busy.pop(a.worker_id, None)
             self._pump()

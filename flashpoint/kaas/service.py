@@ -2,9 +2,10 @@
 
 :class:`KaasService` validates a request (typed 400s before it queues), checks it can fit
 on an executor (413) and that its store inputs exist with the declared sizes (404/400),
-then runs it on the pool. This first cut runs the pool's executors in the controller's
-process (:func:`local_service`); the pool only uses :class:`~flashpoint.kaas.pool.ExecutorHandle`,
-so executors on GPU workers over RPC slot in without touching the gateway.
+then runs it on the pool. The pool only uses :class:`~flashpoint.kaas.pool.ExecutorHandle`:
+:func:`local_service` builds in-process executors (tests, benchmarks); a cluster's
+controller builds one over executors on GPU workers (``actors/kaas_pool.py``,
+``kaas/remote.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 
 from flashpoint.errors import BufferCacheFull, BufferMismatch
 from flashpoint.kaas.backend import KaasResult
-from flashpoint.kaas.executor import Executor
 from flashpoint.kaas.graph import GraphPlan, plan_graph
 from flashpoint.kaas.library import KernelLibrary, default_library
 from flashpoint.kaas.pool import ExecutorPool, LocalExecutorHandle
@@ -23,13 +23,20 @@ from flashpoint.kaas.store import MemoryObjectStore, ObjectStore
 
 
 class KaasService:
+    """Validated KaaS requests on an executor pool, inputs and outputs in ``store``.
+
+    ``capacity_bytes``: one executor's device cache (the 413 bound) when the pool cannot
+    tell (remote executors that are not up yet); by default the pool's smallest local one.
+    """
+
     def __init__(self, store: ObjectStore, pool: ExecutorPool,
                  library: KernelLibrary | None = None, *,
-                 max_buffer_bytes: int | None = None) -> None:
+                 max_buffer_bytes: int | None = None,
+                 capacity_bytes: int | None = None) -> None:
         self.store = store
         self.pool = pool
         self.library = library or default_library()
-        cap = pool.min_capacity_bytes()
+        cap = capacity_bytes or pool.min_capacity_bytes()
         self.max_buffer_bytes = max_buffer_bytes or cap or (1 << 31)
         self._capacity_bytes = cap
 
@@ -66,6 +73,8 @@ def local_service(n_executors: int = 4, *, policy: str = "affinity",
                   capacity_bytes: int = 256 << 20, store: ObjectStore | None = None,
                   devices: Sequence[str] = ("cpu",), **executor_kwargs: Any) -> KaasService:
     """A service with ``n_executors`` in-process executors (round-robin over ``devices``)."""
+    from flashpoint.kaas.executor import Executor  # torch: only where executors run
+
     store = store or MemoryObjectStore()
     library = default_library()
     restart_s = executor_kwargs.pop("restart_s", 0.0)

@@ -66,6 +66,18 @@ class MemoryObjectStore:
     def exists(self, key: str) -> bool:
         return key in self._objects
 
+    def discard(self, key: str) -> None:
+        """Drop ``key`` if present. Only for a *staging* store (a KaaS worker's copy of the
+        objects shipped with one request), never for the data layer, whose keys are
+        immutable and permanent."""
+        with self._lock:
+            data = self._objects.pop(key, None)
+            if data is not None:
+                self._used_bytes -= len(data)
+
+    def keys(self) -> list[str]:
+        return list(self._objects)
+
     def put(self, key: str, data: bytes) -> None:
         check_key(key)
         data = bytes(data)
