@@ -90,3 +90,49 @@ def test_real_azure_llm_trace_runs_with_its_own_timestamps():
     assert all(r.metrics.requests == len(log) and r.metrics.unserved == 0 for r in results)
     text = report_markdown(results, cfg, wall_s=1.0)
     assert "### azure_llm" in text
+
+
+# --- fairness (thesis §8.4) ------------------------------------------------------------------
+def _tiny_inputs():
+    from flashpoint.sim.experiments import rate_trace, request_log
+    from flashpoint.sim.models import thesis_model
+
+    return request_log("twitter", TINY), rate_trace("twitter", TINY), thesis_model("bart")
+
+
+def test_fairness_bisection_reaches_the_band_within_the_run_budget():
+    from flashpoint.sim.experiments import FAIR_MAX_RUNS, FAIR_TOL, run_one, tune_fair
+
+    log, trace, model = _tiny_inputs()
+    default = run_one("twitter", log, trace, model, "owk", Technique.LC_MC, TINY)
+    # A baseline that reserved 30% more: the search must give the technique more replicas.
+    base = 1.3 * default.metrics.replica_s
+    r = tune_fair("twitter", log, trace, model, "owk", Technique.LC_MC, TINY, base)
+    assert abs(r.resource_ratio - 1) <= FAIR_TOL, r.resource_ratio
+    assert r.resource_ratio == r.metrics.replica_s / base
+    assert r.tuned is not None and r.tuned[0] == "target_utilisation"
+    assert r.tuned[1] < 0.6  # lower target utilisation = more replicas
+    assert 1 < r.tuning_runs <= FAIR_MAX_RUNS and r.fairness_note == ""
+
+
+def test_fairness_says_when_the_band_is_out_of_reach():
+    from flashpoint.sim.experiments import run_one, tune_fair
+
+    log, trace, model = _tiny_inputs()
+    default = run_one("twitter", log, trace, model, "atl", Technique.LC_MC, TINY)
+    r = tune_fair("twitter", log, trace, model, "atl", Technique.LC_MC, TINY,
+                  100 * default.metrics.replica_s)
+    assert r.tuning_runs == 2  # the defaults, then the range's end (p100): stop there
+    assert "range end 100" in r.fairness_note and r.resource_ratio < 0.5
+
+
+def test_fair_grid_tunes_every_technique_to_bl_and_reports_it():
+    cfg = replace(TINY, autoscalers=("owk",), techniques=(Technique.BL, Technique.LC),
+                  fairness=True)
+    results = run_grid(cfg)
+    assert [r.technique for r in results] == [Technique.BL, Technique.LC]
+    assert results[0].resource_ratio == 1.0 and results[0].tuned is None
+    assert results[1].tuned is not None and results[1].tuning_runs >= 1
+    text = report_markdown(results, cfg, wall_s=1.0)
+    assert "## Fairness" in text and "| twitter | bart | owk | LC | target_utilisation |" in text
+    assert "±5% resource retuning** is on" in text
