@@ -41,6 +41,7 @@ from pathlib import Path
 from flashpoint.sim.cluster import ClusterConfig, RunMetrics, SimCluster, Technique
 from flashpoint.sim.models import THESIS_MODELS, ModelProfile, thesis_model
 from flashpoint.sim.network import Topology
+from flashpoint.sim.plots import plots_markdown, write_plots
 from flashpoint.sim.traces import (
     RateTrace,
     RequestLog,
@@ -556,32 +557,13 @@ def cli(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     text = report_markdown(results, cfg, wall)
     if args.out:
-        Path(args.out).write_text(text)
-        _plot(results, Path(args.out).with_suffix(".png"))
-        print(f"report: {args.out}", file=sys.stderr)
+        out = Path(args.out)
+        pngs = write_plots(results, out.parent, out.stem)
+        out.write_text(text + plots_markdown(pngs, out))
+        print(f"report: {args.out}" + (f" ({len(pngs)} plots)" if pngs else ""), file=sys.stderr)
     else:
         sys.stdout.write(text)
     events = sum(r.metrics.events for r in results)
     print(f"{len(results)} runs, {events:,} events in {wall:.2f} s wall "
           f"({events / wall if wall else 0:,.0f} events/s)", file=sys.stderr)
     return 0
-
-
-def _plot(results: Sequence[RunResult], path: Path) -> None:
-    """Average e2e per technique and autoscaler, if matplotlib is installed (optional)."""
-    try:
-        import matplotlib  # noqa: PLC0415 - optional, heavy
-    except ImportError:
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    labels = [f"{r.model}/{r.autoscaler}/{r.technique.value}" for r in results]
-    ax.bar(range(len(results)), [r.metrics.avg_latency_s for r in results])
-    ax.set_xticks(range(len(results)), labels, rotation=90, fontsize=6)
-    ax.set_ylabel("average end-to-end latency (s)")
-    ax.set_yscale("log")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
