@@ -173,6 +173,7 @@ class RunMetrics:
     """What a run measured; times in seconds."""
 
     cold_starts_s: list[float] = field(default_factory=list)
+    cold_start_sources: list[str] = field(default_factory=list)  # where each one's bytes came from
     latencies_s: list[float] = field(default_factory=list)
     replica_s: float = 0.0
     requests: int = 0
@@ -592,6 +593,7 @@ class SimCluster:
         self._replicas[cmd.group_id] = group
         # A pipeline's cold start: requested to serving (its longest stage, §4.1.2).
         self.metrics.cold_starts_s.append(now - deploy_s)
+        self.metrics.cold_start_sources.append("pipeline")
         self.metrics.sources["pipeline"] = self.metrics.sources.get("pipeline", 0) + 1
         self.metrics.pipelines += 1
         for _ in range(cmd.credits):
@@ -652,6 +654,7 @@ class SimCluster:
         rep.warm_s, rep.pending = now, None
         if rep.stage is None:
             self.metrics.cold_starts_s.append(now - rep.deploy_s)
+            self.metrics.cold_start_sources.append(rep.source)
             self.metrics.sources[rep.source] = self.metrics.sources.get(rep.source, 0) + 1
         else:  # a stage completed into a whole replica: its host holds the model now
             rep.completed = True

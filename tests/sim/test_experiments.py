@@ -136,3 +136,41 @@ def test_fair_grid_tunes_every_technique_to_bl_and_reports_it():
     text = report_markdown(results, cfg, wall_s=1.0)
     assert "## Fairness" in text and "| twitter | bart | owk | LC | target_utilisation |" in text
     assert "±5% resource retuning** is on" in text
+
+
+# --- plots -------------------------------------------------------------------------------
+def test_plots_are_pngs_one_bar_chart_and_one_cdf_per_trace_and_model(tiny_results, tmp_path):
+    pytest.importorskip("matplotlib")
+    from flashpoint.sim.plots import plots_markdown, write_plots
+
+    paths = write_plots(tiny_results, tmp_path, "grid")
+    assert [p.name for p in paths] == ["grid_twitter_bart_bars.png", "grid_twitter_bart_cdf.png"]
+    for p in paths:
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000  # drawn, not blank
+    text = plots_markdown(paths, tmp_path / "grid.md")
+    assert "![grid_twitter_bart_cdf](grid_twitter_bart_cdf.png)" in text
+
+
+def test_report_is_written_without_matplotlib(tmp_path, monkeypatch):
+    import builtins
+
+    from flashpoint.cli import main
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("no matplotlib here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    out = tmp_path / "report.md"
+    rc = main(["sim", "reproduce", "--hosts", "2", "--gpus-per-host", "2", "--hosts-per-leaf",
+               "2", "--duration-s", "30", "--trace-scale", "0.1", "--models", "codebert",
+               "--autoscalers", "atl", "--techniques", "BL", "--decision-s", "0",
+               "--out", str(out)])
+    assert rc == 0
+    text = out.read_text()
+    assert "| twitter | codebert | atl | BL |" in text and "matplotlib is not installed" in text
+    assert list(tmp_path.glob("*.png")) == []
