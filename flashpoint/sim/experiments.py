@@ -103,6 +103,7 @@ class RunResult:
     tuned: tuple[str, float] | None = field(default=None, compare=False)
     resource_ratio: float | None = field(default=None, compare=False)
     tuning_runs: int = field(default=0, compare=False)
+    tuning_trace: tuple[tuple[float, float], ...] = field(default=(), compare=False)  # (value, ratio)
     fairness_note: str = field(default="", compare=False)
 
     @property
@@ -257,10 +258,10 @@ def tune_fair(trace_kind: str, log: RequestLog, trace: RateTrace, model: ModelPr
             less = value
     best_v, best_r, best_ratio = min(tried, key=lambda t: abs(t[2] - 1))
     if abs(best_ratio - 1) > FAIR_TOL and not note:
-        note = (f"{FAIR_MAX_RUNS} runs spent; replica counts are integers, so the ratio "
-                f"jumps between {knob.param} values (closest {best_ratio:.3f}×)")
+        note = f"{FAIR_MAX_RUNS} runs spent, none in the band (closest {best_ratio:.3f}×)"
     return replace(best_r, tuned=(knob.param, best_v), resource_ratio=best_ratio,
-                   tuning_runs=len(tried), fairness_note=note)
+                   tuning_runs=len(tried), fairness_note=note,
+                   tuning_trace=tuple((v, q) for v, _, q in tried))
 
 
 def _ratio(r: RunResult, base_replica_s: float) -> float:
@@ -480,7 +481,8 @@ def _fairness_section(results: Sequence[RunResult]) -> list[str]:
              f"Bisection on each autoscaler's threshold, at most {FAIR_MAX_RUNS} runs per row "
              "(the defaults first); BL runs the defaults.", "",
              "| trace | model | autoscaler | technique | tuned parameter | value | "
-             "replica-s / BL | within ±5% | runs | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "replica-s / BL | within ±5% | runs | note | tried (value → ratio) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     missed = 0
     for r in results:
         if r.resource_ratio is None:
@@ -490,7 +492,8 @@ def _fairness_section(results: Sequence[RunResult]) -> list[str]:
         missed += not ok
         lines.append(f"| {r.trace} | {r.model} | {r.autoscaler} | {r.technique.value} | {name} | "
                      f"{'' if math.isnan(value) else f'{value:.4g}'} | {r.resource_ratio:.3f} | "
-                     f"{'yes' if ok else '**no**'} | {r.tuning_runs} | {r.fairness_note} |")
+                     f"{'yes' if ok else '**no**'} | {r.tuning_runs} | {r.fairness_note} | "
+                     + ", ".join(f"{v:.4g} → {q:.3f}" for v, q in r.tuning_trace) + " |")
     lines += ["", f"{missed} row(s) outside ±5%." if missed else "Every row is within ±5%.", ""]
     if missed:
         lines += ["Why rows miss: replica-seconds count a replica from its deploy, so BL's total "
@@ -500,7 +503,9 @@ def _fairness_section(results: Sequence[RunResult]) -> list[str]:
                   "threshold's most generous end (ATL cannot go past p100), or, the other way, "
                   "keeps more than BL even at the stingiest end. In between, replica counts "
                   "are integers and autoscaler steps are discrete, so the ratio can jump over "
-                  "the band; the row then shows the closest run.", ""]
+                  "the band, and the ratio need not even be monotone in the threshold (a "
+                  "different cold-start pattern changes what later scale-ups see); the row then "
+                  "shows the closest run, and *tried* lists every run of the search.", ""]
     return lines
 
 

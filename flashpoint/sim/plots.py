@@ -102,7 +102,9 @@ def plots_markdown(paths: Sequence[Path], report: Path) -> str:
     if not paths:
         return ("\n## Plots\n\nNot drawn: matplotlib is not installed "
                 "(`pip install flashpoint[sim]`).\n")
-    lines = ["", "## Plots", ""]
+    lines = ["", "## Plots", "",
+             "Log axes; a bar at 10⁻³ s means the run had no cold start (or a zero latency).",
+             ""]
     for p in paths:
         lines.append(f"![{p.stem}]({p.relative_to(report.parent).as_posix()})")
         lines.append("")

@@ -113,6 +113,8 @@ def test_fairness_bisection_reaches_the_band_within_the_run_budget():
     assert r.tuned is not None and r.tuned[0] == "target_utilisation"
     assert r.tuned[1] < 0.6  # lower target utilisation = more replicas
     assert 1 < r.tuning_runs <= FAIR_MAX_RUNS and r.fairness_note == ""
+    assert len(r.tuning_trace) == r.tuning_runs and r.tuning_trace[0][1] < 1 - FAIR_TOL
+    assert r.tuning_trace[0][0] == 0.6  # the defaults first
 
 
 def test_fairness_says_when_the_band_is_out_of_reach():
