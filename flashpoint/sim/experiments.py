@@ -446,7 +446,7 @@ _NO_RETUNING = """\
   (``--fairness`` turns the retuning on).
 """
 
-_DIFFERENCES = """\
+_DIFFERENCES = f"""\
 * **The baseline is far slower here.** A T5-3B copy is 11.4 GB; over the 2 Gbit/s registry
   link that is ≥ 45.6 s before load (14.1 s) and copy (1.2 s), and k concurrent BL cold
   starts share the link (k × 45.6 s). The thesis's T5/ATL baseline averages a 3.10 s cold
@@ -456,7 +456,7 @@ _DIFFERENCES = """\
   20.74 s for the same configuration; digest §9 item 9). We average over replicas started.
 * **Traces are synthetic.** Same median and peak/median as the thesis's 1 h windows, not
   the same bursts; the burst shape decides how many concurrent cold starts happen.
-{no_retuning}* **MP details the thesis leaves open**: a stage completes by fetching the rest of the model
+{_NO_RETUNING}* **MP details the thesis leaves open**: a stage completes by fetching the rest of the model
   from a holder's RAM or the registry (as our live system does), so completion traffic
   competes with cold starts on the 2 Gbit/s registry link; a pipeline has the credits
   ``ServeGroup`` grants (the function's replica concurrency, 1), so it does not overlap
@@ -472,7 +472,7 @@ _DIFFERENCES = """\
   replicas already running than our synthetic traces produce.
 * **Ratios are means of per-run ratios** (the thesis's aggregation, digest §9 item 13), so
   one run with a huge BL latency dominates a "×"; read the per-run table.
-""".format(no_retuning=_NO_RETUNING)
+"""
 
 
 def _fairness_section(results: Sequence[RunResult]) -> list[str]:
