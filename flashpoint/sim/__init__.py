@@ -6,7 +6,8 @@
 * ``models`` — the thesis's six model profiles and a loader for profiled manifests;
 * ``cluster`` — hosts, GPUs, caches and a request queue around the live
   ``ControllerState`` (autoscalers, placement, sourcing, partitioning);
-* ``experiments`` — the thesis's grid and report (``flashpoint sim reproduce``).
+* ``experiments`` — the thesis's grid and report (``flashpoint sim reproduce``); ``plots``
+  — its PNG figures (matplotlib optional, the ``sim`` extra).
 
 Pure and dependency-light: no asyncio, torch, NVML, aiohttp or RPC; from ``actors/`` only
 the pure ``controller_state`` and ``rates`` (STYLE.md, the import rule;

@@ -23,7 +23,7 @@ Rates are in bit/s (``*_bps``), sizes in bytes, times in seconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
@@ -228,6 +228,15 @@ class FlowNetwork:
     active flow ``rate x elapsed`` since the previous change, recomputes max-min rates,
     cancels its one pending completion event and schedules the earliest next finish.
     ``on_rates_changed`` (optional) is called after every recompute, for metrics and tracing.
+
+    The recompute is incremental: max-min rates of flows that share no link (directly or
+    through other flows) are independent, so only the *connected component* of the links the
+    changed flows crossed is re-filled (:meth:`_component`); every other flow keeps its rate.
+    Within a component the water-filling is the same computation as over all flows, in the
+    same (start) order, so rates equal a full recompute's; the one difference is float
+    noise, when two components' fill levels are within ``SHARE_REL_TOL`` of each other and a
+    full recompute would have frozen them in one round (tests/sim/test_network_properties.py
+    compares the two on random flow sets).
     """
 
     def __init__(self, engine: Engine, topology: Topology,
@@ -236,6 +245,8 @@ class FlowNetwork:
         self.topology = topology
         self._on_rates_changed = on_rates_changed
         self._flows: dict[FlowId, Flow] = {}
+        # Active flows per link, in start order (dicts as ordered sets): the component walk.
+        self._link_flows: dict[LinkId, dict[FlowId, None]] = {}
         self._next_id = 0
         self._last_update_s = engine.now_s
         self._completion: EventHandle | None = None
@@ -298,7 +309,8 @@ class FlowNetwork:
         self._next_id += 1
         flow = Flow(flow_id, src, dst, size_bytes, path, self.engine.now_s, on_done)
         self._flows[flow_id] = flow
-        self._rerate()
+        self._attach(flow)
+        self._rerate(path)
         return flow
 
     def cancel_flow(self, flow_id: FlowId) -> bool:
@@ -307,8 +319,9 @@ class FlowNetwork:
             return False
         self._advance()
         flow = self._flows.pop(flow_id)
+        self._detach(flow)
         flow.rate_bps = 0.0
-        self._rerate()
+        self._rerate(flow.path)
         return True
 
     # --- internals -----------------------------------------------------------------------
@@ -325,12 +338,44 @@ class FlowNetwork:
             f.remaining_bytes -= moved
             self._bytes_delivered += moved
 
-    def _rerate(self) -> None:
-        """Recompute rates and replace the pending completion event."""
-        rates = max_min_rates({fid: f.path for fid, f in self._flows.items()},
-                              self.topology.capacity_bps)
-        for fid, f in self._flows.items():
-            f.rate_bps = rates[fid]
+    def _attach(self, flow: Flow) -> None:
+        for link in flow.path:
+            self._link_flows.setdefault(link, {})[flow.flow_id] = None
+
+    def _detach(self, flow: Flow) -> None:
+        for link in flow.path:
+            users = self._link_flows.get(link)
+            if users is not None:
+                users.pop(flow.flow_id, None)
+                if not users:
+                    del self._link_flows[link]
+
+    def _component(self, links: Iterable[LinkId]) -> list[Flow]:
+        """Active flows connected to ``links`` through shared links, in start order.
+
+        Bounded: every link and every flow is visited at most once."""
+        seen_links: set[LinkId] = set()
+        seen: set[FlowId] = set()
+        stack = list(links)
+        while stack:
+            link = stack.pop()
+            if link in seen_links:
+                continue
+            seen_links.add(link)
+            for fid in self._link_flows.get(link, ()):
+                if fid not in seen:
+                    seen.add(fid)
+                    stack.extend(self._flows[fid].path)
+        return [self._flows[fid] for fid in sorted(seen)]  # ids grow with start time
+
+    def _rerate(self, touched: Iterable[LinkId]) -> None:
+        """Recompute the rates of the flows connected to the ``touched`` links (every
+        other flow's rate cannot change) and replace the pending completion event."""
+        comp = self._component(touched)
+        if comp:
+            rates = max_min_rates({f.flow_id: f.path for f in comp}, self.topology.capacity_bps)
+            for f in comp:
+                f.rate_bps = rates[f.flow_id]
         if self._completion is not None:
             self.engine.cancel(self._completion)
             self._completion = None
@@ -355,8 +400,11 @@ class FlowNetwork:
             if f.flow_id == flow_id or f.remaining_bytes <= tol:
                 done.append(f)
         now = self.engine.now_s
+        touched: dict[LinkId, None] = {}
         for f in done:
             del self._flows[f.flow_id]
+            self._detach(f)
+            touched.update(dict.fromkeys(f.path))
             # The residual is float noise (or the last instant's bytes): deliver it exactly.
             self._bytes_delivered += f.remaining_bytes
             self._max_residual_bytes = max(self._max_residual_bytes, f.remaining_bytes)
@@ -365,6 +413,6 @@ class FlowNetwork:
             f.finished_s = now
         self._flows_finished += len(done)
         # Rates first, callbacks second: a callback that starts a flow sees a settled network.
-        self._rerate()
+        self._rerate(touched)
         for f in done:
             f.on_done(f)

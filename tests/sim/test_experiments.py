@@ -90,3 +90,89 @@ def test_real_azure_llm_trace_runs_with_its_own_timestamps():
     assert all(r.metrics.requests == len(log) and r.metrics.unserved == 0 for r in results)
     text = report_markdown(results, cfg, wall_s=1.0)
     assert "### azure_llm" in text
+
+
+# --- fairness (thesis §8.4) ------------------------------------------------------------------
+def _tiny_inputs():
+    from flashpoint.sim.experiments import rate_trace, request_log
+    from flashpoint.sim.models import thesis_model
+
+    return request_log("twitter", TINY), rate_trace("twitter", TINY), thesis_model("bart")
+
+
+def test_fairness_bisection_reaches_the_band_within_the_run_budget():
+    from flashpoint.sim.experiments import FAIR_MAX_RUNS, FAIR_TOL, run_one, tune_fair
+
+    log, trace, model = _tiny_inputs()
+    default = run_one("twitter", log, trace, model, "owk", Technique.LC_MC, TINY)
+    # A baseline that reserved 30% more: the search must give the technique more replicas.
+    base = 1.3 * default.metrics.replica_s
+    r = tune_fair("twitter", log, trace, model, "owk", Technique.LC_MC, TINY, base)
+    assert abs(r.resource_ratio - 1) <= FAIR_TOL, r.resource_ratio
+    assert r.resource_ratio == r.metrics.replica_s / base
+    assert r.tuned is not None and r.tuned[0] == "target_utilisation"
+    assert r.tuned[1] < 0.6  # lower target utilisation = more replicas
+    assert 1 < r.tuning_runs <= FAIR_MAX_RUNS and r.fairness_note == ""
+    assert len(r.tuning_trace) == r.tuning_runs and r.tuning_trace[0][1] < 1 - FAIR_TOL
+    assert r.tuning_trace[0][0] == 0.6  # the defaults first
+
+
+def test_fairness_says_when_the_band_is_out_of_reach():
+    from flashpoint.sim.experiments import run_one, tune_fair
+
+    log, trace, model = _tiny_inputs()
+    default = run_one("twitter", log, trace, model, "atl", Technique.LC_MC, TINY)
+    r = tune_fair("twitter", log, trace, model, "atl", Technique.LC_MC, TINY,
+                  100 * default.metrics.replica_s)
+    assert r.tuning_runs == 2  # the defaults, then the range's end (p100): stop there
+    assert "range end 100" in r.fairness_note and r.resource_ratio < 0.5
+
+
+def test_fair_grid_tunes_every_technique_to_bl_and_reports_it():
+    cfg = replace(TINY, autoscalers=("owk",), techniques=(Technique.BL, Technique.LC),
+                  fairness=True)
+    results = run_grid(cfg)
+    assert [r.technique for r in results] == [Technique.BL, Technique.LC]
+    assert results[0].resource_ratio == 1.0 and results[0].tuned is None
+    assert results[1].tuned is not None and results[1].tuning_runs >= 1
+    text = report_markdown(results, cfg, wall_s=1.0)
+    assert "## Fairness" in text and "| twitter | bart | owk | LC | target_utilisation |" in text
+    assert "±5% resource retuning** is on" in text
+
+
+# --- plots -------------------------------------------------------------------------------
+def test_plots_are_pngs_one_bar_chart_and_one_cdf_per_trace_and_model(tiny_results, tmp_path):
+    pytest.importorskip("matplotlib")
+    from flashpoint.sim.plots import plots_markdown, write_plots
+
+    paths = write_plots(tiny_results, tmp_path, "grid")
+    assert [p.name for p in paths] == ["grid_twitter_bart_bars.png", "grid_twitter_bart_cdf.png"]
+    for p in paths:
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000  # drawn, not blank
+    text = plots_markdown(paths, tmp_path / "grid.md")
+    assert "![grid_twitter_bart_cdf](grid_twitter_bart_cdf.png)" in text
+
+
+def test_report_is_written_without_matplotlib(tmp_path, monkeypatch):
+    import builtins
+
+    from flashpoint.cli import main
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("no matplotlib here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    out = tmp_path / "report.md"
+    rc = main(["sim", "reproduce", "--hosts", "2", "--gpus-per-host", "2", "--hosts-per-leaf",
+               "2", "--duration-s", "30", "--trace-scale", "0.1", "--models", "codebert",
+               "--autoscalers", "atl", "--techniques", "BL", "--decision-s", "0",
+               "--out", str(out)])
+    assert rc == 0
+    text = out.read_text()
+    assert "| twitter | codebert | atl | BL |" in text and "matplotlib is not installed" in text
+    assert list(tmp_path.glob("*.png")) == []

@@ -138,3 +138,53 @@ def test_deterministic_across_hash_seeds():
                            check=True, timeout=60, env={"PYTHONHASHSEED": seed})
         outs.append(r.stdout)
     assert outs[0] == outs[1] and outs[0].count("(") == 300
+
+
+@PROPS
+@given(scenarios())
+def test_incremental_rates_equal_a_full_recompute(scenario):
+    """Only the changed flows' component is re-filled; every flow's rate must still be what
+    water-filling over all active flows gives (to float noise)."""
+    topo, flows = scenario
+    e = Engine(max_events=10_000)
+    checks = [0]
+
+    def on_rates(n: FlowNetwork) -> None:
+        active = n.active_flows
+        full = max_min_rates({fid: f.path for fid, f in active.items()}, topo.capacity_bps)
+        for fid, f in active.items():
+            assert abs(f.rate_bps - full[fid]) <= REL * full[fid], (fid, f.rate_bps, full[fid])
+        checks[0] += 1
+
+    net = FlowNetwork(e, topo, on_rates_changed=on_rates)
+    for start_s, src, dst, size in flows:
+        e.schedule(start_s, lambda s=src, d=dst, b=size: net.start_flow(s, d, b, lambda f: None))
+    e.run()
+    assert checks[0] >= len(flows)  # one recompute per start, at least
+
+
+def test_a_change_refills_only_its_component(monkeypatch):
+    """Flows on disjoint links are not re-filled when an unrelated flow starts or ends."""
+    import flashpoint.sim.network as network
+
+    sizes: list[int] = []
+    real = network.max_min_rates
+
+    def spy(paths, cap):
+        sizes.append(len(paths))
+        return real(paths, cap)
+
+    monkeypatch.setattr(network, "max_min_rates", spy)
+    topo = Topology(n_hosts=8, hosts_per_leaf=8)
+    e = Engine()
+    net = FlowNetwork(e, topo)
+    net.start_flow(0, 1, 10**9, lambda f: None)
+    net.start_flow(2, 3, 10**9, lambda f: None)
+    net.start_flow(2, 4, 3 * 10**9, lambda f: None)  # shares host_up[2] with the one before
+    net.start_flow(5, 6, 2 * 10**9, lambda f: None)
+    assert sizes == [1, 1, 2, 1]
+    e.run()
+    assert net.flows_finished == 4 and net.active_flows == {}
+    # Ends of 0->1 and 5->6 leave empty components (no refill); the end of 2->3 refills
+    # only 2->4.
+    assert sizes[4:] == [1]
