@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -76,11 +77,13 @@ def test_cli_rejects_an_unknown_model():
         main(["sim", "reproduce", "--models", "llama", "--duration-s", "10"])
 
 
-def test_real_azure_llm_trace_runs_with_its_own_timestamps():
-    from flashpoint.sim.experiments import AZURE_LLM_CSV, request_log
+def test_real_azure_llm_trace_runs_with_its_own_timestamps(monkeypatch):
+    from flashpoint.sim import experiments
+    from flashpoint.sim.experiments import request_log
 
-    if not AZURE_LLM_CSV.exists():
-        pytest.skip("shared traces not mounted")
+    # the test's copy of ../shared/traces/azure_llm_conv_2023.csv
+    monkeypatch.setattr(experiments, "AZURE_LLM_CSV",
+                        Path(__file__).parent / "data" / "azure_llm_conv_2023.csv")
     cfg = replace(TINY, traces=("azure_llm",), duration_s=300, autoscalers=("atl",),
                   techniques=(Technique.BL, Technique.LC_MC))
     log = request_log("azure_llm", cfg)
