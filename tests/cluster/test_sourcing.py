@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -84,6 +85,10 @@ async def test_a_stage_starts_as_soon_as_its_own_bytes_are_in(tmp_path: Path) ->
             return await super().read_range(name, version, start, end)
 
     cfg = cluster_config(tmp_path, registry_span_bytes=64 * 1024)  # one chunk per GET
+    # The stage is deployed behind the controller's back: it must not stop it as unknown at
+    # the next heartbeat (that raced the stage's warm-up and made this test flaky).
+    cfg = dataclasses.replace(cfg, controller=dataclasses.replace(cfg.controller,
+                                                                  stop_unknown_replicas=False))
     store = SlowTail(cfg.registry.root)
     manifest = await publish(store, "bert", "tiny", "1", 64 * 1024, model_name="bert")
     start, end = byte_range_for_layers(manifest, 0, 0)
