@@ -97,9 +97,10 @@ async def parse_json_body(ctx: GatewayContext, body: bytes) -> Any:
 async def maybe_gzip(request: web.Request, resp: web.Response, body: bytes,
                      min_bytes: int) -> bytes:
     """Gzip ``body`` when the client accepts it and it is large enough; sets the header."""
+    if len(body) < min_bytes:  # the common case: decided before parsing any header
+        return body
     accept = request.headers.get("Accept-Encoding", "")
-    wants = any(part.split(";")[0].strip().lower() == "gzip" for part in accept.split(","))
-    if not wants or len(body) < min_bytes:
+    if not any(part.split(";")[0].strip().lower() == "gzip" for part in accept.split(",")):
         return body
     resp.headers["Content-Encoding"] = "gzip"
     if len(body) >= OFFLOAD_BYTES:

@@ -6,6 +6,8 @@ label cardinality stays bounded whatever clients send.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -17,6 +19,7 @@ _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self.requests = Counter(
             "flashpoint_gateway_requests", "HTTP requests handled by the gateway",
             ["route", "method", "status"], registry=self.registry)
@@ -29,8 +32,15 @@ class GatewayMetrics:
             registry=self.registry)
 
     def observe(self, route: str, method: str, status: int, duration_s: float) -> None:
-        self.requests.labels(route, method, str(status)).inc()
-        self.latency.labels(route, method).observe(duration_s)
+        # Labelled children are cached: labels() costs more than the update on every request.
+        # Routes are the app's own and statuses few, so the cache stays small.
+        key = (route, method, status)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (self.requests.labels(route, method, str(status)),
+                                              self.latency.labels(route, method))
+        children[0].inc()
+        children[1].observe(duration_s)
 
     async def handle(self, request: web.Request) -> web.Response:
         body = generate_latest(self.registry)
