@@ -61,6 +61,32 @@ async def launch(kit: HookKit, tmp: Path, tenant: int, sock: Path | str | None, 
     return Launched(proc, stats)
 
 
+@contextlib.asynccontextmanager
+async def manager(sock: Path, quotas: dict[int, TenantQuota]):
+    """A running token manager with ``quotas``; stopped however the body ends."""
+    mgr = TokenManager(sock)
+    for tenant, quota in quotas.items():
+        mgr.set_quota(tenant, quota)
+    await mgr.start()
+    try:
+        yield mgr
+    finally:
+        await mgr.stop()
+
+
+async def run_all(launches: list, timeout_s: float) -> list[dict]:
+    """Start each launch (awaitables of :class:`Launched`), wait for every one; each is
+    stopped by PID whatever happened."""
+    procs: list[Launched] = []
+    try:
+        for start in launches:
+            procs.append(await start)
+        return [await p.wait(timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            p.stop()
+
+
 @pytest.fixture
 def sock(tmp_path) -> Path:
     # Unix socket paths are limited to 108 bytes; pytest's tmp paths can be long.
@@ -71,20 +97,10 @@ def sock(tmp_path) -> Path:
 
 
 async def test_two_tenants_reach_30_70_shares(kit, tmp_path, sock):
-    mgr = TokenManager(sock)
-    mgr.set_quota(1, TenantQuota(0.3, 0.3))
-    mgr.set_quota(2, TenantQuota(0.7, 0.7))
-    await mgr.start()
-    procs: list[Launched] = []
-    try:
+    async with manager(sock, {1: TenantQuota(0.3, 0.3), 2: TenantQuota(0.7, 0.7)}) as mgr:
         # one resolves the driver through cuGetProcAddress, the other through dlsym
-        procs = [await launch(kit, tmp_path, 1, sock, 5.0, "proc"),
-                 await launch(kit, tmp_path, 2, sock, 5.0, "dlsym")]
-        a, b = [await p.wait(15.0) for p in procs]
-    finally:
-        for p in procs:
-            p.stop()
-        await mgr.stop()
+        a, b = await run_all([launch(kit, tmp_path, 1, sock, 5.0, "proc"),
+                              launch(kit, tmp_path, 2, sock, 5.0, "dlsym")], 15.0)
     share = a["busy_ns"] / (a["busy_ns"] + b["busy_ns"])
     assert abs(share - 0.30) <= 0.03, (share, a, b)
     usage = mgr.usage_by_tenant()
@@ -96,18 +112,9 @@ async def test_two_tenants_reach_30_70_shares(kit, tmp_path, sock):
 
 
 async def test_idle_neighbour_lets_a_tenant_rise_to_its_limit(kit, tmp_path, sock):
-    mgr = TokenManager(sock)
-    mgr.set_quota(1, TenantQuota(0.3, 0.6))  # request 30%, limit 60%; tenant 2 idles
-    mgr.set_quota(2, TenantQuota(0.7, 1.0))
-    await mgr.start()
-    p = None
-    try:
-        p = await launch(kit, tmp_path, 1, sock, 2.0)
-        a = await p.wait(10.0)
-    finally:
-        if p:
-            p.stop()
-        await mgr.stop()
+    # request 30%, limit 60%; tenant 2 idles
+    async with manager(sock, {1: TenantQuota(0.3, 0.6), 2: TenantQuota(0.7, 1.0)}):
+        (a,) = await run_all([launch(kit, tmp_path, 1, sock, 2.0)], 10.0)
     assert 0.55 <= a["busy_ns"] / a["wall_ns"] <= 0.63, a
 
 
@@ -115,19 +122,9 @@ async def test_token_returned_early_when_tenant_syncs_and_idles(kit, tmp_path, s
     # A is bursty: 1 ms of work, sync, 20 ms idle.  B is saturated.  Were A to keep each
     # 10 ms token until expiry (+ 2 ms grace), B would get ~61% (measured with the early
     # return disabled); returning it 2 ms after the sync leaves B ~83%.
-    mgr = TokenManager(sock)
-    mgr.set_quota(1, TenantQuota(0.5, 1.0))
-    mgr.set_quota(2, TenantQuota(0.5, 1.0))
-    await mgr.start()
-    procs: list[Launched] = []
-    try:
-        procs = [await launch(kit, tmp_path, 1, sock, 2.0, idle_us=20000, sync_every=1),
-                 await launch(kit, tmp_path, 2, sock, 2.0)]
-        a, b = [await p.wait(10.0) for p in procs]
-    finally:
-        for p in procs:
-            p.stop()
-        await mgr.stop()
+    async with manager(sock, {1: TenantQuota(0.5, 1.0), 2: TenantQuota(0.5, 1.0)}):
+        a, b = await run_all([launch(kit, tmp_path, 1, sock, 2.0, idle_us=20000, sync_every=1),
+                              launch(kit, tmp_path, 2, sock, 2.0)], 10.0)
     assert a["launches"] > 40  # A was not starved either
     assert b["busy_ns"] / b["wall_ns"] >= 0.75, (a, b)
 
@@ -135,38 +132,23 @@ async def test_token_returned_early_when_tenant_syncs_and_idles(kit, tmp_path, s
 async def test_best_effort_held_to_its_request_while_slo_tenant_is_active(kit, tmp_path, sock):
     # Dilu: an active SLO-sensitive tenant (bursty) keeps the best-effort tenant at
     # factor x request (factor 1 without KLC stretch) instead of its 100% limit.
-    mgr = TokenManager(sock)
-    mgr.set_quota(1, TenantQuota(0.5, 1.0, slo_sensitive=True))
-    mgr.set_quota(2, TenantQuota(0.3, 1.0))
-    await mgr.start()
-    procs: list[Launched] = []
-    try:
-        procs = [await launch(kit, tmp_path, 1, sock, 2.0, idle_us=20000, sync_every=1),
-                 await launch(kit, tmp_path, 2, sock, 2.0)]
-        a, b = [await p.wait(10.0) for p in procs]
-    finally:
-        for p in procs:
-            p.stop()
-        await mgr.stop()
+    async with manager(sock, {1: TenantQuota(0.5, 1.0, slo_sensitive=True),
+                              2: TenantQuota(0.3, 1.0)}):
+        a, b = await run_all([launch(kit, tmp_path, 1, sock, 2.0, idle_us=20000, sync_every=1),
+                              launch(kit, tmp_path, 2, sock, 2.0)], 10.0)
     assert a["launches"] > 40
     # without the SLO tenant's priority the best-effort one would get ~85% (test above)
     assert 0.2 <= b["busy_ns"] / b["wall_ns"] <= 0.4, (a, b)
 
 
 async def test_live_quota_change_takes_effect(kit, tmp_path, sock):
-    mgr = TokenManager(sock)
-    mgr.set_quota(1, TenantQuota(0.2, 0.2))
-    await mgr.start()
-    p = None
-    try:
-        p = await launch(kit, tmp_path, 1, sock, 2.0)
-        await asyncio.sleep(1.0)
-        mgr.set_quota(1, TenantQuota(0.8, 0.8))
-        a = await p.wait(10.0)
-    finally:
-        if p:
-            p.stop()
-        await mgr.stop()
+    async with manager(sock, {1: TenantQuota(0.2, 0.2)}) as mgr:
+        raise_quota = asyncio.get_running_loop().call_later(
+            1.0, mgr.set_quota, 1, TenantQuota(0.8, 0.8))  # half-way through the 2 s run
+        try:
+            (a,) = await run_all([launch(kit, tmp_path, 1, sock, 2.0)], 10.0)
+        finally:
+            raise_quota.cancel()
     # ~1 s at 20% then ~1 s at 80%: about 50% overall, far from either alone
     assert 0.40 <= a["busy_ns"] / a["wall_ns"] <= 0.58, a
 
@@ -198,17 +180,8 @@ async def test_directly_linked_app_and_its_forked_child_are_gated(kit, tmp_path,
 
 
 async def test_per_thread_stream_variant_is_hooked(kit, tmp_path, sock):
-    mgr = TokenManager(sock)
-    mgr.set_quota(1, TenantQuota(0.5, 0.5))
-    await mgr.start()
-    p = None
-    try:
-        p = await launch(kit, tmp_path, 1, sock, 1.0, "ptds")
-        a = await p.wait(10.0)
-    finally:
-        if p:
-            p.stop()
-        await mgr.stop()
+    async with manager(sock, {1: TenantQuota(0.5, 0.5)}):
+        (a,) = await run_all([launch(kit, tmp_path, 1, sock, 1.0, "ptds")], 10.0)
     assert a["launches_ptsz"] == a["launches"] > 0  # the driver's _ptsz entry was called...
     # ...through the gate (ungated: ~1.0); wide bounds: a 1 s run on shared vCPUs is noisy
     assert 0.35 <= a["busy_ns"] / a["wall_ns"] <= 0.65
