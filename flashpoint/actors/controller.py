@@ -36,7 +36,7 @@ from flashpoint.errors import (
     ModelFailed,
     NoCapacity,
     Overloaded,
-    Unavailable,
+    PeerLost,
     from_wire,
 )
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult
@@ -611,7 +611,12 @@ class Controller:
             if not live:
                 return
             if handle is None:
-                raise Unavailable("replica vanished before dispatch", retry_after_s=0.1)
+                # Gone between assignment and sending: nothing was sent, so this is no attempt;
+                # and a target without a handle can take no work.
+                self.dispatcher.remove_replica(rid)
+                for p in live:
+                    self.dispatcher.enqueue(p.function, p, front=True, best_effort=p.best_effort)
+                return
             now = time.monotonic()
             for p in live:
                 p.sent_s = now
@@ -629,6 +634,11 @@ class Controller:
                     p.future.set_result((reply, rid))
         except Exception as exc:
             err = exc if isinstance(exc, FlashpointError) else FlashpointError(repr(exc))
+            if isinstance(err, PeerLost) and isinstance(handle, WorkerHandle):
+                # Its connection is dead: no new work for it before the disconnect is handled
+                # (the pump below would otherwise hand the retries straight back to it; a
+                # reconnected worker announces itself and gets a fresh slot).
+                self.dispatcher.stop_accepting(rid)
             for p in live:
                 self._retry_or_fail(p, err)
         finally:
