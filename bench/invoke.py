@@ -80,6 +80,15 @@ async def main(args: argparse.Namespace) -> dict:
                             {"inputs": {"input_ids": {"data": list(range(1, 17)), "shape": [1, 16],
                                                       "datatype": "INT64"}}}),
             }
+            # Measure the steady state: both replicas warm (one request each) and every host's
+            # warm pool refilled. The deploys took pool workers, and a refill imports torch for
+            # seconds of CPU; on a 2-core VM that would land inside the first measurements.
+            for name in ("noop", "encoder"):
+                target, body = targets[name]
+                await loop.run_in_executor(pool, run_in_child, target, body, 1, 1, 1)
+            for host in cluster.hosts:
+                if not await host.wait_pool_ready(120.0):
+                    raise RuntimeError(f"{host.host_id}: warm pool not refilled within 120 s")
             for conc in (1, 8, 64):
                 for name, (target, body) in targets.items():
                     n = args.requests if name != "encoder" else max(200, args.requests // 4)

@@ -714,13 +714,21 @@ class Controller:
         self._arrivals.add(name)
         self._invocations[name] = self._invocations.get(name, 0) + 1
         self.dispatcher.enqueue(name, p, best_effort=best_effort)
-        self._pump(name)  # a backlog left after dispatch wakes the control loop (_flush)
+        lone = name not in self._pump_pending and self.dispatcher.queued(name) == 1
+        assigned = self.dispatcher.assign(name) if lone else []
+        if not assigned:
+            self._pump(name)  # a backlog left after dispatch wakes the control loop (_flush)
         if cold:
             self._wake.set()  # scale from zero now, not at the next tick
         # One timer instead of wait_for(shield(...)): a cancelled caller cancels the future,
         # so a request nobody waits for any more is skipped at dispatch.
         expiry = asyncio.get_running_loop().call_later(timeout, _expire, p.future)
         try:
+            if assigned:
+                # Alone in its queue with a replica free: send it from this task. Nothing
+                # could share its frame, and the trip through _flush and a send task costs
+                # three loop steps each way. A retry it needs goes back through the queue.
+                await self._send([p], assigned[0][1])
             reply, rid = await p.future
         except _Expired:
             self.dispatcher.remove(name, p)

@@ -35,9 +35,12 @@ class LayeredModel(nn.Module):
 
     def run_layers(self, x: torch.Tensor, first: int = 0, last: int | None = None) -> torch.Tensor:
         """Run layers ``first..last`` (inclusive) on ``x``; a pipeline stage's forward."""
-        last = len(self.layers) - 1 if last is None else last
-        for layer in self.layers[first:last + 1]:
-            x = layer(x)
+        layers = self.layers
+        last = len(layers) - 1 if last is None else last
+        # Index, not slice: slicing a ModuleList builds a new ModuleList (a Module) per call,
+        # which cost more than a small model's whole forward pass.
+        for i in range(first, last + 1):
+            x = layers[i](x)
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

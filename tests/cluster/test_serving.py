@@ -140,6 +140,34 @@ async def test_queued_request_past_its_deadline_or_cancelled_is_never_sent(clust
     np.testing.assert_allclose(res.outputs["y"], x["x"])
 
 
+async def test_a_caller_cancelled_in_flight_frees_its_replica(cluster) -> None:
+    # A lone request is sent from its caller's own task: cancelling the caller mid-flight
+    # must still give the replica's credit back, or a replica_concurrency=1 function wedges.
+    ctl = cluster.controller
+    await ctl.register_function(FunctionSpec(name="solo", model="noop", min_replicas=1,
+                                             max_replicas=1, replica_concurrency=1))
+    await wait_for("a warm replica", lambda: ctl.get_function("solo").replicas_warm == 1)
+    rid = ctl.state.replicas_of("solo")[0].replica_id
+    handle = ctl.workers[rid]
+    real, gate = handle.infer, asyncio.Event()
+
+    async def held(ps, timeout_s):
+        await gate.wait()
+        return await real(ps, timeout_s)
+
+    handle.infer = held
+    x = {"x": np.ones((1, 2), np.float32)}
+    task = asyncio.ensure_future(ctl.invoke("solo", x, request_id="dropped", timeout_s=30))
+    await wait_for("request in flight", lambda: ctl.dispatcher.inflight_of(rid) == 1, 5)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled()
+    assert ctl.dispatcher.inflight_of(rid) == 0
+    handle.infer = real
+    res = await asyncio.wait_for(ctl.invoke("solo", x, request_id="next"), 10)
+    np.testing.assert_allclose(res.outputs["y"], x["x"])
+
+
 async def test_slo_compliance_counts_strict_requests_only(cluster) -> None:
     ctl = cluster.controller
     x = {"x": np.ones((1, 2), np.float32)}
