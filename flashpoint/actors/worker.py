@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from flashpoint.errors import BadRequest, FlashpointError, Unavailable
+from flashpoint.gpu.worker_env import apply_env
 from flashpoint.log import bind_ids, configure, get_logger
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.spec import FunctionSpec
@@ -146,6 +147,9 @@ class Worker:
         if pipeline is not None and (payload.get("stage") is None or not isinstance(pipeline, dict)):
             raise BadRequest("pipeline options need a stage and must be a map")
         bind_ids(replica_id=payload["replica_id"])
+        # Before anything touches CUDA: its GPU binding and MPS/hook settings (warm pool
+        # ordering, flashpoint/gpu/host_sharing.py).
+        apply_env(payload.get("env") or {})
         timings = await asyncio.to_thread(self._load_blocking, payload, spec)
         timings["fetch"] = float(payload.get("fetch_s", 0.0))
         self._ready_payload = {
@@ -195,6 +199,7 @@ class Worker:
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes <= 0:
             raise BadRequest("load_kaas needs a positive integer cache_bytes")
         bind_ids(replica_id=rid)
+        apply_env(payload.get("env") or {})
         runtime = WorkerKaasRuntime(rid, str(payload.get("device", "cpu")),
                                     capacity_bytes=cache_bytes)
         t0 = time.perf_counter()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from flashpoint.log import get_logger
 
 if TYPE_CHECKING:
-    from flashpoint.gpu.nvml import Nvml
+    from flashpoint.gpu.nvml import GpuInfo, Nvml
 
 log = get_logger(__name__)
 
@@ -19,11 +20,31 @@ class Device:
     kind: str  # "cuda" | "cpu"
     name: str
     memory_bytes: int
-    uuid: str = ""
+    uuid: str = ""  # "GPU-..." or, for a MIG slice, "MIG-..." (what workers bind to)
+    gpu_index: int = -1  # the physical GPU's NVML index (-1: a CPU unit)
+    mig_profile: str = ""  # "3g.40gb" for a MIG slice, "" for a whole GPU
 
     def to_dict(self) -> dict[str, object]:
         return {"device_id": self.device_id, "kind": self.kind, "name": self.name,
-                "memory_bytes": self.memory_bytes, "uuid": self.uuid}
+                "memory_bytes": self.memory_bytes, "uuid": self.uuid,
+                "gpu_index": self.gpu_index, "mig_profile": self.mig_profile}
+
+
+def gpu_units(gpus: Sequence[GpuInfo]) -> list[Device]:
+    """Placement units of an inventory: a whole GPU, or each MIG device of a GPU with MIG on
+    (bound by its ``MIG-`` UUID). A MIG-enabled GPU without instances offers no unit until a
+    geometry is applied to it."""
+    out: list[Device] = []
+    for g in gpus:
+        if not g.mig_current:
+            out.append(Device(f"cuda:{g.index}", "cuda", g.name, g.memory_total_bytes, g.uuid,
+                              g.index))
+            continue
+        for m in g.mig_devices:
+            profile = m.name.split("MIG", 1)[-1].strip() if "MIG" in m.name else m.name
+            out.append(Device(f"cuda:{g.index}/gi{m.gi_id}ci{m.ci_id}", "cuda", m.name,
+                              m.memory_total_bytes, m.uuid, g.index, profile))
+    return out
 
 
 def nvml_devices(nvml: Nvml | None = None) -> list[Device]:
@@ -41,8 +62,7 @@ def nvml_devices(nvml: Nvml | None = None) -> list[Device]:
         log.info("nvml_unavailable")
         return []
     try:
-        return [Device(f"cuda:{g.index}", "cuda", g.name, g.memory_total_bytes, g.uuid)
-                for g in read_inventory(nvml)]
+        return gpu_units(read_inventory(nvml))
     finally:
         nvml.nvmlShutdown()
 

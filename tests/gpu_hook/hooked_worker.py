@@ -1,0 +1,49 @@
+"""A worker-like Python process for tests/gpu_hook/test_host_tokens.py.
+
+Started the way a tokens host starts its warm pool: the hook in ``LD_PRELOAD`` but no
+socket or tenant yet. It then reads one JSON line, its "deploy" (``{"env", "seconds",
+"kernel_us"}``), applies ``env`` with the worker's own ``apply_env`` (as ``load_replica``
+does) *before* it loads the driver, and launches busy-wait kernels of the fake
+``libcuda.so.1`` through ctypes (so through the hook's ``dlsym``), synchronising every four
+launches, for ``seconds``. Prints ``{"launches", "wall_ns", "socket_seen"}``; the fake driver
+writes its busy time to ``FAKE_CUDA_STATS`` at exit.
+"""
+
+import ctypes
+import json
+import os
+import sys
+import time
+
+from flashpoint.gpu.worker_env import apply_env
+
+
+def main() -> int:
+    msg = json.loads(sys.stdin.readline())
+    loaded = False  # this process initialises "CUDA" only below
+    apply_env(msg["env"], cuda_initialized=lambda: loaded)
+    cuda = ctypes.CDLL("libcuda.so.1")
+    loaded = True
+    cuda.cuInit(0)
+    ns = ctypes.c_uint64(int(msg["kernel_us"]) * 1000)
+    params = (ctypes.c_void_p * 1)(ctypes.addressof(ns))
+    launch = cuda.cuLaunchKernel
+    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p,
+                                                                  ctypes.c_void_p, ctypes.c_void_p]
+    t0 = time.monotonic_ns()
+    end = t0 + int(float(msg["seconds"]) * 1e9)
+    n = 0
+    while time.monotonic_ns() < end and n < 1_000_000:
+        if launch(None, 1, 1, 1, 1, 1, 1, 0, None, ctypes.cast(params, ctypes.c_void_p), None):
+            return 3
+        n += 1
+        if n % 4 == 0:
+            cuda.cuCtxSynchronize()
+    cuda.cuCtxSynchronize()
+    print(json.dumps({"launches": n, "wall_ns": time.monotonic_ns() - t0,
+                      "socket_seen": os.environ.get("FP_HOOK_SOCKET", "")}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
