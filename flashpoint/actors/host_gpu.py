@@ -191,8 +191,10 @@ class HostGpu:
         """Re-read the inventory; swap GPU ``idx``'s old units for its new slices."""
         assert self.sharing is not None
         new = discover(self.hc.cpu_devices, self.hc.device_memory_bytes, self.nvml)
-        old_ids = {d.device_id for d in self.devices if d.gpu_index == idx}
-        new_ids = {d.device_id for d in new}
-        await self.sharing.remove_units(sorted(old_ids - new_ids))
+        # By (id, UUID): a new slice may reuse an old one's GI id, hence its device id.
+        kept = {(d.device_id, d.uuid) for d in new}
+        await self.sharing.remove_units(sorted(
+            d.device_id for d in self.devices
+            if d.gpu_index == idx and (d.device_id, d.uuid) not in kept))
         self.devices = new
         await self.sharing.add_units([d for d in new if d.gpu_index == idx])

@@ -47,8 +47,8 @@ def gpu_units(gpus: Sequence[GpuInfo]) -> list[Device]:
     return out
 
 
-def nvml_devices(nvml: Nvml | None = None) -> list[Device]:
-    """GPUs seen through NVML; empty when the library or a driver is absent.
+def read_gpus(nvml: Nvml | None = None) -> tuple[GpuInfo, ...] | None:
+    """The GPUs NVML sees, or ``None`` when the library or a driver is absent.
 
     ``nvml`` is the adapter (the pynvml module, or a FakeNvml in tests); by default the real
     library is loaded. Either way the same code reads it.
@@ -56,20 +56,26 @@ def nvml_devices(nvml: Nvml | None = None) -> list[Device]:
     try:
         from flashpoint.gpu.nvml import load_nvml, read_inventory
     except ImportError:  # nvidia-ml-py missing: no GPUs to see
-        return []
+        return None
     nvml = load_nvml(nvml)
     if nvml is None:
         log.info("nvml_unavailable")
-        return []
+        return None
     try:
-        return gpu_units(read_inventory(nvml))
+        return read_inventory(nvml)
     finally:
         nvml.nvmlShutdown()
 
 
+def nvml_devices(nvml: Nvml | None = None) -> list[Device]:
+    """GPU placement units seen through NVML (:func:`gpu_units`); empty without NVML."""
+    return gpu_units(read_gpus(nvml) or ())
+
+
 def discover(cpu_devices: int, cpu_memory_bytes: int, nvml: Nvml | None = None) -> list[Device]:
-    """GPUs if any are present, else ``cpu_devices`` CPU placement units."""
-    gpus = nvml_devices(nvml)
+    """GPU units if the host has GPUs (none at all while every GPU has MIG on and no
+    instances), else ``cpu_devices`` CPU placement units."""
+    gpus = read_gpus(nvml)
     if gpus:
-        return gpus
+        return gpu_units(gpus)
     return [Device(f"cpu:{i}", "cpu", "cpu", cpu_memory_bytes) for i in range(cpu_devices)]
