@@ -82,9 +82,17 @@ class ControllerConfig:
     kaas_cache_bytes: int = 256 << 20
     kaas_policy: str = "affinity"
     kaas_store_bytes: int = 0
+    # How replicas of functions with an sm_share are placed on sharing hosts' GPUs
+    # (flashpoint/policy/share_placement.py): "fastgshare" (MaxRects) or "dilu" (best fit).
+    share_policy: str = "fastgshare"
 
     def __post_init__(self) -> None:
         make_autoscaler(self.autoscaler, self.autoscaler_params)  # BadRequest names the fault
+        from flashpoint.policy.share_placement import POLICY_NAMES as SHARE_POLICIES
+
+        if self.share_policy not in SHARE_POLICIES:
+            raise BadRequest(f"controller.share_policy {self.share_policy!r}: one of "
+                             f"{list(SHARE_POLICIES)}")
         from flashpoint.policy.kaas import POLICY_NAMES
 
         if self.kaas_policy not in POLICY_NAMES:

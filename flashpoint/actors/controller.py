@@ -115,6 +115,8 @@ class HostHandle:
             # The next hop is set when the group links (LinkGroup), once every stage serves.
             payload["stage"] = list(cmd.stage)
             payload["pipeline"] = {"next_hop": None}
+        if cmd.share is not None:
+            payload["share"] = cmd.share.to_wire()  # the host enforces it (MPS / tokens)
         await self.conn.call("deploy_replica", payload, timeout_s=10.0)
 
     async def start_chain(self, cmd: cs.StartChain, chain: list[Any], fallback: list[Any]) -> None:
@@ -179,6 +181,7 @@ class Controller:
                                                                    self.cc.autoscaler_params),
                                         max_chain_length=self.cc.max_chain_length,
                                         drain_margin_s=self.cc.drain_margin_s,
+                                        share_policy=self.cc.share_policy,
                                         kaas_replicas=self.cc.kaas_workers,
                                         kaas_cache_bytes=self.cc.kaas_cache_bytes)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
@@ -507,7 +510,8 @@ class Controller:
         replicas = tuple((str(r[0]), str(r[1]), str(r[2]), bool(r[3])) for r in p.get("replicas", []))
         self._apply(cs.HostRegistered(host_id, devices, int(p.get("ram_bytes", 0)),
                                       frozenset(p.get("cached_models", [])), replicas, time.monotonic(),
-                                      str(p.get("leaf") or "")))
+                                      str(p.get("leaf") or ""),
+                                      str(p.get("gpu_sharing") or "none")))
         kind = str(p.get("kind") or "ondemand")
         self.cost.start(host_id, kind if kind in ("spot", "ondemand") else "ondemand",
                         time.monotonic())
