@@ -48,6 +48,7 @@ from flashpoint.partition.model import CostModel, LayerProfile
 from flashpoint.pipeline.client import PipelineClient
 from flashpoint.policy.autoscale import make_autoscaler
 from flashpoint.policy.request_class import RequestClass, SloCompliance
+from flashpoint.policy.share_placement import ReplicaShare
 from flashpoint.policy.sourcing import REGISTRY
 from flashpoint.registry.manifest import Manifest
 from flashpoint.spec import FunctionSpec, TensorSpec
@@ -511,7 +512,8 @@ class Controller:
         self._apply(cs.HostRegistered(host_id, devices, int(p.get("ram_bytes", 0)),
                                       frozenset(p.get("cached_models", [])), replicas, time.monotonic(),
                                       str(p.get("leaf") or ""),
-                                      str(p.get("gpu_sharing") or "none")))
+                                      str(p.get("gpu_sharing") or "none"),
+                                      _shares(p.get("shares"))))
         kind = str(p.get("kind") or "ondemand")
         self.cost.start(host_id, kind if kind in ("spot", "ondemand") else "ondemand",
                         time.monotonic())
@@ -897,3 +899,13 @@ def _replace_io(spec: FunctionSpec, io: dict[str, Any]) -> FunctionSpec:
         inputs=tuple(TensorSpec.from_dict(t) for t in io.get("inputs", [])),
         outputs=tuple(TensorSpec.from_dict(t) for t in io.get("outputs", [])),
     )
+
+
+def _shares(wire: Any) -> dict[str, ReplicaShare]:
+    """A host's ``shares`` report (replica id -> share); a malformed entry is dropped (its
+    replica is then treated as unshared, which only makes placement more careful)."""
+    out: dict[str, ReplicaShare] = {}
+    for rid, share in (wire or {}).items() if isinstance(wire, dict) else ():
+        with contextlib.suppress(BadRequest):
+            out[str(rid)] = ReplicaShare.from_wire(share)
+    return out

@@ -147,6 +147,7 @@ class HostRegistered:
     now_s: float
     leaf: str = ""
     gpu_sharing: str = "none"
+    shares: dict[str, ReplicaShare] = field(default_factory=dict)  # replica id -> its share
 
 
 @dataclass(frozen=True)
@@ -506,6 +507,7 @@ class ControllerState:
                     else fn.model_bytes + self.replica_overhead_bytes,
                     ReplicaPhase.WARM if warm else ReplicaPhase.STARTING, ev.now_s,
                     ev.now_s if warm else None, compute=fn.spec.compute if fn else 0.0,
+                    share=ev.shares.get(replica_id),
                 )
         # Replicas we believed on this host that it no longer has are gone.
         for rep in [r for r in self.replicas.values() if r.host_id == ev.host_id]:

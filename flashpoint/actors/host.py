@@ -231,6 +231,9 @@ class HostManager:
             "ram_bytes": self.hc.cache_bytes, "leaf": self.hc.leaf, "kind": self.hc.kind,
             "cached_models": self.cache.keys(),
             "replicas": self._replica_reports(),
+            # so a restarted controller adopts shared replicas with their shares
+            "shares": {r.replica_id: r.share.to_wire() for r in self.replicas.values()
+                       if r.share is not None},
             "stages": self._stage_reports(),
             "data_endpoint": self.data_endpoint.to_wire() if self.data_endpoint else None,
         }

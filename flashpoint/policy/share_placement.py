@@ -50,6 +50,17 @@ class ReplicaShare:
                 "time_limit": self.time_limit, "memory_bytes": self.memory_bytes,
                 "slo_sensitive": self.slo_sensitive}
 
+    @classmethod
+    def from_wire(cls, d: Any) -> ReplicaShare:
+        """From a host's report (it validated the share when it accepted the deploy)."""
+        if not isinstance(d, dict):
+            raise BadRequest("a share must be a map")
+        try:
+            return cls(float(d["sm_share"]), float(d["time_request"]), float(d["time_limit"]),
+                       int(d.get("memory_bytes", 0)), bool(d.get("slo_sensitive", True)))
+        except (KeyError, TypeError, ValueError):
+            raise BadRequest(f"malformed share {d!r:.200}") from None
+
 
 @dataclass(frozen=True)
 class SharedReplica:

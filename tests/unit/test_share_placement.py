@@ -148,3 +148,22 @@ def test_no_sharing_host_places_whole_devices_without_share():
     deploys = of(st.handle(Tick(0.1, {"fn": load()})), DeployReplica)
     assert len(deploys) == 2 and all(d.share is None for d in deploys)
     assert {d.device_id for d in deploys} == {"cuda:0", "cuda:1"}  # spread as before
+
+
+def test_restarted_controller_adopts_shares_the_host_reports():
+    st = ControllerState(heartbeat_timeout_s=5.0, replica_overhead_bytes=0)
+    st.handle(FunctionUpserted(FunctionSpec(name="fn", model="m", sm_share=0.3), 100 << 20))
+    share = ReplicaShare(0.3, 0.5, 0.5, GIB)
+    st.handle(HostRegistered(
+        "h0", (DeviceRecord("cuda:0", "cuda", 40 * GIB),), 64 * GIB, frozenset(),
+        (("fn-a", "fn", "cuda:0", True), ("fn-b", "fn", "cuda:0", True)), 0.0,
+        gpu_sharing="mps", shares={"fn-a": ReplicaShare.from_wire(share.to_wire())}))
+    assert st.replicas["fn-a"].share == share
+    assert st.replicas["fn-b"].share is None  # not reported: unshared, its GPU exclusive
+    # so its GPU takes no further shared replica
+    st.handle(FunctionUpserted(FunctionSpec(name="fn", model="m", sm_share=0.3,
+                                            min_replicas=3), 100 << 20))
+    assert of(st.handle(Tick(0.1, {"fn": load()})), DeployReplica) == []
+    assert "fastgshare" in st.functions["fn"].unplaced
+    with pytest.raises(BadRequest):
+        ReplicaShare.from_wire({"sm_share": 0.3})
