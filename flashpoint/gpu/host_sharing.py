@@ -233,12 +233,13 @@ class HostSharing:
         d = self._dir(unit)
         d.mkdir(parents=True, exist_ok=True)
         unit.socket_path = str(d / "tokens.sock")
-        mgr = TokenManager(unit.socket_path, self._token_config)
+        mgr = TokenManager(unit.socket_path, self._token_config, name=unit.device.device_id)
         await mgr.start()
         unit.manager = mgr
         for t in self._tenants.values():  # quotas registered before a restart of the unit
             if t.device_id == unit.device.device_id and t.share is not None:
                 mgr.set_quota(t.tenant, _token_quota(t.share))
+                mgr.set_memory_limit(t.tenant, t.share.memory_bytes)
         log.info("token_manager_started", device_id=unit.device.device_id,
                  socket=unit.socket_path)
 
@@ -294,8 +295,11 @@ class HostSharing:
             env.update({"FP_HOOK_SOCKET": unit.socket_path, "FP_HOOK_TENANT": str(t.tenant)})
             if share is not None:
                 if share.memory_bytes:
+                    # Per process in the hook (strict, also without the manager), and per
+                    # replica across its processes through the manager's caps.
                     env["FP_HOOK_MEM_LIMIT_BYTES"] = str(share.memory_bytes)
                 unit.manager.set_quota(t.tenant, _token_quota(share))
+                unit.manager.set_memory_limit(t.tenant, share.memory_bytes)
         return env
 
     def detach(self, replica_id: str) -> None:
@@ -314,6 +318,7 @@ class HostSharing:
                            f"(gpu_sharing = {self.mode.value}; MPS fixes it at process start)")
         t.share = share
         unit.manager.set_quota(t.tenant, _token_quota(share))
+        unit.manager.set_memory_limit(t.tenant, share.memory_bytes)
         return {"tenant": t.tenant, "share": share.to_wire()}
 
     def tenant_of(self, replica_id: str) -> int | None:

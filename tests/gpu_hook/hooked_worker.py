@@ -7,6 +7,10 @@ does) *before* it loads the driver, and launches busy-wait kernels of the fake
 ``libcuda.so.1`` through ctypes (so through the hook's ``dlsym``), synchronising every four
 launches, for ``seconds``. Prints ``{"launches", "wall_ns", "socket_seen"}``; the fake driver
 writes its busy time to ``FAKE_CUDA_STATS`` at exit.
+
+With ``"mode": "alloc"`` it serves memory commands instead, one JSON line each:
+``{"alloc": N, "chunk": BYTES}`` allocates up to N chunks (stopping at the first error) and
+prints ``{"ok", "error", "free", "total"}`` (``cuMemGetInfo`` after); ``{"exit": true}`` ends.
 """
 
 import ctypes
@@ -25,6 +29,8 @@ def main() -> int:
     cuda = ctypes.CDLL("libcuda.so.1")
     loaded = True
     cuda.cuInit(0)
+    if msg.get("mode") == "alloc":
+        return serve_alloc(cuda)
     ns = ctypes.c_uint64(int(msg["kernel_us"]) * 1000)
     params = (ctypes.c_void_p * 1)(ctypes.addressof(ns))
     launch = cuda.cuLaunchKernel
@@ -42,6 +48,29 @@ def main() -> int:
     cuda.cuCtxSynchronize()
     print(json.dumps({"launches": n, "wall_ns": time.monotonic_ns() - t0,
                       "socket_seen": os.environ.get("FP_HOOK_SOCKET", "")}), flush=True)
+    return 0
+
+
+def serve_alloc(cuda: ctypes.CDLL) -> int:
+    alloc = cuda.cuMemAlloc_v2
+    alloc.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    info = cuda.cuMemGetInfo_v2
+    info.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    for _ in range(100):  # bounded
+        cmd = json.loads(sys.stdin.readline() or '{"exit": true}')
+        if cmd.get("exit"):
+            return 0
+        ok, err = 0, 0
+        for _ in range(int(cmd["alloc"])):
+            p = ctypes.c_uint64(0)
+            err = alloc(ctypes.byref(p), int(cmd["chunk"]))
+            if err:
+                break
+            ok += 1
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        info(ctypes.byref(free), ctypes.byref(total))
+        print(json.dumps({"ok": ok, "error": err, "free": free.value, "total": total.value}),
+              flush=True)
     return 0
 
 

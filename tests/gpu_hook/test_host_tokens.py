@@ -96,6 +96,17 @@ async def test_tokens_host_shares_30_70_through_late_configured_hook(kit, tmp_pa
     mgr_share = usage[ta] / (usage[ta] + usage[tb])
     assert abs(mgr_share - 0.30) <= 0.04, usage
     assert not Path(unit.socket_path).exists()  # stopped with the host
+    # Prometheus: grants and their waits, each tenant's held time and share
+    from prometheus_client import REGISTRY
+
+    unit_label = {"unit": devices[0].device_id}
+    assert REGISTRY.get_sample_value("flashpoint_tokens_grants_total", unit_label) > 100
+    assert REGISTRY.get_sample_value("flashpoint_tokens_wait_seconds_count", unit_label) > 100
+    held = [REGISTRY.get_sample_value("flashpoint_tokens_held_seconds",
+                                      {**unit_label, "tenant": str(t)}) for t in (ta, tb)]
+    assert abs(held[0] * 1e9 - usage[ta]) < 0.3e9 and abs(held[1] * 1e9 - usage[tb]) < 0.3e9
+    share_a = REGISTRY.get_sample_value("flashpoint_tokens_share", {**unit_label, "tenant": str(ta)})
+    assert 0.2 <= share_a <= 0.4, share_a  # the last ~1 s window
 
 
 async def test_live_quota_change_and_refusals(kit, run_dir):
@@ -129,3 +140,78 @@ async def test_live_quota_change_and_refusals(kit, run_dir):
             mps.set_share("rep-m", GpuShare(0.6, 0.6, 0.6))
     finally:
         await mps.stop()
+
+
+class AllocWorker:
+    """A hooked worker-like process in alloc mode, driven line by line (bounded waits)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def cmd(self, obj: dict, timeout_s: float = 10.0) -> dict:
+        self.proc.stdin.write(json.dumps(obj).encode() + b"\n")
+        await self.proc.stdin.drain()
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s)
+        assert line, (await self.proc.stderr.read()).decode()
+        return json.loads(line)
+
+    async def exit(self) -> None:
+        self.proc.stdin.write(b'{"exit": true}\n')
+        await self.proc.stdin.drain()
+        await asyncio.wait_for(self.proc.wait(), 10)
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+
+
+async def _wait(what: str, cond, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def test_memory_limit_is_per_replica_across_its_processes(kit, tmp_path, run_dir):
+    mib = 1 << 20
+    nvml = FakeNvml.with_gpus("A100-40GB", mig=False)
+    devices = discover(0, 0, nvml)
+    sharing = HostSharing(SharingMode.TOKENS, run_dir, hook_path=kit.hook)
+    await sharing.start(devices)
+    workers: list[AllocWorker] = []
+    try:
+        # One replica (tenant), limit 10 MiB; its env carries the same per-process limit.
+        env = sharing.attach("rep", devices[0], GpuShare(0.5, 0.5, 1.0, 10 * mib))
+        tenant = int(env["FP_HOOK_TENANT"])
+        mgr = sharing.units[devices[0].device_id].manager
+        for name in "ab":
+            proc, _ = await start_worker(kit, sharing, tmp_path, name)
+            w = AllocWorker(proc)
+            workers.append(w)
+            proc.stdin.write(json.dumps({"env": env, "mode": "alloc"}).encode() + b"\n")
+        a, b = workers
+        r = await a.cmd({"alloc": 6, "chunk": mib})
+        assert r == {"ok": 6, "error": 0, "free": 4 * mib, "total": 10 * mib}
+        await _wait("A's 6 MiB reported", lambda: mgr.memory_by_tenant().get(tenant) == 6 * mib)
+        # B, the replica's second process, may hold only what A left: OOM at the 5th MiB,
+        # and cuMemGetInfo agrees (its cap, not its own 10 MiB limit).
+        r = await b.cmd({"alloc": 10, "chunk": mib})
+        assert r == {"ok": 4, "error": 2, "free": 0, "total": 4 * mib}, r
+        await _wait("B's 4 MiB reported", lambda: mgr.memory_by_tenant().get(tenant) == 10 * mib)
+        # A frees by exiting: B's cap rises to the whole limit.
+        await a.exit()
+        await _wait("A gone", lambda: mgr.memory_by_tenant().get(tenant) == 4 * mib)
+        from prometheus_client import REGISTRY
+
+        await _wait("the memory gauge", lambda: REGISTRY.get_sample_value(
+            "flashpoint_tokens_memory_bytes",
+            {"unit": devices[0].device_id, "tenant": str(tenant)}) == 4 * mib)
+        r = await b.cmd({"alloc": 10, "chunk": mib})
+        assert r == {"ok": 6, "error": 2, "free": 0, "total": 10 * mib}, r
+        await b.exit()
+    finally:
+        for w in workers:
+            w.kill()
+            await w.proc.wait()
+        await sharing.stop()
