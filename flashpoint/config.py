@@ -152,6 +152,10 @@ class HostConfig:
     # MPS, hook) is built exactly as for real GPUs. MIG on/off for all of them.
     fake_gpus: list[str] = field(default_factory=list)
     fake_gpu_mig: bool = False
+    # Replicas of one model on one GPU share its weights through CUDA IPC (the first exports,
+    # the others map; flashpoint/gpu/weight_share.py). Real GPUs only. The exporter must
+    # outlive its readers: stopping it first is logged (its readers must be restarted).
+    share_weights: bool = False
 
     def __post_init__(self) -> None:
         from flashpoint.gpu.host_sharing import parse_mode

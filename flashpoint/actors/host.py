@@ -81,6 +81,8 @@ class ReplicaTask:
     device_bytes: int = 0  # reserved on its device from the moment the cold start began
     share: GpuShare | None = None  # its GPU share (MPS / tokens), as the deploy asked
     env: dict[str, str] = field(default_factory=dict)  # its worker's GPU env (host_gpu.py)
+    weight_slot: dict[str, Any] | None = None  # where its weights are shared (CUDA IPC)
+    weights_role: str = ""  # "exporter" / "reader" once loaded with a weight slot
     process_bytes: int = 0  # host RAM reserved for its worker process
 
 
@@ -561,7 +563,11 @@ class HostManager:
                 worker.function, worker.model_key = spec.name, model_key
                 rt.worker = worker
                 device = self._worker_device(rt)
+                dev = self.gpu.device(rt.device_id)
+                if rt.stage is None and dev is not None:
+                    rt.weight_slot = self.gpu.weight_slot(dev, model_key)
                 reply = await worker.conn.call("load_replica", {
+                    **({"weight_slot": rt.weight_slot} if rt.weight_slot else {}),
                     "env": rt.env,  # applied by the worker before it initialises CUDA
                     "replica_id": rt.replica_id, "host_id": self.host_id, "spec": spec.to_dict(),
                     "cache_path": str(entry.path), "manifest_json": entry.manifest_json,
@@ -578,6 +584,7 @@ class HostManager:
                         ep = Endpoint(ep.host_id, self.hc.data_advertise_host, ep.port)
                     rt.pipeline_endpoint = ep
                 worker.warm = True
+                rt.weights_role = str(reply.get("weights") or "")
                 if rt.pipeline_endpoint is not None:
                     await self._report("stage_ready", {
                         "replica_id": rt.replica_id, "host_id": self.host_id,
@@ -642,6 +649,12 @@ class HostManager:
         if rt is None:
             return {"stopped": False}
         self._release(rt)
+        if rt.weights_role == "exporter" and any(
+                r.weight_slot == rt.weight_slot for r in self.replicas.values()):
+            # CUDA IPC memory is the exporter's: its readers lose their weights with it.
+            log.warning("weights_exporter_stopped_before_readers", replica_id=rt.replica_id,
+                        readers=[r.replica_id for r in self.replicas.values()
+                                 if r.weight_slot == rt.weight_slot])
         if rt.task is not None and not rt.task.done():
             rt.task.cancel()
         if rt.worker is not None:

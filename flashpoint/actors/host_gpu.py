@@ -111,6 +111,17 @@ class HostGpu:
             return "cpu"
         return "cuda:0" if device.uuid else device.device_id
 
+    def weight_slot(self, device: Device, model_key: str) -> dict[str, Any] | None:
+        """Where replicas of ``model_key`` on ``device`` share weights (``share_weights``
+        hosts, real GPUs only), for the worker's load message; else None."""
+        if not self.hc.share_weights or device.kind != "cuda" or self.fake or not device.uuid \
+                or self.sharing is None:
+            return None
+        from flashpoint.gpu.weight_share import slot_key
+
+        return {"dir": str(self.sharing.run_dir / "weights"),
+                "key": slot_key(model_key, device.uuid)}
+
     def attach(self, replica_id: str, device: Device, share: GpuShare | None) -> dict[str, str]:
         """The replica's worker env (binding + MPS or hook settings); registers its quota."""
         assert self.sharing is not None

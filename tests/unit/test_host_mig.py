@@ -133,3 +133,28 @@ async def test_apply_mig_over_rpc_and_controller_sees_slices(tmp_path):
         assert sorted(d.mig_profile for d in c.hosts[0].devices) == ["3g.40gb", "4g.40gb"]
     finally:
         await asyncio.wait_for(c.stop(), 30)
+
+
+async def test_weight_slot_only_for_real_gpus_with_share_weights(run_dir):
+    from flashpoint.gpu.fake_nvml import FakeNvml
+    from flashpoint.gpu.weight_share import slot_key
+
+    fake = HostGpu(_hc(run_dir, share_weights=True), "h0")  # fake GPUs: never
+    real_like = HostGpu(dataclasses.replace(HostConfig(), share_weights=True,
+                                            sharing_dir=str(run_dir / "r")),
+                        "h1", nvml=FakeNvml.with_gpus("H100-80GB", mig=False))
+    off = HostGpu(dataclasses.replace(HostConfig(), sharing_dir=str(run_dir / "o")), "h2",
+                  nvml=FakeNvml.with_gpus("H100-80GB", mig=False))
+    try:
+        await fake.start()
+        await fake.apply_mig({"gpu_index": 0, "geometry": ["7g"]}, lambda i: [])
+        assert fake.weight_slot(fake.devices[0], "bert@1") is None
+        (d,) = await real_like.start()
+        slot = real_like.weight_slot(d, "bert@1")
+        assert slot == {"dir": str(run_dir / "r" / "weights"), "key": slot_key("bert@1", d.uuid)}
+        assert real_like.weight_slot(d, "bert@2")["key"] != slot["key"]
+        (d2,) = await off.start()
+        assert off.weight_slot(d2, "bert@1") is None
+    finally:
+        for g in (fake, real_like, off):
+            await g.stop()
