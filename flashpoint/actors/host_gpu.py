@@ -19,6 +19,7 @@ with the controller, as placement units bound by their ``MIG-`` UUIDs.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -61,11 +62,14 @@ class HostGpu:
         self.devices: list[Device] = []
         self.draining: set[int] = set()  # GPU indices being reconfigured
         self._health_task: asyncio.Task | None = None
+        self._temp_dir: Path | None = None  # a run dir this instance made (and removes)
 
     async def start(self) -> list[Device]:
         """Read the inventory and start sharing on its GPU units; returns the devices."""
         self.devices = discover(self.hc.cpu_devices, self.hc.device_memory_bytes, self.nvml)
-        run_dir = self._run_dir or Path(tempfile.mkdtemp(prefix="fpsh-"))
+        if self._run_dir is None:  # ours: removed at stop
+            self._run_dir = self._temp_dir = Path(tempfile.mkdtemp(prefix="fpsh-"))
+        run_dir = self._run_dir
         self.sharing = HostSharing(self.mode, run_dir)
         await self.sharing.start(self.devices)
         if self.mode is SharingMode.MPS and self.sharing.units:
@@ -79,6 +83,9 @@ class HostGpu:
             await asyncio.gather(self._health_task, return_exceptions=True)
         if self.sharing is not None:
             await self.sharing.stop()
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._temp_dir = None
 
     async def _health_loop(self) -> None:
         assert self.sharing is not None

@@ -158,3 +158,20 @@ async def test_weight_slot_only_for_real_gpus_with_share_weights(run_dir):
     finally:
         for g in (fake, real_like, off):
             await g.stop()
+
+
+async def test_a_run_dir_the_host_made_is_removed_at_stop():
+    gpu = HostGpu(dataclasses.replace(HostConfig(), fake_gpus=["H100-80GB"],
+                                      gpu_sharing="tokens"), "h0")
+    from flashpoint.gpu.hookbuild import find_compiler
+
+    try:
+        find_compiler()
+    except Exception:
+        pytest.skip("the hook needs a C compiler")
+    await gpu.start()
+    run_dir = gpu.sharing.run_dir
+    sock = Path(gpu.sharing.units["cuda:0"].socket_path)
+    assert run_dir.name.startswith("fpsh-") and sock.exists()
+    await gpu.stop()
+    assert not run_dir.exists()
