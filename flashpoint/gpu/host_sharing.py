@@ -250,7 +250,9 @@ class HostSharing:
 
     async def check_health(self) -> dict[str, bool]:
         """Health of every MPS daemon; a dead or silent one is stopped and started again
-        once (its workers keep running: MPS clients re-attach on their next context)."""
+        once, so replicas started afterwards get MPS. Workers that were clients of the dead
+        daemon lost their MPS server with it (CUDA calls fail there), so their replicas
+        fail and are replaced by the controller's usual path."""
         out: dict[str, bool] = {}
         for dev_id, unit in list(self.units.items()):
             if unit.daemon is None:
