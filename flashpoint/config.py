@@ -82,9 +82,17 @@ class ControllerConfig:
     kaas_cache_bytes: int = 256 << 20
     kaas_policy: str = "affinity"
     kaas_store_bytes: int = 0
+    # How replicas of functions with an sm_share are placed on sharing hosts' GPUs
+    # (flashpoint/policy/share_placement.py): "fastgshare" (MaxRects) or "dilu" (best fit).
+    share_policy: str = "fastgshare"
 
     def __post_init__(self) -> None:
         make_autoscaler(self.autoscaler, self.autoscaler_params)  # BadRequest names the fault
+        from flashpoint.policy.share_placement import POLICY_NAMES as SHARE_POLICIES
+
+        if self.share_policy not in SHARE_POLICIES:
+            raise BadRequest(f"controller.share_policy {self.share_policy!r}: one of "
+                             f"{list(SHARE_POLICIES)}")
         from flashpoint.policy.kaas import POLICY_NAMES
 
         if self.kaas_policy not in POLICY_NAMES:
@@ -131,6 +139,34 @@ class HostConfig:
     # Registry pulls read this many bytes per ranged GET (several chunks): object stores
     # favour few large requests; smaller spans let a stage start sooner (execute-while-load).
     registry_span_bytes: int = 32 << 20
+    # GPU sharing (flashpoint/gpu/host_sharing.py): "none" (workers bound to their GPU or
+    # MIG slice by UUID), "mps" (an MPS control daemon per GPU/slice; workers get their SM
+    # share and memory limit), "tokens" (a time-token manager per GPU/slice; workers start
+    # with the hook preloaded). Shares come with each deploy from the controller.
+    gpu_sharing: str = "none"
+    sharing_dir: str = ""  # MPS pipes/logs and token sockets; empty = a short /tmp dir
+    mps_health_interval_s: float = 5.0
+    # Fake NVML GPUs of these models (flashpoint/gpu/mig_profiles.py names, e.g.
+    # "A100-40GB") instead of the real inventory: tests and demos of sharing and MIG on
+    # machines without GPUs. Their workers compute on the CPU; the GPU environment (binding,
+    # MPS, hook) is built exactly as for real GPUs. MIG on/off for all of them.
+    fake_gpus: list[str] = field(default_factory=list)
+    fake_gpu_mig: bool = False
+    # Replicas of one model on one GPU share its weights through CUDA IPC (the first exports,
+    # the others map; flashpoint/gpu/weight_share.py). Real GPUs only. The exporter must
+    # outlive its readers: stopping it first is logged (its readers must be restarted).
+    share_weights: bool = False
+
+    def __post_init__(self) -> None:
+        from flashpoint.gpu.host_sharing import parse_mode
+        from flashpoint.gpu.mig_profiles import SPECS
+
+        parse_mode(self.gpu_sharing)  # BadRequest names the choices
+        bad = [m for m in self.fake_gpus if m not in SPECS]
+        if bad:
+            raise BadRequest(f"host.fake_gpus {bad}: models are {sorted(SPECS)}")
+        if self.mps_health_interval_s <= 0:
+            raise BadRequest("host.mps_health_interval_s must be > 0")
 
 
 @dataclass(frozen=True)

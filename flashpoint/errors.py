@@ -26,6 +26,7 @@ as ``{"code", "message", "details"}`` and are rebuilt as the same class on the o
     │   └── ObjectNotFound              object_not_found, 404 (no such key in the object store)
     ├── Conflict                        conflict, 409
     │   ├── MigUnavailable              mig_unavailable, 409 (MIG off or unsupported on the GPU)
+    │   ├── GpuBusy                     gpu_busy, 409 (replicas still run on a GPU to reconfigure)
     │   └── ObjectExists                object_exists, 409 (an immutable key holds other bytes)
     ├── RetryableError (retryable)
     │   ├── Overloaded                  overloaded, 429 (Retry-After)
@@ -128,6 +129,13 @@ class MigUnavailable(Conflict):
     """MIG is off (or unsupported) on the GPU, so no geometry can be applied."""
 
     code = "mig_unavailable"
+
+
+class GpuBusy(Conflict):
+    """A GPU cannot be reconfigured while replicas run on it (``details["replicas"]``):
+    the controller drains it first, then asks again."""
+
+    code = "gpu_busy"
 
 
 class RetryableError(FlashpointError):

@@ -69,6 +69,16 @@ class FunctionSpec:
     # Latency objective of a strict request, end to end in the controller (queueing and any
     # cold start included); 0 = none. Compliance is counted for strict requests only.
     slo_ms: float = 0.0
+    # GPU sharing (hosts with [host] gpu_sharing = "mps" | "tokens"; placed by the policy of
+    # [controller] share_policy, flashpoint/policy/share_placement.py). sm_share: fraction of
+    # SMs a replica needs (Dilu: its request); 0 = no share, a device as before. sm_limit:
+    # its cap (Dilu's limit; 0 = sm_share). time_quota: its fraction of GPU time (FaST's
+    # quota; 0 = the whole window). gpu_memory_bytes: its device memory cap (0 = the model's
+    # bytes plus the controller's replica overhead).
+    sm_share: float = 0.0
+    sm_limit: float = 0.0
+    time_quota: float = 0.0
+    gpu_memory_bytes: int = 0
     inputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
     outputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
 
@@ -94,6 +104,14 @@ class FunctionSpec:
             raise BadRequest("compute must be a fraction in [0, 1]")
         if not 0.0 <= self.slo_ms <= 3_600_000:
             raise BadRequest("slo_ms must be in [0, 3600000]")
+        if not (0.0 <= self.sm_share <= 1.0 and 0.0 <= self.time_quota <= 1.0):
+            raise BadRequest("sm_share and time_quota must be fractions in [0, 1]")
+        if self.sm_limit and not self.sm_share <= self.sm_limit <= 1.0:
+            raise BadRequest("sm_limit must be 0 or within [sm_share, 1]")
+        if self.gpu_memory_bytes < 0:
+            raise BadRequest("gpu_memory_bytes must be >= 0")
+        if (self.sm_limit or self.time_quota or self.gpu_memory_bytes) and not self.sm_share:
+            raise BadRequest("sm_limit, time_quota and gpu_memory_bytes need an sm_share")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -117,10 +135,11 @@ class FunctionSpec:
                 raise BadRequest(f"{key} must be a list of at most 64 tensor specs")
             kw[key] = tuple(TensorSpec.from_dict(t) for t in raw)
         for key in ("max_batch_size", "min_replicas", "max_replicas", "replica_concurrency",
-                    "max_stages"):
+                    "max_stages", "gpu_memory_bytes"):
             if key in kw and (not isinstance(kw[key], int) or isinstance(kw[key], bool)):
                 raise BadRequest(f"{key} must be an integer")
-        for key in ("batch_wait_ms", "keep_alive_s", "timeout_s", "compute", "slo_ms"):
+        for key in ("batch_wait_ms", "keep_alive_s", "timeout_s", "compute", "slo_ms",
+                    "sm_share", "sm_limit", "time_quota"):
             if key in kw and (not isinstance(kw[key], (int, float)) or isinstance(kw[key], bool)):
                 raise BadRequest(f"{key} must be a number")
         for key in ("name", "model", "model_version"):

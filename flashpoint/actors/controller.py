@@ -48,6 +48,7 @@ from flashpoint.partition.model import CostModel, LayerProfile
 from flashpoint.pipeline.client import PipelineClient
 from flashpoint.policy.autoscale import make_autoscaler
 from flashpoint.policy.request_class import RequestClass, SloCompliance
+from flashpoint.policy.share_placement import ReplicaShare
 from flashpoint.policy.sourcing import REGISTRY
 from flashpoint.registry.manifest import Manifest
 from flashpoint.spec import FunctionSpec, TensorSpec
@@ -115,6 +116,8 @@ class HostHandle:
             # The next hop is set when the group links (LinkGroup), once every stage serves.
             payload["stage"] = list(cmd.stage)
             payload["pipeline"] = {"next_hop": None}
+        if cmd.share is not None:
+            payload["share"] = cmd.share.to_wire()  # the host enforces it (MPS / tokens)
         await self.conn.call("deploy_replica", payload, timeout_s=10.0)
 
     async def start_chain(self, cmd: cs.StartChain, chain: list[Any], fallback: list[Any]) -> None:
@@ -179,6 +182,7 @@ class Controller:
                                                                    self.cc.autoscaler_params),
                                         max_chain_length=self.cc.max_chain_length,
                                         drain_margin_s=self.cc.drain_margin_s,
+                                        share_policy=self.cc.share_policy,
                                         kaas_replicas=self.cc.kaas_workers,
                                         kaas_cache_bytes=self.cc.kaas_cache_bytes)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
@@ -507,7 +511,9 @@ class Controller:
         replicas = tuple((str(r[0]), str(r[1]), str(r[2]), bool(r[3])) for r in p.get("replicas", []))
         self._apply(cs.HostRegistered(host_id, devices, int(p.get("ram_bytes", 0)),
                                       frozenset(p.get("cached_models", [])), replicas, time.monotonic(),
-                                      str(p.get("leaf") or "")))
+                                      str(p.get("leaf") or ""),
+                                      str(p.get("gpu_sharing") or "none"),
+                                      _shares(p.get("shares"))))
         kind = str(p.get("kind") or "ondemand")
         self.cost.start(host_id, kind if kind in ("spot", "ondemand") else "ondemand",
                         time.monotonic())
@@ -901,3 +907,13 @@ def _replace_io(spec: FunctionSpec, io: dict[str, Any]) -> FunctionSpec:
         inputs=tuple(TensorSpec.from_dict(t) for t in io.get("inputs", [])),
         outputs=tuple(TensorSpec.from_dict(t) for t in io.get("outputs", [])),
     )
+
+
+def _shares(wire: Any) -> dict[str, ReplicaShare]:
+    """A host's ``shares`` report (replica id -> share); a malformed entry is dropped (its
+    replica is then treated as unshared, which only makes placement more careful)."""
+    out: dict[str, ReplicaShare] = {}
+    for rid, share in (wire or {}).items() if isinstance(wire, dict) else ():
+        with contextlib.suppress(BadRequest):
+            out[str(rid)] = ReplicaShare.from_wire(share)
+    return out

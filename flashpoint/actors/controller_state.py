@@ -26,6 +26,14 @@ from flashpoint.policy.partitioning import (
     stage_ranges,
 )
 from flashpoint.policy.placement import PlacementRequest, select_receivers
+from flashpoint.policy.share_placement import (
+    SHARING_MODES,
+    ReplicaShare,
+    ShareDevice,
+    SharedReplica,
+    ShareRequest,
+    place_shared,
+)
 from flashpoint.policy.snapshot import (
     ClusterSnapshot,
     DeviceSnapshot,
@@ -70,6 +78,7 @@ class HostRecord:
     draining: bool = False
     reported: frozenset[str] = frozenset()  # replica ids in its last report
     leaf: str = ""  # the leaf switch (rack) it hangs off, as it reported it
+    gpu_sharing: str = "none"  # its [host] gpu_sharing: "mps"/"tokens" enforce shares
     drain_deadline_s: float | None = None  # when a draining host goes away
 
 
@@ -89,6 +98,7 @@ class ReplicaRecord:
     stage: tuple[int, int] | None = None
     group_id: str | None = None
     compute: float = 0.0  # fraction of its device's compute it reserves
+    share: ReplicaShare | None = None  # its GPU share on a sharing host (actors/sharing.py)
 
 
 @dataclass
@@ -136,6 +146,8 @@ class HostRegistered:
     replicas: tuple[tuple[str, str, str, bool], ...]
     now_s: float
     leaf: str = ""
+    gpu_sharing: str = "none"
+    shares: dict[str, ReplicaShare] = field(default_factory=dict)  # replica id -> its share
 
 
 @dataclass(frozen=True)
@@ -260,6 +272,7 @@ class DeployReplica:
     source: SourceAssignment | None = None
     stage: tuple[int, int] | None = None  # a partition stage's (first, last) layer
     group_id: str | None = None
+    share: ReplicaShare | None = None  # its GPU share, enforced by the host (MPS / tokens)
 
 
 @dataclass(frozen=True)
@@ -362,8 +375,10 @@ class ControllerState:
                  stop_unknown_replicas: bool = True, process_bytes: int = 0,
                  autoscaler: autoscale.Autoscaler | None = None,
                  max_chain_length: int = 8, drain_margin_s: float = 10.0,
-                 kaas_replicas: int = 0, kaas_cache_bytes: int = 256 << 20) -> None:
+                 kaas_replicas: int = 0, kaas_cache_bytes: int = 256 << 20,
+                 share_policy: str = "fastgshare") -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.share_policy = share_policy  # policy/share_placement.py: fastgshare | dilu
         self.stop_unknown_replicas = stop_unknown_replicas
         self.process_bytes = process_bytes  # host RAM of one worker process (placement)
         self.autoscaler = autoscaler or autoscale.make_autoscaler("concurrency")
@@ -468,7 +483,7 @@ class ControllerState:
     def _host_registered(self, ev: HostRegistered) -> list[Command]:
         self.hosts[ev.host_id] = HostRecord(
             ev.host_id, {d.device_id: d for d in ev.devices}, ev.ram_bytes,
-            set(ev.cached_models), ev.now_s, leaf=ev.leaf,
+            set(ev.cached_models), ev.now_s, leaf=ev.leaf, gpu_sharing=ev.gpu_sharing,
         )
         self._settle_receiving(self.hosts[ev.host_id])
         cmds: list[Command] = []
@@ -492,6 +507,7 @@ class ControllerState:
                     else fn.model_bytes + self.replica_overhead_bytes,
                     ReplicaPhase.WARM if warm else ReplicaPhase.STARTING, ev.now_s,
                     ev.now_s if warm else None, compute=fn.spec.compute if fn else 0.0,
+                    share=ev.shares.get(replica_id),
                 )
         # Replicas we believed on this host that it no longer has are gone.
         for rep in [r for r in self.replicas.values() if r.host_id == ev.host_id]:
@@ -894,6 +910,9 @@ class ControllerState:
         """Up to ``count`` whole replicas where placement puts them."""
         if count <= 0:
             return []
+        if fn.spec.sm_share > 0 and any(h.alive and not h.draining and h.gpu_sharing
+                                        in SHARING_MODES for h in self.hosts.values()):
+            return self._place_shared(fn, count, now_s)
         decision = select_receivers(self.snapshot(now_s), self._request(fn, count))
         fn.unplaced = decision.reason if decision.unplaced else ""
         cmds: list[Command] = []
@@ -905,6 +924,44 @@ class ControllerState:
                                                compute=fn.spec.compute)
             cmds.append(DeployReplica(rid, p.host_id, p.device_id, fn.spec))
         return cmds
+
+    def _place_shared(self, fn: FunctionRecord, count: int, now_s: float) -> list[Command]:
+        """Up to ``count`` replicas of a function with a GPU share on sharing hosts' GPUs, by
+        the pure policy of ``share_policy`` (FaST MaxRects or Dilu best fit,
+        policy/share_placement.py); each deploy carries its share, which the host enforces."""
+        spec = fn.spec
+        rids = tuple(f"{spec.name}-{self.epoch}{next(self._seq)}" for _ in range(count))
+        decision = place_shared(self.share_policy, self._share_devices(), ShareRequest(
+            spec.name, rids, spec.sm_share, spec.sm_limit or spec.sm_share,
+            spec.time_quota or 1.0,
+            spec.gpu_memory_bytes or fn.model_bytes + self.replica_overhead_bytes))
+        fn.unplaced = decision.reason if decision.unplaced else ""
+        cmds: list[Command] = []
+        for p in decision.placements:
+            self.replicas[p.replica_id] = ReplicaRecord(
+                p.replica_id, fn.spec.name, p.host_id, p.device_id, p.share.memory_bytes,
+                ReplicaPhase.STARTING, now_s, compute=fn.spec.compute, share=p.share)
+            cmds.append(DeployReplica(p.replica_id, p.host_id, p.device_id, fn.spec,
+                                      share=p.share))
+        return cmds
+
+    def _share_devices(self) -> tuple[ShareDevice, ...]:
+        """GPUs of live, non-draining sharing hosts with their shared replicas; a GPU that
+        runs an unshared replica is exclusive to it and left out."""
+        on: dict[tuple[str, str], list[SharedReplica]] = {}
+        exclusive: set[tuple[str, str]] = set()
+        for r in self.replicas.values():
+            key = (r.host_id, r.device_id)
+            if r.share is None:
+                exclusive.add(key)
+            else:
+                on.setdefault(key, []).append(SharedReplica(r.replica_id, r.function, r.share))
+        return tuple(
+            ShareDevice(h.host_id, d.device_id, d.memory_bytes, tuple(on.get((h.host_id, d.device_id), ())))
+            for h in sorted(self.hosts.values(), key=lambda h: h.host_id)
+            if h.alive and not h.draining and h.gpu_sharing in SHARING_MODES
+            for d in sorted(h.devices.values(), key=lambda d: d.device_id)
+            if d.kind == "cuda" and (h.host_id, d.device_id) not in exclusive)
 
     def _kaas_device_bytes(self) -> int:
         # The executor's cache plus what any replica needs beyond its bytes (CUDA context,

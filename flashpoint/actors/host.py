@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flashpoint.actors.host_gpu import HostGpu
 from flashpoint.config import ClusterConfig, check_secret
 from flashpoint.errors import BadRequest, FlashpointError, ModelNotFound, NoCapacity, NotFound
-from flashpoint.gpu.inventory import Device, discover
+from flashpoint.gpu.host_sharing import GpuShare
+from flashpoint.gpu.inventory import Device
 from flashpoint.ids import new_id
 from flashpoint.log import bind_ids, get_logger
 from flashpoint.registry.manifest import Manifest
@@ -77,6 +79,10 @@ class ReplicaTask:
     pipeline_endpoint: Endpoint | None = None  # where its StageServer listens, once started
     whole: bool = False  # a stage that has completed into a whole replica
     device_bytes: int = 0  # reserved on its device from the moment the cold start began
+    share: GpuShare | None = None  # its GPU share (MPS / tokens), as the deploy asked
+    env: dict[str, str] = field(default_factory=dict)  # its worker's GPU env (host_gpu.py)
+    weight_slot: dict[str, Any] | None = None  # where its weights are shared (CUDA IPC)
+    weights_role: str = ""  # "exporter" / "reader" once loaded with a weight slot
     process_bytes: int = 0  # host RAM reserved for its worker process
 
 
@@ -98,6 +104,7 @@ class HostManager:
         self._registry_source: Any = None
         self._device_used: dict[str, int] = {}
         self.devices: list[Device] = []
+        self.gpu = HostGpu(self.hc, self.host_id)  # inventory, MPS/tokens, MIG (host_gpu.py)
         self.workers: dict[str, WorkerProcess] = {}
         self.idle: list[WorkerProcess] = []
         self.replicas: dict[str, ReplicaTask] = {}
@@ -125,7 +132,8 @@ class HostManager:
         from flashpoint.transfer.dataplane import DataPlaneServer
         from flashpoint.transfer.sources import RegistrySource
 
-        self.devices = discover(self.hc.cpu_devices, self.hc.device_memory_bytes)
+        # Before the warm pool: a tokens host starts its workers with the hook preloaded.
+        self.devices = await self.gpu.start()
         self.cache.start()
         self._registry_source = RegistrySource(self.store, span_bytes=self.hc.registry_span_bytes)
         fault = None
@@ -147,7 +155,8 @@ class HostManager:
             self.hc.controller_url,
             {"deploy_replica": self._deploy, "stop_replica": self._stop_replica,
              "start_chain": self._start_chain, "host_status": self._status,
-             "dissolve_stage": self._dissolve_stage, "link_stage": self._link_stage},
+             "dissolve_stage": self._dissolve_stage, "link_stage": self._link_stage,
+             "set_replica_share": self._set_replica_share, "apply_mig": self._apply_mig},
             secret=self.secret, on_connected=self._register,
         )
         await self._controller.start()
@@ -187,6 +196,7 @@ class HostManager:
             await self._server.stop(timeout_s=2.0)
         if self.dataplane is not None:
             await self.dataplane.stop()
+        await self.gpu.stop()  # after the workers: MPS clients are gone before their daemon
         self.cache.close()
 
     def _spawn_task(self, coro: Any, name: str) -> asyncio.Task:
@@ -214,15 +224,21 @@ class HostManager:
                 for r in self.replicas.values() if r.stage is not None]
 
     async def _register(self, conn: Any) -> None:
-        await conn.call("register_host", {
-            "host_id": self.host_id,
+        await conn.call("register_host", self._registration(), timeout_s=10.0)
+
+    def _registration(self) -> dict[str, Any]:
+        return {
+            "host_id": self.host_id, "gpu_sharing": self.gpu.mode.value,
             "devices": [d.to_dict() for d in self.devices],
             "ram_bytes": self.hc.cache_bytes, "leaf": self.hc.leaf, "kind": self.hc.kind,
             "cached_models": self.cache.keys(),
             "replicas": self._replica_reports(),
+            # so a restarted controller adopts shared replicas with their shares
+            "shares": {r.replica_id: r.share.to_wire() for r in self.replicas.values()
+                       if r.share is not None},
             "stages": self._stage_reports(),
             "data_endpoint": self.data_endpoint.to_wire() if self.data_endpoint else None,
-        }, timeout_s=10.0)
+        }
 
     async def on_eviction_notice(self, notice: Any) -> None:
         """This host is going away at ``notice.deadline_s``: tell the controller (it stops
@@ -283,7 +299,10 @@ class HostManager:
             raise BadRequest("deploy source must be a map")
         manifest_json = payload.get("manifest_json")
         manifest = Manifest.from_json(manifest_json) if isinstance(manifest_json, str) else None
+        self.gpu.check_deployable(device)
         rt = ReplicaTask(replica_id, spec.name, device_id)
+        if payload.get("share") is not None:
+            rt.share = GpuShare.from_wire(payload["share"])
         stage = payload.get("stage")
         if stage is not None:
             if not (isinstance(stage, list) and len(stage) == 2
@@ -307,6 +326,11 @@ class HostManager:
         # so concurrent starts can never overcommit either.
         need = (manifest.blob_size if manifest else 0) + self.config.controller.replica_overhead_bytes
         self._reserve(rt, device, need)
+        try:
+            rt.env = self.gpu.attach(replica_id, device, rt.share)
+        except BaseException:
+            self._release(rt)
+            raise
         self.replicas[replica_id] = rt
         rt.task = self._spawn_task(self._cold_start(rt, spec, source, manifest),
                                    f"coldstart:{replica_id}")
@@ -337,8 +361,10 @@ class HostManager:
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
                    for v in (need, cache_bytes)):
             raise BadRequest("a KaaS deploy needs positive integer device_bytes and cache_bytes")
+        self.gpu.check_deployable(device)
         rt = ReplicaTask(replica_id, KAAS_FUNCTION, device_id)
         self._reserve(rt, device, need)
+        rt.env = self.gpu.attach(replica_id, device, None)
         self.replicas[replica_id] = rt
         rt.task = self._spawn_task(self._start_kaas(rt, cache_bytes), f"kaas:{replica_id}")
         return {"accepted": True}
@@ -355,7 +381,7 @@ class HostManager:
                 rt.worker = worker
                 reply = await worker.conn.call("load_kaas", {
                     "replica_id": rt.replica_id, "host_id": self.host_id,
-                    "device": rt.device_id if rt.device_id.startswith("cuda") else "cpu",
+                    "device": self._worker_device(rt), "env": rt.env,
                     "cache_bytes": cache_bytes, "controller_url": self.hc.controller_url,
                 }, timeout_s=self.config.controller.deploy_timeout_s)
                 worker.warm = True
@@ -378,8 +404,13 @@ class HostManager:
         await self._report("replica_failed", {
             "replica_id": rt.replica_id, "reason": reason[:500], "during_start": True})
 
+    def _worker_device(self, rt: ReplicaTask) -> str:
+        device = self.gpu.device(rt.device_id)
+        return self.gpu.worker_device(device) if device is not None else "cpu"
+
     def _release(self, rt: ReplicaTask) -> None:
         """Give back a replica's reservations (idempotent)."""
+        self.gpu.detach(rt.replica_id)
         if rt.device_bytes:
             self._device_used[rt.device_id] = max(0, self._device_used.get(rt.device_id, 0) - rt.device_bytes)
             rt.device_bytes = 0
@@ -531,8 +562,13 @@ class HostManager:
                 worker.replica_id, worker.device_id = rt.replica_id, rt.device_id
                 worker.function, worker.model_key = spec.name, model_key
                 rt.worker = worker
-                device = rt.device_id if rt.device_id.startswith("cuda") else "cpu"
+                device = self._worker_device(rt)
+                dev = self.gpu.device(rt.device_id)
+                if rt.stage is None and dev is not None:
+                    rt.weight_slot = self.gpu.weight_slot(dev, model_key)
                 reply = await worker.conn.call("load_replica", {
+                    **({"weight_slot": rt.weight_slot} if rt.weight_slot else {}),
+                    "env": rt.env,  # applied by the worker before it initialises CUDA
                     "replica_id": rt.replica_id, "host_id": self.host_id, "spec": spec.to_dict(),
                     "cache_path": str(entry.path), "manifest_json": entry.manifest_json,
                     "device": device, "controller_url": self.hc.controller_url,
@@ -548,6 +584,7 @@ class HostManager:
                         ep = Endpoint(ep.host_id, self.hc.data_advertise_host, ep.port)
                     rt.pipeline_endpoint = ep
                 worker.warm = True
+                rt.weights_role = str(reply.get("weights") or "")
                 if rt.pipeline_endpoint is not None:
                     await self._report("stage_ready", {
                         "replica_id": rt.replica_id, "host_id": self.host_id,
@@ -612,6 +649,12 @@ class HostManager:
         if rt is None:
             return {"stopped": False}
         self._release(rt)
+        if rt.weights_role == "exporter" and any(
+                r.weight_slot == rt.weight_slot for r in self.replicas.values()):
+            # CUDA IPC memory is the exporter's: its readers lose their weights with it.
+            log.warning("weights_exporter_stopped_before_readers", replica_id=rt.replica_id,
+                        readers=[r.replica_id for r in self.replicas.values()
+                                 if r.weight_slot == rt.weight_slot])
         if rt.task is not None and not rt.task.done():
             rt.task.cancel()
         if rt.worker is not None:
@@ -623,8 +666,31 @@ class HostManager:
         return {"host_id": self.host_id, "replicas": self._replica_reports(),
                 "stages": self._stage_reports(),
                 "cache": self.cache.keys(), "cache_stats": self.cache.stats(),
-                "idle_workers": len(self.idle),
+                "idle_workers": len(self.idle), "gpu": self.gpu.status(),
                 "worker_pids": [w.proc.pid for w in self.workers.values()]}
+
+    # GPU sharing and MIG (the logic is in actors/host_gpu.py) ------------------------------
+    async def _set_replica_share(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """Change a running replica's GPU share live (a tokens host; MPS answers Conflict)."""
+        rid = str(payload.get("replica_id", ""))
+        rt = self.replicas.get(rid)
+        if rt is None:
+            raise NotFound(f"no replica {rid!r} on {self.host_id}")
+        reply = self.gpu.set_share(payload)
+        rt.share = GpuShare.from_wire(payload.get("share"))
+        return reply
+
+    async def _apply_mig(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """Apply a MIG geometry to one GPU (refused while replicas run on it: GpuBusy), then
+        report the new slices to the controller as placement units."""
+        def replicas_on(idx: int) -> list[str]:
+            return sorted(r.replica_id for r in self.replicas.values()
+                          if (d := self.gpu.device(r.device_id)) is not None and d.gpu_index == idx)
+
+        reply = await self.gpu.apply_mig(payload, replicas_on)
+        self.devices = list(self.gpu.devices)
+        await self._report("register_host", self._registration())
+        return reply
 
     # workers ----------------------------------------------------------------------------
     async def _worker_hello(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
@@ -640,6 +706,7 @@ class HostManager:
         worker_id = new_id(f"w-{self.host_id}")
         env = dict(os.environ)
         env["FLASHPOINT_SECRET"] = self.config.secret
+        env.update(self.gpu.spawn_env())  # LD_PRELOAD of the hook on a tokens host
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "flashpoint.actors.worker", "--host-url", self._local_url,
             "--worker-id", worker_id, "--torch-threads", str(self.hc.torch_threads),

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from flashpoint.errors import BadRequest, FlashpointError, Unavailable
+from flashpoint.gpu.worker_env import apply_env
 from flashpoint.log import bind_ids, configure, get_logger
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.spec import FunctionSpec
@@ -92,6 +93,7 @@ class Worker:
         self._controller_url = ""
         self._completing: asyncio.Task | None = None
         self.kaas: Any = None  # a WorkerKaasRuntime while this worker is a KaaS executor
+        self.weights_role = ""  # "exporter" / "reader" when its weights are shared by IPC
 
     async def run(self) -> None:
         import torch  # imported before any replica is assigned: the warm pool's whole point
@@ -146,6 +148,9 @@ class Worker:
         if pipeline is not None and (payload.get("stage") is None or not isinstance(pipeline, dict)):
             raise BadRequest("pipeline options need a stage and must be a map")
         bind_ids(replica_id=payload["replica_id"])
+        # Before anything touches CUDA: its GPU binding and MPS/hook settings (warm pool
+        # ordering, flashpoint/gpu/host_sharing.py).
+        apply_env(payload.get("env") or {})
         timings = await asyncio.to_thread(self._load_blocking, payload, spec)
         timings["fetch"] = float(payload.get("fetch_s", 0.0))
         self._ready_payload = {
@@ -161,7 +166,7 @@ class Worker:
             return {"timings_s": timings, **self._pipeline_reply()}
         await self._serve_whole(spec)
         log.info("replica_loaded", **{k: round(v, 4) for k, v in timings.items()})
-        return {"timings_s": timings}
+        return {"timings_s": timings, "weights": self.weights_role}
 
     async def _serve_whole(self, spec: FunctionSpec) -> None:
         """Batch requests for the loaded module and announce it to the controller."""
@@ -195,6 +200,7 @@ class Worker:
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes <= 0:
             raise BadRequest("load_kaas needs a positive integer cache_bytes")
         bind_ids(replica_id=rid)
+        apply_env(payload.get("env") or {})
         runtime = WorkerKaasRuntime(rid, str(payload.get("device", "cpu")),
                                     capacity_bytes=cache_bytes)
         t0 = time.perf_counter()
@@ -352,11 +358,22 @@ class Worker:
 
             module = load_stage(manifest, memoryview(mapping), stage[0], stage[1], device="cpu")
         else:
-            module = load_module(manifest, memoryview(mapping), device="cpu")
-        t1 = time.perf_counter()
+            module = None
         device = payload.get("device", "cpu")
+        slot = payload.get("weight_slot")
+        if module is None and device.startswith("cuda") and isinstance(slot, dict):
+            # FaST-style weight sharing: the first replica on this GPU exports its weights,
+            # later ones map them (CUDA IPC) once the slot's ready flag is up.
+            module, role = self._shared_weights(manifest, mapping, device, slot)
+            self.weights_role = role
+            t1 = time.perf_counter()
+        else:
+            if module is None:
+                module = load_module(manifest, memoryview(mapping), device="cpu")
+            t1 = time.perf_counter()
+            if device.startswith("cuda"):
+                module = module.to(device)
         if device.startswith("cuda"):
-            module = module.to(device)
             torch.cuda.synchronize(device)
         t2 = time.perf_counter()
         io = manifest.io.to_dict()
@@ -373,7 +390,22 @@ class Worker:
                                      mapping, manifest)
         self._run_batch(_example_inputs(io.get("inputs", [])))
         t3 = time.perf_counter()
+        if self.weights_role:
+            log.info("weights_shared", role=self.weights_role)
         return {"load": t1 - t0, "to_device": t2 - t1, "first_inference": t3 - t2}
+
+    def _shared_weights(self, manifest: Any, mapping: mmap.mmap, device: str,
+                        slot: dict[str, Any]) -> tuple[Any, str]:
+        """The module with weights exported to, or mapped from, the host's slot for this
+        model on this GPU (gpu/weight_share.py); returns it and this worker's role."""
+        from flashpoint.gpu.weight_share import WeightSlot, share_module_weights
+        from flashpoint.models.publish import empty_module, load_module
+
+        module, role = share_module_weights(
+            empty_module(manifest), WeightSlot(str(slot["dir"]), str(slot["key"])), device,
+            float(slot.get("timeout_s", 60.0)),
+            lambda: load_module(manifest, memoryview(mapping), device=device))
+        return module, role.name.lower()
 
     def _run_batch(self, inputs: dict[str, np.ndarray],
                    rep: LoadedReplica | None = None) -> dict[str, np.ndarray]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from flashpoint.log import get_logger
 
 if TYPE_CHECKING:
-    from flashpoint.gpu.nvml import Nvml
+    from flashpoint.gpu.nvml import GpuInfo, Nvml
 
 log = get_logger(__name__)
 
@@ -19,15 +20,35 @@ class Device:
     kind: str  # "cuda" | "cpu"
     name: str
     memory_bytes: int
-    uuid: str = ""
+    uuid: str = ""  # "GPU-..." or, for a MIG slice, "MIG-..." (what workers bind to)
+    gpu_index: int = -1  # the physical GPU's NVML index (-1: a CPU unit)
+    mig_profile: str = ""  # "3g.40gb" for a MIG slice, "" for a whole GPU
 
     def to_dict(self) -> dict[str, object]:
         return {"device_id": self.device_id, "kind": self.kind, "name": self.name,
-                "memory_bytes": self.memory_bytes, "uuid": self.uuid}
+                "memory_bytes": self.memory_bytes, "uuid": self.uuid,
+                "gpu_index": self.gpu_index, "mig_profile": self.mig_profile}
 
 
-def nvml_devices(nvml: Nvml | None = None) -> list[Device]:
-    """GPUs seen through NVML; empty when the library or a driver is absent.
+def gpu_units(gpus: Sequence[GpuInfo]) -> list[Device]:
+    """Placement units of an inventory: a whole GPU, or each MIG device of a GPU with MIG on
+    (bound by its ``MIG-`` UUID). A MIG-enabled GPU without instances offers no unit until a
+    geometry is applied to it."""
+    out: list[Device] = []
+    for g in gpus:
+        if not g.mig_current:
+            out.append(Device(f"cuda:{g.index}", "cuda", g.name, g.memory_total_bytes, g.uuid,
+                              g.index))
+            continue
+        for m in g.mig_devices:
+            profile = m.name.split("MIG", 1)[-1].strip() if "MIG" in m.name else m.name
+            out.append(Device(f"cuda:{g.index}/gi{m.gi_id}ci{m.ci_id}", "cuda", m.name,
+                              m.memory_total_bytes, m.uuid, g.index, profile))
+    return out
+
+
+def read_gpus(nvml: Nvml | None = None) -> tuple[GpuInfo, ...] | None:
+    """The GPUs NVML sees, or ``None`` when the library or a driver is absent.
 
     ``nvml`` is the adapter (the pynvml module, or a FakeNvml in tests); by default the real
     library is loaded. Either way the same code reads it.
@@ -35,21 +56,26 @@ def nvml_devices(nvml: Nvml | None = None) -> list[Device]:
     try:
         from flashpoint.gpu.nvml import load_nvml, read_inventory
     except ImportError:  # nvidia-ml-py missing: no GPUs to see
-        return []
+        return None
     nvml = load_nvml(nvml)
     if nvml is None:
         log.info("nvml_unavailable")
-        return []
+        return None
     try:
-        return [Device(f"cuda:{g.index}", "cuda", g.name, g.memory_total_bytes, g.uuid)
-                for g in read_inventory(nvml)]
+        return read_inventory(nvml)
     finally:
         nvml.nvmlShutdown()
 
 
+def nvml_devices(nvml: Nvml | None = None) -> list[Device]:
+    """GPU placement units seen through NVML (:func:`gpu_units`); empty without NVML."""
+    return gpu_units(read_gpus(nvml) or ())
+
+
 def discover(cpu_devices: int, cpu_memory_bytes: int, nvml: Nvml | None = None) -> list[Device]:
-    """GPUs if any are present, else ``cpu_devices`` CPU placement units."""
-    gpus = nvml_devices(nvml)
+    """GPU units if the host has GPUs (none at all while every GPU has MIG on and no
+    instances), else ``cpu_devices`` CPU placement units."""
+    gpus = read_gpus(nvml)
     if gpus:
-        return gpus
+        return gpu_units(gpus)
     return [Device(f"cpu:{i}", "cpu", "cpu", cpu_memory_bytes) for i in range(cpu_devices)]

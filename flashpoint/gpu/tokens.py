@@ -27,23 +27,46 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from prometheus_client import Counter, Gauge, Histogram
+
 from flashpoint.errors import ProtocolError
 from flashpoint.gpu import token_protocol as proto
 from flashpoint.log import get_logger
+from flashpoint.policy.tenant_memory import TenantMemory
 from flashpoint.policy.tokens import ClientId, Grant, TenantId, TenantQuota, TokenConfig, TokenState
 
 STOP_TIMEOUT_S = 2.0
+SHARE_WINDOW_S = 1.0  # the per-tenant share gauge is over windows of about this length
+METRICS_EVERY_NS = 250_000_000  # the tick runs every few ms; gauges need not
 log = get_logger("flashpoint.gpu.tokens")
+
+# One manager per GPU or slice: "unit" is its name (the host's device id, or the socket).
+GRANTS = Counter("flashpoint_tokens_grants_total", "Time tokens granted", ["unit"])
+WAIT = Histogram("flashpoint_tokens_wait_seconds", "REQUEST to GRANT wait of a hooked process",
+                 ["unit"], buckets=(1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
+                                    0.25, 0.5, 1.0))
+HELD = Gauge("flashpoint_tokens_held_seconds", "GPU time charged to a tenant (lifetime)",
+             ["unit", "tenant"])
+SHARE = Gauge("flashpoint_tokens_share", "A tenant's fraction of the GPU time charged in the "
+              "last window", ["unit", "tenant"])
+MEMORY = Gauge("flashpoint_tokens_memory_bytes", "Device bytes a tenant's processes report",
+               ["unit", "tenant"])
+WAITING = Gauge("flashpoint_tokens_waiting", "Processes waiting for a token", ["unit"])
 
 
 class TokenManager:
     """Serve time tokens for one GPU (or slice) on a Unix socket."""
 
     def __init__(self, socket_path: str | Path, config: TokenConfig | None = None,
-                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock_ns: Callable[[], int] = time.monotonic_ns, name: str = "") -> None:
         self.socket_path = str(socket_path)
+        self.name = name or self.socket_path  # the metrics' "unit" label
         self._clock = clock_ns
         self.state = TokenState(config, clock_ns())
+        self.memory = TenantMemory()  # per-tenant device bytes and caps (MEM messages)
+        self._requested_ns: dict[ClientId, int] = {}  # when a client's pending REQUEST came
+        self._share_mark: tuple[int, dict[TenantId, int]] = (clock_ns(), {})
+        self._metrics_at = 0  # ns of the last metrics update (at most every METRICS_EVERY_NS)
         self._writers: dict[ClientId, asyncio.StreamWriter] = {}
         self._ids = itertools.count(1)
         self._server: asyncio.base_events.Server | None = None
@@ -86,6 +109,15 @@ class TokenManager:
         """Change a tenant's quotas live (called by the host manager)."""
         self._send(self.state.set_quota(tenant, quota, self._clock()))
 
+    def set_memory_limit(self, tenant: TenantId, limit_bytes: int) -> None:
+        """A tenant's device-memory limit across all its processes (0 = none); each of its
+        processes gets its cap (limit minus what the others hold) at once."""
+        self._write_caps(self.memory.set_limit(tenant, limit_bytes))
+
+    def memory_by_tenant(self) -> dict[TenantId, int]:
+        """Device bytes each tenant's connected processes last reported."""
+        return self.memory.used_by_tenant()
+
     def usage_by_tenant(self) -> dict[TenantId, int]:
         """Lifetime GPU time charged per tenant, in ns (the manager's accounting)."""
         return dict(self.state.tenant_total_ns)
@@ -103,15 +135,17 @@ class TokenManager:
             self.state.connect(client, hello.tenant, self._clock())
             self._writers[client] = writer
             self.pids[client] = hello.pid
+            self._write_caps(self.memory.connect(client, hello.tenant))  # the hook waits for it
             while True:
                 msg = proto.unpack(await reader.readexactly(proto.MSG_SIZE))
                 now = self._clock()
                 if msg.type is proto.MsgType.REQUEST:
+                    self._requested_ns[client] = now
                     self._send(self.state.request(client, msg.seq, msg.used_ns, now))
                 elif msg.type is proto.MsgType.RELEASE:
                     self._send(self.state.release(client, msg.used_ns, now))
                 elif msg.type is proto.MsgType.MEM:
-                    pass  # accounting reports are accepted; aggregation is the host's job
+                    self._write_caps(self.memory.report(client, msg.mem_used_bytes))
                 else:
                     raise ProtocolError(f"unexpected {msg.type.name} from a hook")
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -120,16 +154,50 @@ class TokenManager:
             log.warning("token_protocol_error", client=client, error=str(e))
         finally:
             self._writers.pop(client, None)
+            self._requested_ns.pop(client, None)
+            self._write_caps(self.memory.disconnect(client))
             self._send(self.state.disconnect(client, self._clock()))
             writer.close()
             if task is not None:
                 self._conn_tasks.discard(task)
 
     def _write(self, grants: list[Grant]) -> None:
+        now = self._clock() if grants else 0
         for g in grants:
             w = self._writers.get(g.client)
             if w is not None and not w.is_closing():
                 w.write(proto.pack(proto.TokenMsg(proto.MsgType.GRANT, seq=g.seq, quota_ns=g.quota_ns)))
+                GRANTS.labels(self.name).inc()
+                asked = self._requested_ns.pop(g.client, None)
+                if asked is not None:
+                    WAIT.labels(self.name).observe(max(0, now - asked) / 1e9)
+
+    def _write_caps(self, caps: list[tuple[ClientId, int]]) -> None:
+        for client, cap in caps:
+            w = self._writers.get(client)
+            if w is not None and not w.is_closing():
+                w.write(proto.pack(proto.TokenMsg(proto.MsgType.MEM, mem_limit_bytes=cap)))
+
+    def _publish_metrics(self) -> None:
+        """Per-tenant held time, share over the last window, memory; waiting processes."""
+        now = self._clock()
+        if now - self._metrics_at < METRICS_EVERY_NS:
+            return
+        self._metrics_at = now
+        totals = dict(self.state.tenant_total_ns)
+        for t, ns in totals.items():
+            HELD.labels(self.name, str(t)).set(ns / 1e9)
+        for t, b in self.memory.used_by_tenant().items():
+            MEMORY.labels(self.name, str(t)).set(b)
+        WAITING.labels(self.name).set(len(self.state.waiting()))
+        since, before = self._share_mark
+        if now - since >= SHARE_WINDOW_S * 1e9:
+            deltas = {t: max(0, ns - before.get(t, 0)) for t, ns in totals.items()}
+            spent = sum(deltas.values())
+            if spent:
+                for t, d in deltas.items():
+                    SHARE.labels(self.name, str(t)).set(d / spent)
+            self._share_mark = (now, totals)
 
     def _send(self, grants: list[Grant]) -> None:
         self._write(grants)
@@ -147,6 +215,7 @@ class TokenManager:
                 await asyncio.wait_for(self._wake.wait(), timeout=delay_s)
             try:
                 self._write(self.state.tick(self._clock()))
+                self._publish_metrics()
             except Exception:  # noqa: BLE001 - logged; the next tick tries again
                 log.exception("token_tick_failed")
 

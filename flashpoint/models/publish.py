@@ -294,6 +294,14 @@ _META_NOOP_INITS = frozenset({
 })
 
 
+def empty_module(manifest: Manifest) -> nn.Module:
+    """The model's module with no weights yet (initialisation skipped): for binding to
+    tensors that exist elsewhere, e.g. another process's CUDA IPC weights
+    (flashpoint/gpu/weight_share.py) with ``load_state_dict(assign=True)``."""
+    with _SkipMetaInit():
+        return _empty_module(manifest)
+
+
 class _SkipMetaInit(TorchFunctionMode):
     """Skip parameter initialisation of ``meta`` tensors while an empty module is built.
 

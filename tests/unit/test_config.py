@@ -110,6 +110,13 @@ def test_shipped_configs_load(name):
     assert isinstance(load_config(p), ClusterConfig)
 
 
+def test_local_config_spells_out_sharing_defaults():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "local.toml")
+    assert (cfg.host.gpu_sharing, cfg.controller.share_policy) == ("none", "fastgshare")
+
+
 def test_autoscaler_is_chosen_by_name_and_checked_when_the_config_loads():
     cfg = load_config(overrides={"controller": {"autoscaler": "atl",
                                                 "autoscaler_params": {"window_s": 30}}})

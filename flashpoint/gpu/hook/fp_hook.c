@@ -194,6 +194,7 @@ static struct {
 } tk = {.mu = PTHREAD_MUTEX_INITIALIZER, .fd = -1};
 
 static int tk_releaser_started; /* guarded by tk.mu */
+static uint64_t fp_cap; /* the manager's cap on this process's device bytes; 0 = none */
 
 /* A forked child (e.g. a data-loader worker) must not talk on its parent's connection or
  * think it holds the parent's token; it reconnects on its first launch.  Its releaser
@@ -205,6 +206,7 @@ static void tk_after_fork_child(void) {
     tk.have_token = tk.local = tk.launched = 0;
     tk.synced_at = tk.next_retry = 0;
     tk_releaser_started = 0;
+    __atomic_store_n(&fp_cap, 0, __ATOMIC_RELEASE); /* the child gets its own on connect */
 }
 
 static void fp_msg_init(struct fp_msg *m, uint16_t type) {
@@ -278,6 +280,51 @@ static int tk_read(struct fp_msg *m, uint64_t deadline) {
     return (m->magic == FP_MAGIC && m->version == FP_PROTOCOL_VERSION) ? 0 : -1;
 }
 
+/* ---- memory caps and reports (protocol: MEM in both directions) ---- */
+uint64_t fp_mem_cap(void) { return __atomic_load_n(&fp_cap, __ATOMIC_ACQUIRE); }
+static void tk_on_msg(const struct fp_msg *m) {
+    if (m->type == FP_MSG_MEM) __atomic_store_n(&fp_cap, m->mem_limit_bytes, __ATOMIC_RELEASE);
+}
+/* Apply what the manager sent while nobody was waiting (caps); bounded, never blocks long. */
+static void tk_drain(void) { /* caller holds tk.mu */
+    for (int i = 0; i < 64 && tk.fd >= 0; i++) {
+        struct pollfd p = {tk.fd, POLLIN, 0};
+        if (poll(&p, 1, 0) != 1) return;
+        struct fp_msg m;
+        if (tk_read(&m, fp_now_ns() + fp_cfg.connect_timeout_ns) != 0) {
+            tk_fail("closed or bad message");
+            return;
+        }
+        tk_on_msg(&m);
+    }
+}
+void fp_mem_sync(void) {
+    fp_config();
+    if (!fp_cfg.socket_path[0]) return;
+    pthread_mutex_lock(&tk.mu);
+    if (tk.fd < 0 && fp_now_ns() >= tk.next_retry) {
+        tk_connect();
+        /* The manager answers HELLO with this process's cap; an older one does not (then
+         * the wait costs one connect timeout, once). */
+        struct fp_msg m;
+        if (tk.fd >= 0 && tk_read(&m, fp_now_ns() + fp_cfg.connect_timeout_ns) == 0) tk_on_msg(&m);
+    }
+    tk_drain();
+    pthread_mutex_unlock(&tk.mu);
+}
+void fp_mem_report(uint64_t used) {
+    if (!fp_cfg.socket_path[0]) return;
+    pthread_mutex_lock(&tk.mu);
+    if (tk.fd >= 0) {
+        struct fp_msg m;
+        fp_msg_init(&m, FP_MSG_MEM);
+        m.mem_used_bytes = used;
+        m.mem_limit_bytes = fp_cfg.mem_limit;
+        if (tk_send(&m) != 0) tk_fail("send failed");
+    }
+    pthread_mutex_unlock(&tk.mu);
+}
+
 static void tk_grant_local(uint64_t now) {
     tk.have_token = 1;
     tk.local = 1;
@@ -303,7 +350,7 @@ static void tk_acquire(uint64_t used_ns) { /* caller holds tk.mu */
             return;
         }
         if (rep.type == FP_MSG_GRANT && rep.seq == req.seq) break;
-        /* a stale GRANT of an older request: skip it */
+        tk_on_msg(&rep); /* a memory cap is applied; a stale GRANT of an older request skipped */
     }
     tk.have_token = 1;
     tk.local = 0;

@@ -87,6 +87,15 @@ void *fp_real(int i);
 #define REAL(sym) ((__typeof__(&sym))fp_real(FP_##sym))
 #define MISSING CUDA_ERROR_NOT_FOUND
 
+/* ---- memory reports to the token manager (fp_hook.c, called by fp_mem.c) ----
+ * fp_mem_sync: before an allocation, connect if needed and apply the per-process cap the
+ * manager last sent (its tenant's limit minus what the tenant's other processes hold);
+ * fp_mem_cap: that cap (0 = none); fp_mem_report: after an allocation or free succeeded,
+ * send this process's device bytes in use.  None of them is called with fp_mem_mu held. */
+void fp_mem_sync(void);
+uint64_t fp_mem_cap(void);
+void fp_mem_report(uint64_t used);
+
 /* ---- the memory hooks (fp_mem.c), declared for the dispatch table in fp_hook.c ---- */
 FP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size);
 FP_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int size);

@@ -21,12 +21,30 @@ enum { FP_KIND_PTR = 1, FP_KIND_HANDLE = 2 };
 
 static size_t fp_bucket(uint64_t key) { return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 52) % FP_BUCKETS; }
 
+/* The limit in force: FP_HOOK_MEM_LIMIT_BYTES (this process, always enforced, also when the
+ * manager is away) and the manager's cap (the tenant's limit minus what its other processes
+ * hold), whichever is smaller; 0 = none.  The cap is as fresh as the last report the
+ * manager saw, so two processes of one tenant allocating at the same instant may overshoot
+ * the tenant's limit briefly; the per-process limit is never exceeded. */
+static uint64_t fp_mem_limit(void) {
+    uint64_t a = fp_cfg.mem_limit, b = fp_mem_cap();
+    return !a ? b : !b ? a : (a < b ? a : b);
+}
+static void fp_mem_changed(void) {
+    pthread_mutex_lock(&fp_mem_mu);
+    uint64_t used = fp_mem_used;
+    pthread_mutex_unlock(&fp_mem_mu);
+    fp_mem_report(used);
+}
+
 /* Reserve bytes before the real call (so two threads cannot both pass the check). */
 static int fp_mem_reserve(uint64_t size) {
     fp_config();
+    fp_mem_sync(); /* the manager's latest cap, outside fp_mem_mu */
+    uint64_t limit = fp_mem_limit();
     int ok = 1;
     pthread_mutex_lock(&fp_mem_mu);
-    if (fp_cfg.mem_limit && (size > fp_cfg.mem_limit || fp_mem_used > fp_cfg.mem_limit - size)) ok = 0;
+    if (limit && (size > limit || fp_mem_used > limit - size)) ok = 0;
     else fp_mem_used += size;
     pthread_mutex_unlock(&fp_mem_mu);
     return ok;
@@ -49,6 +67,7 @@ static void fp_mem_record(uint64_t key, int kind, uint64_t size) {
         fp_mem_used -= size; /* cannot track it; do not leak it into the used count */
     }
     pthread_mutex_unlock(&fp_mem_mu);
+    fp_mem_changed();
 }
 static void fp_mem_forget(uint64_t key, int kind) {
     pthread_mutex_lock(&fp_mem_mu);
@@ -63,15 +82,17 @@ static void fp_mem_forget(uint64_t key, int kind) {
         }
     }
     pthread_mutex_unlock(&fp_mem_mu);
+    fp_mem_changed();
 }
 /* (total, free) as this process should see them: the limit caps both. */
 static void fp_mem_view(uint64_t *total, uint64_t *free_) {
     fp_config();
-    if (!fp_cfg.mem_limit) return;
+    uint64_t limit = fp_mem_limit();
+    if (!limit) return;
     pthread_mutex_lock(&fp_mem_mu);
-    uint64_t left = fp_mem_used < fp_cfg.mem_limit ? fp_cfg.mem_limit - fp_mem_used : 0;
+    uint64_t left = fp_mem_used < limit ? limit - fp_mem_used : 0;
     pthread_mutex_unlock(&fp_mem_mu);
-    if (total && *total > fp_cfg.mem_limit) *total = fp_cfg.mem_limit;
+    if (total && *total > limit) *total = limit;
     if (free_ && *free_ > left) *free_ = left;
 }
 

@@ -15,9 +15,14 @@
  *   GRANT   mgr -> hook  reply to REQUEST with the same seq; quota_ns = token length.
  *   RELEASE hook -> mgr  early return of the token (the tenant synced / went idle);
  *                        used_ns = grant -> sync return.  No reply.
- *   MEM     hook -> mgr  memory accounting report: mem_used_bytes after a change.  No reply.
- *                        (Reserved: the manager accepts it; the hook does not send it yet,
- *                        it enforces FP_HOOK_MEM_LIMIT_BYTES locally.)
+ *   MEM     hook -> mgr  after every allocation or free that succeeded: mem_used_bytes =
+ *                        device bytes this process holds, mem_limit_bytes = its own limit
+ *                        (FP_HOOK_MEM_LIMIT_BYTES).  No reply.
+ *   MEM     mgr -> hook  right after HELLO, and whenever it changes: mem_limit_bytes = the
+ *                        most this process may hold = its tenant's limit minus what the
+ *                        tenant's other processes reported (>= 1; 0 = no tenant limit).
+ *                        The hook enforces min(its own limit, this cap) at allocation, so a
+ *                        limit can be per replica (tenant) rather than per process.
  * Any malformed message (bad magic, version, type) makes the receiver close the socket;
  * the hook then fails open (grants locally) and retries connecting later.
  */

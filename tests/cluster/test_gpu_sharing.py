@@ -1,0 +1,112 @@
+"""GPU sharing end to end on fake devices: a controller with a share policy, a host with
+fake NVML GPUs and an MPS or tokens sharing mode (a fake ``nvidia-cuda-mps-control`` on
+PATH; the hook built and preloaded into the real warm-pool workers), a function with a
+declared share. Two replicas land on one GPU with the chosen shares, the host enforces them
+through the worker env, and both serve (the workers compute on the CPU: the GPUs are fake)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+
+from flashpoint.cli import make_store
+from flashpoint.cluster import LocalCluster
+from flashpoint.gpu.mps import pid_alive
+from flashpoint.models.publish import publish
+
+from .conftest import cluster_config, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+FAKE_MPS = Path(__file__).parents[1] / "unit" / "fake_mps_control.py"
+
+
+@pytest.fixture
+def fake_mps_path(tmp_path: Path, monkeypatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "nvidia-cuda-mps-control"
+    exe.write_text(f"#!{sys.executable}\n" + FAKE_MPS.read_text())
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("mode,policy", [("mps", "fastgshare"), ("tokens", "dilu")])
+async def test_two_replicas_share_one_gpu_with_chosen_shares(tmp_path, fake_mps_path, mode,
+                                                             policy):
+    if mode == "tokens" and not shutil.which("cc") and not shutil.which("gcc"):
+        pytest.skip("the hook needs a C compiler")
+    run_dir = Path(f"/tmp/fpc-{os.getpid()}-{time.monotonic_ns() % 10**8}")
+    cfg = cluster_config(tmp_path, fake_gpus=["A100-40GB", "A100-40GB"], gpu_sharing=mode,
+                         sharing_dir=str(run_dir), warm_pool_size=2)
+    cfg = dataclasses.replace(cfg, controller=dataclasses.replace(cfg.controller,
+                                                                  share_policy=policy))
+    store = make_store(cfg)
+    await publish(store, "noop", "tiny", "1", model_name="noop")
+    c = LocalCluster(cfg, hosts=1, store=store)
+    await asyncio.wait_for(c.start(), 90)
+    host = c.hosts[0]
+    pids = [w.proc.pid for w in host.workers.values()]
+    try:
+        if mode == "tokens":  # the warm pool was started with the hook preloaded
+            hook = host.gpu.spawn_env()["LD_PRELOAD"]
+            for pid in pids:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                assert f"LD_PRELOAD={hook}".encode() in env
+        url = c.controller.url
+        spec = {"name": "noop-fn", "model": "noop", "min_replicas": 2, "max_replicas": 2,
+                "sm_share": 0.3, "sm_limit": 0.45, "time_quota": 0.5,
+                "gpu_memory_bytes": 1 << 30}
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/v1/functions", json=spec) as r:
+                assert r.status == 201, await r.text()
+            await wait_for("two warm replicas", lambda: sum(
+                r.phase == "warm" for r in c.controller.state.replicas_of("noop-fn")) == 2, 90)
+            reps = c.controller.state.replicas_of("noop-fn")
+            assert {(r.host_id, r.device_id) for r in reps} == {(host.host_id, "cuda:0")}
+            for r in reps:
+                if policy == "fastgshare":
+                    assert (r.share.sm_share, r.share.time_request) == (0.3, 0.5)
+                else:  # Dilu: request 0.3, limit 0.45
+                    assert (r.share.time_request, r.share.time_limit) == (0.3, 0.45)
+                rt = host.replicas[r.replica_id]
+                assert rt.share is not None and rt.share.to_wire() == r.share.to_wire()
+                unit = host.gpu.sharing.units["cuda:0"]
+                assert rt.env["CUDA_VISIBLE_DEVICES"] == unit.device.uuid
+                if mode == "mps":
+                    assert rt.env["CUDA_MPS_PIPE_DIRECTORY"] == str(unit.daemon.pipe_dir)
+                    assert rt.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+                    assert rt.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1024M"
+                else:
+                    assert rt.env["FP_HOOK_SOCKET"] == unit.socket_path
+                    assert rt.env["FP_HOOK_MEM_LIMIT_BYTES"] == str(1 << 30)
+                    q = unit.manager.state.quota(int(rt.env["FP_HOOK_TENANT"]))
+                    assert (q.request, q.limit, q.sm_share) == (0.3, 0.45, 0.45)
+            body = {"inputs": {"x": {"data": [1.0, 2.0], "shape": [1, 2], "datatype": "FP32"}}}
+            for _ in range(4):
+                async with s.post(f"{url}/v1/functions/noop-fn/invoke", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    out = await r.json()
+            assert np.asarray(out["outputs"]["y"]["data"]).size > 0
+            if mode == "tokens":  # a live quota change through the host RPC
+                rid = reps[0].replica_id
+                reply = await c.controller.hosts[host.host_id].conn.call(
+                    "set_replica_share", {"replica_id": rid, "share": {
+                        "sm_share": 0.5, "time_request": 0.5, "time_limit": 0.7}}, timeout_s=10)
+                tenant = reply["tenant"]
+                q = host.gpu.sharing.units["cuda:0"].manager.state.quota(tenant)
+                assert (q.request, q.limit, q.sm_share) == (0.5, 0.7, 0.5)
+        daemon_pid = host.gpu.sharing.units["cuda:0"].daemon.pid if mode == "mps" else None
+    finally:
+        await asyncio.wait_for(c.stop(), 60)
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if daemon_pid is not None:
+        assert not pid_alive(daemon_pid)  # stopped with the host
