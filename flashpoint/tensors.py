@@ -62,7 +62,7 @@ def decode_tensor(d: Any) -> np.ndarray:
         raise BadRequest("tensor must be a map")
     dtype, shape = d.get("dtype"), d.get("shape")
     if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(
-        isinstance(s, int) and s >= 0 for s in shape
+        type(s) is int and s >= 0 for s in shape  # not isinstance: a bool is an int
     ):
         raise BadRequest("tensor shape must be a list of at most 8 non-negative ints")
     count = 1

@@ -147,6 +147,8 @@ def test_malformed_maps_rejected(d):
     {"dtype": "uint8", "shape": [2**70], "data": b""},
     {"dtype": "uint8", "shape": [2**32, 2**32], "data": b""},
     {"dtype": "object", "shape": [2**32, 2**32], "items": []},
+    {"dtype": "bool", "shape": [False], "data": b""},  # found by the fuzz test below
+    {"dtype": "uint8", "shape": [True], "data": b"\x00"},
 ])
 def test_malformed_maps_rejected_edge(d):
     """BUG: an unhashable dtype (TypeError from ``in _ALLOWED``), a dim beyond int64
