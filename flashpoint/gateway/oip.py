@@ -429,6 +429,10 @@ def datatype_of(name: str, arr: np.ndarray, declared: str | None = None) -> str:
 
 def _as_wire(name: str, arr: np.ndarray, datatype: str) -> np.ndarray:
     """A C-contiguous little-endian array in the wire dtype (BF16 -> uint16 bits)."""
+    if datatype != "BF16":
+        wire = WIRE_DTYPES[datatype]
+        if type(arr) is np.ndarray and arr.dtype == wire and arr.flags.c_contiguous:
+            return arr  # the usual output: nothing to cast, so no errstate to enter
     try:
         with np.errstate(all="ignore"):
             if datatype == "BF16":
