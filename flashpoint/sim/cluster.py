@@ -255,6 +255,7 @@ class SimCluster:
         self._queue: deque[tuple[float, float]] = deque()  # (arrival_s, work)
         self._cache: list[set[str]] = [set() for _ in range(config.topology.n_hosts)]
         self._fills: dict[int, _Fill] = {}  # host -> fill of the one model
+        self._heads_started: set[str] = set()  # registry chains started (transfer ids)
         self._arrivals = RateMeter()
         self._completions = RateMeter()
         self._invocations = 0
@@ -500,9 +501,14 @@ class SimCluster:
             return None
         src = c.source
         chain: tuple[Node, tuple[int, ...]] | None = None
-        if src is not None and src.kind == "chain_head":
+        if (src is not None and src.kind == "chain_head"
+                and src.transfer_id not in self._heads_started):
             # It heads a registry chain: the chain starts whatever this host already has,
-            # or the receivers behind it would wait forever.
+            # or the receivers behind it would wait forever. Once per transfer: every
+            # replica the tick places on the head host carries the same assignment, and the
+            # live host joins its one fill rather than pulling again (one transfer per host
+            # and model); starting one chain per replica multiplied the registry load.
+            self._heads_started.add(src.transfer_id)
             chain = CLOUD, (h, *(_host(x) for x in src.chain))
         if key in self._cache[h]:
             rep.source = "local"
