@@ -192,13 +192,13 @@ def run_one(trace_kind: str, log: RequestLog, trace: RateTrace, model: ModelProf
 #: "non-monotone" 1.09 → 0.45 jump).
 FAIR_KNOBS = {
     "atl": Knob("percentile", 1.0, 100.0, +1),
-    "tsk": Knob("target_s", 0.01, 120.0, -1, geometric=True),
+    "tsk": Knob("target_s", 0.001, 120.0, -1, geometric=True),
     "owk": Knob("target_utilisation", 0.1, 0.9, -1),
     "smstar": Knob("target_invocations", 1 / 16, 16.0, -1, geometric=True),
 }
 FAIR_TOL = 0.05
 #: Runs per tuned row, the first (the defaults) included.
-FAIR_MAX_RUNS = 16
+FAIR_MAX_RUNS = 20
 #: Scan points between the default and the primary's range end.
 FAIR_SCAN = 3
 

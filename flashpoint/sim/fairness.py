@@ -15,16 +15,17 @@ longer, so replica-seconds rise with it; a shorter one (TSK and OWK default to t
 The search (:func:`search`), at most ``max_runs`` evaluations, repeated values never re-run:
 
 1. the defaults; in the band: done;
-2. the primary knob's range end in the needed direction; if even the end stays on the same
-   side of the band, the primary is saturated: go to 5 from the end;
-3. a scan of ``scan`` points between the default and the end (linear or geometric), so a
+2. the primary knob's range end in the needed direction;
+3. a scan of ``scan`` points between the default and that end (linear or geometric), so a
    non-monotone response shows up as more than one crossing;
-4. bisection of the crossings (adjacent scanned values whose ratios lie on both sides of
-   1), the crossing whose ends are nearest 1 first; a crossing narrower than
+4. bisection of the crossings (neighbouring values whose ratios lie on both sides of the
+   band), the crossing whose ends are nearest 1 first; a crossing narrower than
    ``min_step`` of the value is a *jump* (no value in between gives anything else) and is
-   not split further;
-5. the hold knob from the closest run below 1 upwards (to its range end, then bisection),
-   or from the closest run above 1 downwards, nearest to 1 first, while runs are left.
+   not split further. Steps 2-4 keep about half the runs for step 5;
+5. the hold knob at the primary value of the run closest to the band: both of its range
+   ends (the one in the needed direction first), a scan over its whole range (its response
+   is not monotone either: TSK, held longer, builds no queue and so never makes its
+   multiplicative scale-ups), then bisection of the crossings as in 4.
 
 The run closest to the band is kept. When none is in it, :attr:`Outcome.note` says why,
 with the numbers: the knob ends reached and the ratios there, a jump over the band, or the
@@ -139,77 +140,74 @@ def search(evaluate: Callable[[float, float], tuple[R, float]], primary: Knob, d
     def side(a: Attempt) -> int:
         return 0 if ok(a) else (1 if a.ratio > 1 else -1)
 
-    # 1-2: the defaults, then the primary's end in the needed direction.
+    def line(knob: Knob, fixed: float, on_primary: bool, start: float,
+             ends: tuple[float, ...], stop_at: int) -> None:
+        """Search one knob with the other fixed: its ``ends``, a scan from ``start`` to the
+        first end (or over the whole range when both ends are given), then bisection of
+        every crossing of the band, nearest-to-1 first, until found or ``stop_at`` runs."""
+        def at(v: float) -> Attempt | None:
+            return run(v, fixed) if on_primary else run(fixed, v)
+
+        def key(a: Attempt) -> float:
+            return a.primary if on_primary else a.hold
+
+        def on_line(a: Attempt) -> bool:
+            return (a.hold == fixed) if on_primary else (a.primary == fixed)
+
+        label = (knob.param if on_primary else
+                 f"{knob.param} (at {primary.param} {fixed:.4g})")
+        scan_from, scan_to = (start, ends[0]) if len(ends) == 1 else (knob.lo, knob.hi)
+        for v in (*ends, *knob.between(scan_from, scan_to, scan)):
+            if found() or len(tried) >= stop_at:
+                return
+            at(v)
+        jumped = False
+        while not found() and len(tried) < stop_at:
+            pts = sorted(filter(on_line, tried), key=key)
+            cross = [(x, y) for x, y in zip(pts, pts[1:], strict=False)
+                     if side(x) * side(y) < 0 and (key(x), key(y)) not in jumps]
+            if not cross:
+                break
+            x, y = min(cross, key=lambda c: min(abs(c[0].ratio - 1), abs(c[1].ratio - 1)))
+            if abs(key(y) - key(x)) <= min_step * max(abs(key(x)), abs(key(y)), 1e-9):
+                jumps.add((key(x), key(y)))
+                jumped = True
+                why.append(f"{label} jumps over the band between {key(x):.4g} → "
+                           f"{x.ratio:.3f}× and {key(y):.4g} → {y.ratio:.3f}×")
+                continue
+            at(knob.mid(key(x), key(y)))
+        if found():
+            return
+        pts = sorted(filter(on_line, tried), key=key)
+        cross = [(x, y) for x, y in zip(pts, pts[1:], strict=False) if side(x) * side(y) < 0]
+        if cross and not jumped:  # runs ran out (or were kept): the narrowest bracket tried
+            x, y = min(cross, key=lambda c: abs(key(c[1]) - key(c[0])))
+            why.append(f"{label} jumps over the band between {key(x):.4g} → {x.ratio:.3f}× "
+                       f"and {key(y):.4g} → {y.ratio:.3f}× (narrowest bracket tried)")
+        elif not cross:
+            lo_v, hi_v = key(pts[0]), key(pts[-1])
+            ratios = [a.ratio for a in pts]
+            where = "below" if max(ratios) < 1 else "above"
+            why.append(f"{label} over {lo_v:.4g}..{hi_v:.4g} gives {min(ratios):.3f}–"
+                       f"{max(ratios):.3f}×, all {where} the band")
+
+    jumps: set[tuple[float, float]] = set()
+    # 1-4: the defaults, the primary's end in the needed direction, a scan between them,
+    # bisection of the crossings; runs are kept for the hold knob.
     first = run(default, hold_default)
     assert first is not None
     if not found():
-        end = primary.end(more=first.ratio < 1)
-        last = run(end, hold_default)
-        if last is not None and side(last) == side(first):
-            why.append(f"{primary.param} at its range end {end:g} gives {last.ratio:.3f}×")
-        elif last is not None and not found():
-            # 3: scan between the default and the end (non-monotone responses show up).
-            for p in primary.between(default, end, scan):
-                a = run(p, hold_default)
-                if a is None or ok(a):
-                    break
-            # 4: bisect the crossings, keeping runs for the hold knob.
-            reserve = min(6, max_runs // 3)
-            jumps: set[tuple[float, float]] = set()
-            while not found() and len(tried) < max_runs - reserve:
-                pts = sorted((a for a in tried if a.hold == hold_default), key=lambda a: a.primary)
-                cross = [(x, y) for x, y in zip(pts, pts[1:], strict=False)
-                         if side(x) * side(y) < 0 and (x.primary, y.primary) not in jumps]
-                if not cross:
-                    break
-                x, y = min(cross, key=lambda c: min(abs(c[0].ratio - 1), abs(c[1].ratio - 1)))
-                if abs(y.primary - x.primary) <= min_step * max(abs(x.primary), abs(y.primary)):
-                    jumps.add((x.primary, y.primary))
-                    why.append(f"{primary.param} jumps over the band between {x.primary:.4g} "
-                               f"→ {x.ratio:.3f}× and {y.primary:.4g} → {y.ratio:.3f}×")
-                    continue
-                run(primary.mid(x.primary, y.primary), hold_default)
-            if not found() and not jumps:
-                pts = sorted((a for a in tried if a.hold == hold_default), key=lambda a: a.primary)
-                cross = [(x, y) for x, y in zip(pts, pts[1:], strict=False)
-                         if side(x) * side(y) < 0]
-                if cross:  # runs kept for the hold knob: say where the band was jumped
-                    x, y = min(cross, key=lambda c: abs(c[1].primary - c[0].primary))
-                    why.append(f"{primary.param} jumps over the band between {x.primary:.4g} "
-                               f"→ {x.ratio:.3f}× and {y.primary:.4g} → {y.ratio:.3f}× "
-                               "(narrowest bracket tried)")
-    # 5: the hold knob, from the closest run on each side of the band.
-    if not found():
-        below = [a for a in tried if a.ratio < 1 and a.hold < hold.hi]
-        above = [a for a in tried if a.ratio > 1 and a.hold > hold.lo]
-        starts = [min(g, key=lambda a: abs(a.ratio - 1)) for g in (below, above) if g]
-        for start in sorted(starts, key=lambda a: abs(a.ratio - 1)):
-            more = start.ratio < 1
-            end_h = hold.end(more)
-            last = run(start.primary, end_h)
-            if last is None:
-                break
-            if side(last) == side(start):
-                why.append(f"{primary.param} {start.primary:.4g} with {hold.param} {end_h:g} "
-                           f"gives {last.ratio:.3f}×")
-                continue
-            lo_h, hi_h = start.hold, end_h  # lo_h: start's side of the band; hi_h: past it
-            while not ok(last) and len(tried) < max_runs:
-                if abs(hi_h - lo_h) <= min_step * max(abs(lo_h), abs(hi_h), 1.0):
-                    why.append(f"{hold.param} jumps over the band at {primary.param} "
-                               f"{start.primary:.4g}")
-                    break
-                m = hold.mid(lo_h, hi_h)
-                a = run(start.primary, m)
-                if a is None:
-                    break
-                last = a
-                if side(a) == side(start):
-                    lo_h = m
-                else:
-                    hi_h = m
-            if found():
-                break
+        reserve = min(2 * scan + 4, max_runs // 2)
+        line(primary, hold_default, True, default, (primary.end(more=first.ratio < 1),),
+             max_runs - reserve)
+    # 5: the hold knob over its whole range (its response need not be monotone either),
+    # from the run closest to the band.
+    if not found() and len(tried) < max_runs:
+        start = min(tried, key=lambda a: abs(a.ratio - 1))
+        more = start.ratio < 1
+        ends = tuple(dict.fromkeys(v for v in (hold.end(more), hold.end(not more))
+                                   if v != start.hold))
+        line(hold, start.primary, False, start.hold, ends, max_runs)
     best = min(tried, key=lambda a: abs(a.ratio - 1))
     note = ""
     if not ok(best):

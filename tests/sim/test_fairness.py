@@ -40,7 +40,10 @@ def test_a_saturated_threshold_hands_over_to_the_hold_knob():
     assert out.within
     assert out.best.primary == 100.0  # the range end first, then the delay from there
     assert 350.0 <= out.best.hold <= 450.0
-    assert calls[:3] == [(99.0, 0.0), (100.0, 0.0), (100.0, 1000.0)]
+    assert calls[:2] == [(99.0, 0.0), (100.0, 0.0)]
+    # Then the scan between them (all 0.6x), then the delay's end from the closest run.
+    assert calls[2:5] == [(99.25, 0.0), (99.5, 0.0), (99.75, 0.0)]
+    assert calls[5] == (100.0, 1000.0)
 
 
 def test_the_hold_knob_also_goes_down_from_a_default_above_the_band():
@@ -76,20 +79,22 @@ def test_a_jump_over_the_band_and_saturated_knobs_are_explained_with_numbers():
     out = search(evaluate, PCT, 10.0, Knob("scale_down_delay_s", 0.0, 1000.0, +1), 300.0,
                  max_runs=16)
     assert not out.within
-    assert "jumps over the band" in out.note
-    assert "scale_down_delay_s 1000 gives 0.800×" in out.note
-    assert "scale_down_delay_s 0 gives 1.200×" in out.note
+    assert "percentile jumps over the band between" in out.note
+    assert "scale_down_delay_s (at percentile 10) over 0..1000 gives 0.800–0.800×, all below" \
+        in out.note
     assert "(closest 0.800×)" in out.note or "(closest 1.200×)" in out.note
     assert len(calls) <= 16
 
 
-def test_out_of_reach_at_both_ends_stops_after_three_runs():
+def test_out_of_reach_at_both_ends_is_said_with_the_ratios_reached():
     evaluate, calls = _counting(lambda p, h: 0.3 + p / 1000.0 + h / 10000.0)
-    out = search(evaluate, PCT, 99.0, HOLD, 0.0, max_runs=16)
-    assert not out.within and len(calls) == 3
-    assert "percentile at its range end 100 gives 0.400×" in out.note
-    assert "with scale_down_delay_s 1000 gives 0.500×" in out.note
-    assert out.best.ratio == pytest.approx(0.5)
+    out = search(evaluate, PCT, 99.0, HOLD, 0.0, max_runs=16, scan=3)
+    # default, p100, 3 scanned percentiles; the delay's end and 3 scanned delays: 9 runs.
+    assert not out.within and len(calls) == 9
+    assert "percentile over 99..100 gives 0.399–0.400×, all below the band" in out.note
+    assert ("scale_down_delay_s (at percentile 100) over 0..1000 gives 0.400–0.500×, all "
+            "below the band") in out.note
+    assert out.best.ratio == pytest.approx(0.5) and out.best.hold == 1000.0
 
 
 @pytest.mark.parametrize("max_runs", [1, 2, 5])
