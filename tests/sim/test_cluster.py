@@ -159,6 +159,8 @@ def test_a_head_host_with_several_replicas_starts_its_registry_chain_once(tech):
     sim = SimCluster(_cfg(tech, topology=topo), MODEL)
     m = sim.run(_burst(8))
     assert len(m.cold_starts_s) == 8 and m.unserved == 0
+    assert m.peak_starting == 8
+    assert m.peak_registry_flows == (1 if tech is Technique.MC else 2)
     once = MODEL.size_bytes * 8 / 2e9 + MODEL.load_s + MODEL.to_device_s
     if tech is Technique.MC:  # one cut-through flow for both hosts: one copy's time and bytes
         assert m.bytes_moved == pytest.approx(MODEL.size_bytes)

@@ -239,3 +239,28 @@ def test_a_cold_start_begins_with_no_replica_and_no_host_holding_the_model():
     assert lcmc.avg_cold_start_s < lc.avg_cold_start_s
     with pytest.raises(ValueError):
         replace(cfg, start="lukewarm")
+
+
+def test_every_comparison_row_has_an_explanation(tiny_results):
+    text = report_markdown(tiny_results, TINY, wall_s=1.0)
+    rows = [line for line in text.splitlines()
+            if line.startswith("| ") and "why ours differs" not in line
+            and line.split("|")[1].strip() in {t.value for t in Technique}
+            and "twitter" not in line]  # the comparison tables, not the per-run one
+    assert len(rows) >= 5
+    for line in rows:
+        why = line.rstrip(" |").rsplit("|", 1)[1].strip()
+        assert "cold start" in why, line
+    assert "LC+MC beside LC, per autoscaler:" in text
+    assert "* bart/atl:" in text and "* bart/owk:" in text
+
+
+def test_sources_summary_counts_and_averages_each_source():
+    from flashpoint.sim.cluster import RunMetrics
+    from flashpoint.sim.explain import sources_summary
+
+    m = RunMetrics(cold_starts_s=[1.0, 3.0, 100.0, 2.0],
+                   cold_start_sources=["local", "local", "registry", "chain:h3"])
+    assert sources_summary([m]) == (
+        "4 cold starts: 2 own RAM (2.00 s), 1 registry (100.00 s), 1 peer chain (2.00 s)")
+    assert sources_summary([RunMetrics()]) == "no cold start"
