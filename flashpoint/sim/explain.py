@@ -96,9 +96,9 @@ def lcmc_vs_lc_lines(runs: Sequence[RunResult]) -> list[str]:
             continue
         a, b = lc.metrics, lcmc.metrics
         if a.cold_starts_s == b.cold_starts_s and a.cold_start_sources == b.cold_start_sources:
-            why = ("identical runs: no scale-up put bytes on more than one new host at once "
-                   "(a chain of one host is a unicast), so chaining had nothing to do; "
-                   f"{sources_summary([a])}")
+            why = ("identical runs: no single scale-up sent bytes to more than one new host, "
+                   "so every chain had one receiver (a unicast) and chaining had nothing to "
+                   f"do; {sources_summary([a])}")
         else:
             change = (f"{100 * (b.avg_cold_start_s - a.avg_cold_start_s) / a.avg_cold_start_s:+.1f}%"
                       if a.avg_cold_start_s else "n/a (LC finished no cold start)")
@@ -123,6 +123,8 @@ def slow_cold_start_lines(runs: Sequence[RunResult], cloud_bps: float,
             f"* {r.model}/{r.autoscaler}/{r.technique.value}: average {m.avg_cold_start_s:.0f} s "
             f"over {len(m.cold_starts_s)} cold starts; up to {m.peak_starting} replicas were "
             f"starting at once and {m.peak_registry_flows} flows shared the registry link "
-            f"({share / 1e6:.0f} Mbit/s each: one {thesis_model(r.model).size_bytes / 1e9:.1f} GB "
-            f"copy then takes {thesis_model(r.model).size_bytes * 8 / share:.0f} s).")
+            f"({share / 1e6:.0f} Mbit/s each: a whole {thesis_model(r.model).size_bytes / 1e9:.1f} GB "
+            f"copy then takes {thesis_model(r.model).size_bytes * 8 / share:.0f} s"
+            + ("; MP's stage flows carry only their own layers first, the rest after)"
+               if r.technique.partition else ")") + ".")
     return lines
