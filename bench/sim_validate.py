@@ -12,9 +12,9 @@ Two modes. The last line of either is one JSON object.
   cold start of the same model measured in the same run, on network-namespace hosts:
 
   1. **host-RAM → torch load**: what the worker times as load (parse the manifest, mmap the
-     blob, ``load_module``; a fresh process each, after its imports) on other sizes of the
-     model (bert small and base by default), fitted as ``a + b × bytes`` and evaluated at
-     the compared model's size;
+     cached blob, ``load_module``; timed apart from the fetch) in cold starts of *other
+     sizes* of the model in the same cluster (bert small and base by default, ``--repeats``
+     each, median), fitted as ``a + b × bytes`` and evaluated at the compared model's size;
   2. **peer link**: raw TCP goodput between two lab hosts (``host0`` → ``host1``) at the tc
      cap, a plain socket stream of ``--tcp-mb`` (not the chain protocol, not the model);
   3. **registry**: ``S3Store.read_ranges`` goodput from ``host0``'s namespace on a
@@ -137,35 +137,6 @@ def recorded() -> None:
 
 
 # --- --measure -------------------------------------------------------------------------------
-_LOAD = r"""
-import json, mmap, sys, time
-import torch  # noqa: F401 - imported before timing, as a warm-pool worker has it
-from flashpoint.models.publish import load_module
-from flashpoint.registry.manifest import Manifest
-text = open(sys.argv[1]).read()
-t0 = time.perf_counter()
-manifest = Manifest.from_json(text)
-with open(sys.argv[2], "rb") as fh:
-    mapping = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-module = load_module(manifest, memoryview(mapping), device="cpu")
-print(json.dumps({"s": time.perf_counter() - t0}))
-"""
-
-
-def time_load(manifest: Any, blob: Path, lab: Any, host_index: int, repeats: int = 5) -> float:
-    """Median over ``repeats`` fresh processes in lab host ``host_index``'s namespace of what
-    the worker times as "load" (parse the manifest, mmap the blob, ``load_module``), each
-    its process's first load after the imports, as a warm-pool worker's is."""
-    mpath = blob.with_suffix(".manifest.json")
-    mpath.write_text(manifest.to_json())
-    times = []
-    for _ in range(repeats):
-        cp = lab.run(host_index, [sys.executable, "-c", _LOAD, str(mpath), str(blob)],
-                     timeout_s=300, check=True)
-        times.append(json.loads(cp.stdout.strip().splitlines()[-1])["s"])
-    return statistics.median(times)
-
-
 def tcp_goodput(lab: Any, src: int, dst: int, mb: int) -> dict[str, float]:
     """Raw TCP from lab host ``src`` to ``dst``: bytes over first-to-last-byte seconds."""
     sink = lab.exec(dst, [sys.executable, "-c", _SINK, lab.host(dst).addr, str(TCP_PORT)],
@@ -237,9 +208,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         probes[preset] = await publish(store, "bert", preset, "1", CHUNK_BYTES,
                                        model_name=f"probe-{preset}")
     size = big.blob_size
-    inputs = zoo.example_inputs("bert", zoo.resolve_config("bert", args.preset), 1)
-    body = {n: {"data": v.ravel().tolist(), "shape": list(v.shape), "datatype": "INT64"}
-            for n, v in inputs.items()}
+    def body_of(preset: str) -> dict[str, Any]:
+        arrays = zoo.example_inputs("bert", zoo.resolve_config("bert", preset), 1)
+        return {n: {"data": v.ravel().tolist(), "shape": list(v.shape), "datatype": "INT64"}
+                for n, v in arrays.items()}
+
+    body = body_of(args.preset)
     (tmp / "lab").mkdir()
     c = await NetCluster.start(
         NetLab, tmp / "lab", 2, rate_mbit=args.rate_mbit, registry_capped=True,
@@ -252,14 +226,45 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         host_controller={"deploy_timeout_s": 900.0})
     measured: dict[str, list[dict[str, Any]]] = {"registry": [], "peer": [], "ram": []}
     try:
-        # 1. load time on other model sizes, in host1's namespace while the cluster runs (the
-        # same contention the workers see), fitted and evaluated at the compared size.
-        load_points = []
+        assert c.session is not None
+
+        async def cold(fn: str, tier: str, inputs: dict[str, Any],
+                       into: list[dict[str, Any]]) -> None:
+            async def scaled_to_zero() -> tuple[bool, Any]:
+                st = await c.status()
+                return not [r for r in st["replicas"] if r["function"] == fn], None
+
+            await c.wait(f"{fn} scaled to zero", scaled_to_zero, 120.0)
+            await c.wait("every host's warm worker connected", c._pools_ready, 120.0)
+            await asyncio.sleep(0.5)
+            t0 = time.monotonic()
+            async with c.session.post(f"{c.url}/v1/functions/{fn}/invoke",
+                                      json={"inputs": inputs},
+                                      timeout=aiohttp.ClientTimeout(total=1200)) as r:
+                reply = await r.json(content_type=None)
+                assert r.status == 200, reply
+            wall = time.monotonic() - t0
+            tm = reply.get("timings_s", {})
+            row = {"tier": tier, "function": fn, "source": reply.get("cold_start_source"),
+                   "wall_s": wall, **{k: float(tm.get(k, 0.0)) for k in
+                                      ("fetch", "load", "to_device", "first_inference")}}
+            into.append(row)
+            print(f"{tier:8s} {fn} source={row['source']!s:16s} wall={wall:7.2f}s "
+                  f"fetch={row['fetch']:7.2f}s load={row['load'] * 1e3:7.1f}ms "
+                  f"to_device={row['to_device'] * 1e3:5.1f}ms", flush=True)
+
+        # 1. the worker's load time for other sizes of the model: cold starts of the probe
+        # models in this cluster (the same worker code and contention; load is timed apart
+        # from the fetch), median per size, fitted as a + b × bytes.
+        load_points, load_rows = [], {}
         for preset, m in probes.items():
-            secs = time_load(m, store.blob_path(f"probe-{preset}", "1"), c.lab, FIRST_HOST + 1)
-            load_points.append((m.blob_size, secs))
-            print(f"load bert/{preset}: {m.blob_size / 1e6:.1f} MB in {secs * 1e3:.1f} ms",
-                  flush=True)
+            await c.publish(m, store.blob_path(f"probe-{preset}", "1"))
+            await c.deploy(f"load-{preset}", f"probe-{preset}", keep_alive_s=0.2, timeout_s=900)
+            load_rows[preset] = []
+            for _ in range(args.repeats):
+                await cold(f"load-{preset}", "load", body_of(preset), load_rows[preset])
+            load_points.append((m.blob_size, statistics.median(
+                r["load"] for r in load_rows[preset])))
         a, b = fit_load(load_points)
         load_pred = a + b * size
         print(f"load fit: {a * 1e3:.1f} ms + {b * 1e9:.3f} ms/GB → {load_pred * 1e3:.1f} ms for "
@@ -270,8 +275,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         print(f"raw TCP host0→host1 {peer_tcp['bps'] / 1e6:.1f} Mbit/s, registry→host0 "
               f"{reg_tcp['bps'] / 1e6:.1f} Mbit/s (cap {args.rate_mbit:g})", flush=True)
         # 3. registry GETs on a different object (the probe), from host0's namespace.
-        probe = args.load_presets.split(",")[-1]
-        await c.publish(probes[probe], store.blob_path(f"probe-{probe}", "1"))
+        probe = args.load_presets.split(",")[-1]  # published for 1
         reg_get = s3_goodput(c, FIRST_HOST, f"probe-{probe}", "1", args.span_mb << 20)
         print(f"S3 GET probe-{probe} ({reg_get['bytes'] / 1e6:.1f} MB) from host0: "
               f"{reg_get['bps'] / 1e6:.1f} Mbit/s", flush=True)
@@ -282,41 +286,17 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await c.publish(big, store.blob_path("m", "1"))
         await c.deploy("f", "m", keep_alive_s=3600, timeout_s=900)
         await c.deploy("g", "m", keep_alive_s=0.2, timeout_s=900)
-        assert c.session is not None
 
-        async def cold(fn: str, tier: str) -> None:
-            async def scaled_to_zero() -> tuple[bool, Any]:
-                st = await c.status()
-                return not [r for r in st["replicas"] if r["function"] == fn], None
-
-            await c.wait(f"{fn} scaled to zero", scaled_to_zero, 120.0)
-            await c.wait("every host's warm worker connected", c._pools_ready, 120.0)
-            await asyncio.sleep(0.5)
-            t0 = time.monotonic()
-            async with c.session.post(f"{c.url}/v1/functions/{fn}/invoke", json={"inputs": body},
-                                      timeout=aiohttp.ClientTimeout(total=1200)) as r:
-                reply = await r.json(content_type=None)
-                assert r.status == 200, reply
-            wall = time.monotonic() - t0
-            tm = reply.get("timings_s", {})
-            row = {"tier": tier, "function": fn, "source": reply.get("cold_start_source"),
-                   "wall_s": wall, **{k: float(tm.get(k, 0.0)) for k in
-                                      ("fetch", "load", "to_device", "first_inference")}}
-            measured[tier].append(row)
-            print(f"{tier:8s} {fn} source={row['source']!s:16s} wall={wall:7.2f}s "
-                  f"fetch={row['fetch']:7.2f}s load={row['load'] * 1e3:7.1f}ms "
-                  f"to_device={row['to_device'] * 1e3:5.1f}ms", flush=True)
-
-        await cold("f", "registry")
+        await cold("f", "registry", body, measured["registry"])
 
         async def cached() -> tuple[bool, Any]:
             st = await c.status()
             return any("m@1" in h.get("cached_models", []) for h in st["hosts"]), None
 
         await c.wait("a host reporting the model cached", cached, 60.0)
-        await cold("g", "peer")
+        await cold("g", "peer", body, measured["peer"])
         for _ in range(args.repeats):
-            await cold("g", "ram")
+            await cold("g", "ram", body, measured["ram"])
     finally:
         with contextlib.suppress(Exception):
             await c.aclose()
@@ -354,7 +334,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                        "load_predicted_s": load_pred, "peer_tcp": peer_tcp,
                        "registry_tcp": reg_tcp, "registry_get": reg_get, "moto": moto,
                        "registry_effective_bps": eff_bps},
-            "cold_starts": measured, "rows": rows_json(rows),
+            "cold_starts": measured, "load_cold_starts": load_rows, "rows": rows_json(rows),
             "all_within": all(r.within for r in rows), "_rows": rows}
 
 
@@ -370,7 +350,8 @@ def main() -> None:
                          "registry probe object)")
     ap.add_argument("--span-mb", type=int, default=32, help="registry ranged-GET span")
     ap.add_argument("--tcp-mb", type=int, default=64, help="raw TCP probe size")
-    ap.add_argument("--repeats", type=int, default=5, help="own-RAM cold starts")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="own-RAM cold starts, and cold starts per load-probe size")
     args = ap.parse_args()
     if not args.measure:
         recorded()
