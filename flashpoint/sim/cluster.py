@@ -59,7 +59,16 @@ from flashpoint.policy.autoscale import make_autoscaler
 from flashpoint.policy.sourcing import REGISTRY
 from flashpoint.sim.engine import Engine, EventHandle
 from flashpoint.sim.models import ModelProfile
-from flashpoint.sim.network import CLOUD, Flow, FlowNetwork, Node, Topology, chain_path
+from flashpoint.sim.network import (
+    CLOUD,
+    Flow,
+    FlowNetwork,
+    LinkId,
+    LinkKind,
+    Node,
+    Topology,
+    chain_path,
+)
 from flashpoint.sim.traces import RequestLog
 from flashpoint.spec import FunctionSpec
 
@@ -188,6 +197,8 @@ class RunMetrics:
     wall_s: float = 0.0
     sim_end_s: float = 0.0
     bytes_moved: float = 0.0
+    peak_starting: int = 0  # most replicas cold-starting at once
+    peak_registry_flows: int = 0  # most flows sharing the registry link at once
 
     @property
     def avg_cold_start_s(self) -> float:
@@ -252,9 +263,11 @@ class SimCluster:
         # and per host the replicas still starting (not warm).
         self._stopping: dict[str, None] = {}
         self._starting: dict[int, int] = {}
+        self._n_starting = 0  # Σ of _starting
         self._queue: deque[tuple[float, float]] = deque()  # (arrival_s, work)
         self._cache: list[set[str]] = [set() for _ in range(config.topology.n_hosts)]
         self._fills: dict[int, _Fill] = {}  # host -> fill of the one model
+        self._heads_started: set[str] = set()  # registry chains started (transfer ids)
         self._arrivals = RateMeter()
         self._completions = RateMeter()
         self._invocations = 0
@@ -341,6 +354,7 @@ class SimCluster:
         self.metrics.events = self.engine.events_processed
         self.metrics.sim_end_s = end
         self.metrics.bytes_moved = self.net.bytes_delivered
+        self.metrics.peak_registry_flows = self.net.peak_flows(LinkId(LinkKind.CLOUD_EGRESS, 0))
         self.metrics.wall_s = time.perf_counter() - wall0
         return self.metrics
 
@@ -487,6 +501,9 @@ class SimCluster:
         rep = _Replica(c.replica_id, h, now)
         self._replicas[c.replica_id] = rep
         self._starting[h] = self._starting.get(h, 0) + 1
+        self._n_starting += 1
+        if self._n_starting > self.metrics.peak_starting:
+            self.metrics.peak_starting = self._n_starting
         rep.service_s = self.model.service_s
         key = self.model.key
         tech = self.config.technique
@@ -500,9 +517,14 @@ class SimCluster:
             return None
         src = c.source
         chain: tuple[Node, tuple[int, ...]] | None = None
-        if src is not None and src.kind == "chain_head":
+        if (src is not None and src.kind == "chain_head"
+                and src.transfer_id not in self._heads_started):
             # It heads a registry chain: the chain starts whatever this host already has,
-            # or the receivers behind it would wait forever.
+            # or the receivers behind it would wait forever. Once per transfer: every
+            # replica the tick places on the head host carries the same assignment, and the
+            # live host joins its one fill rather than pulling again (one transfer per host
+            # and model); starting one chain per replica multiplied the registry load.
+            self._heads_started.add(src.transfer_id)
             chain = CLOUD, (h, *(_host(x) for x in src.chain))
         if key in self._cache[h]:
             rep.source = "local"
@@ -675,6 +697,7 @@ class SimCluster:
 
     def _started(self, h: int) -> None:
         """A replica on host ``h`` left the starting phase (warm or stopped)."""
+        self._n_starting -= 1
         left = self._starting[h] - 1
         if left:
             self._starting[h] = left

@@ -253,6 +253,7 @@ class FlowNetwork:
         self._bytes_delivered = 0.0
         self._max_residual_bytes = 0.0
         self._flows_finished = 0
+        self._peak_flows: dict[LinkId, int] = {}  # most flows a link carried at once
 
     # --- queries -------------------------------------------------------------------------
 
@@ -265,6 +266,10 @@ class FlowNetwork:
     def bytes_delivered(self) -> float:
         """Integral of all flows' rates over time, in bytes (including cancelled flows' part)."""
         return self._bytes_delivered
+
+    def peak_flows(self, link: LinkId) -> int:
+        """The most flows ``link`` has carried at once (each shares it max-min fairly)."""
+        return self._peak_flows.get(link, 0)
 
     @property
     def flows_finished(self) -> int:
@@ -339,8 +344,12 @@ class FlowNetwork:
             self._bytes_delivered += moved
 
     def _attach(self, flow: Flow) -> None:
+        peak = self._peak_flows
         for link in flow.path:
-            self._link_flows.setdefault(link, {})[flow.flow_id] = None
+            users = self._link_flows.setdefault(link, {})
+            users[flow.flow_id] = None
+            if len(users) > peak.get(link, 0):
+                peak[link] = len(users)
 
     def _detach(self, flow: Flow) -> None:
         for link in flow.path:

@@ -194,7 +194,8 @@ class NetCluster:
                     device_memory_bytes: int = 128 * MIB, registry_capped: bool = True,
                     controller: dict[str, Any] | None = None,
                     host: dict[str, Any] | None = None,
-                    uncapped_hosts: tuple[int, ...] = ()) -> NetCluster:
+                    uncapped_hosts: tuple[int, ...] = (),
+                    host_controller: dict[str, Any] | None = None) -> NetCluster:
         """Build the lab and start every process; returns once all hosts registered and
         every host's warm worker is connected. :meth:`aclose` stops it all (also when
         starting fails); ``make_lab``'s teardown closes the lab again (idempotent).
@@ -203,7 +204,8 @@ class NetCluster:
         bottleneck); ``controller``
         adds keys to the controller's ``[controller]`` config, ``host`` to every host's
         ``[host]``; hosts whose index is in ``uncapped_hosts`` get uncapped links (a
-        well-connected peer)."""
+        well-connected peer); ``host_controller`` adds keys to every host's ``[controller]``
+        (e.g. ``deploy_timeout_s``, which also bounds a host's fill of a model)."""
         n = FIRST_HOST + num_hosts
         # Registry and hosts are capped (their uplinks carry model bytes); the controller not.
         free = {FIRST_HOST + h for h in uncapped_hosts}
@@ -217,7 +219,8 @@ class NetCluster:
         env.update(FAKE_AWS_ENV, PYTHONUNBUFFERED="1", FLASHPOINT_HOME=str(tmp / "home"))
         c = cls(lab, tmp, [f"host{i}" for i in range(num_hosts)], rate_mbit, env)
         try:
-            await c._start(device_memory_bytes, host_env or {}, controller or {}, host or {})
+            await c._start(device_memory_bytes, host_env or {}, controller or {}, host or {},
+                           host_controller or {})
         except BaseException:
             with contextlib.suppress(Exception):
                 await c.aclose()
@@ -225,7 +228,8 @@ class NetCluster:
         return c
 
     async def _start(self, device_memory_bytes: int, host_env: dict[str, dict[str, str]],
-                     controller: dict[str, Any], host: dict[str, Any]) -> None:
+                     controller: dict[str, Any], host: dict[str, Any],
+                     host_controller: dict[str, Any]) -> None:
         lab, tmp = self.lab, self.tmp
         registry = {"kind": "s3", "bucket": BUCKET, "endpoint_url": self.s3_url,
                     "region": "us-east-1"}
@@ -248,7 +252,7 @@ class NetCluster:
             addr = self.addr(host_id)
             cfg = write_toml(tmp / f"{host_id}.toml", {
                 "secret": SECRET, "log_level": "INFO",
-                "controller": {"deploy_timeout_s": 60.0},
+                "controller": {"deploy_timeout_s": 60.0, **host_controller},
                 "host": {"host_id": host_id, "controller_url": f"ws://{ctl_addr}:{HTTP_PORT}/rpc",
                          "cpu_devices": 1, "device_memory_bytes": device_memory_bytes,
                          "worker_memory_bytes": 64 * MIB, "warm_pool_size": 1,

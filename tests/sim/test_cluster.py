@@ -147,3 +147,25 @@ def test_pipeline_requests_pay_the_transfer_penalty():
     # plus I(1) and one cut's transfer.
     cut = cost.transfer_s(t5.layers[0].output_bytes)
     assert sorted(sim.metrics.latencies_s)[0] >= min(sim.metrics.cold_starts_s) + t5.service_s + cut
+
+
+@pytest.mark.parametrize("tech", [Technique.MC, Technique.LC])
+def test_a_head_host_with_several_replicas_starts_its_registry_chain_once(tech):
+    # Eight replicas in one tick on two 4-GPU hosts: one registry chain (h0 -> h1). Every
+    # replica on the head host carries the same chain_head assignment; the live host joins
+    # its one fill, so the sim must start the chain once, not once per replica (which
+    # shared the registry link four ways and made the cold start 4x longer).
+    topo = Topology(n_hosts=2, gpus_per_host=4, hosts_per_leaf=2, cloud_bps=2e9)
+    sim = SimCluster(_cfg(tech, topology=topo), MODEL)
+    m = sim.run(_burst(8))
+    assert len(m.cold_starts_s) == 8 and m.unserved == 0
+    assert m.peak_starting == 8
+    assert m.peak_registry_flows == (1 if tech is Technique.MC else 2)
+    once = MODEL.size_bytes * 8 / 2e9 + MODEL.load_s + MODEL.to_device_s
+    if tech is Technique.MC:  # one cut-through flow for both hosts: one copy's time and bytes
+        assert m.bytes_moved == pytest.approx(MODEL.size_bytes)
+        assert max(m.cold_starts_s) == pytest.approx(once, rel=0.01)
+    else:  # LC: one unicast per host from the registry, sharing its link two ways
+        assert m.bytes_moved == pytest.approx(2 * MODEL.size_bytes)
+        assert max(m.cold_starts_s) == pytest.approx(
+            2 * MODEL.size_bytes * 8 / 2e9 + MODEL.load_s + MODEL.to_device_s, rel=0.01)

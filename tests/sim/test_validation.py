@@ -34,3 +34,36 @@ def test_multicast_modes_are_predicted_within_ten_percent_from_point_to_point():
 def test_a_row_outside_the_band_is_reported_as_such():
     assert not ValidationRow("x", 10.0, 11.5, calibrated=False).within
     assert ValidationRow("x", 10.0, 9.1, calibrated=False).within
+
+
+def test_tiers_are_predicted_from_independent_rates_as_transfer_plus_start():
+    import pytest
+
+    from flashpoint.sim.validation import TierInputs, predicted_tiers, simulate_tiers
+
+    size = 1_340_600_000
+    inputs = TierInputs(size, registry_bps=140e6, peer_bps=150e6, start_s=0.2)
+    sims = simulate_tiers(inputs)
+    assert sims["registry"] == pytest.approx(size * 8 / 140e6 + 0.2, rel=1e-6)
+    assert sims["peer"] == pytest.approx(size * 8 / 150e6 + 0.2, rel=1e-6)
+    # Host links are symmetric in the simulator: a registry flow also crosses the
+    # receiver's host link, so it runs at min(registry, peer).
+    slow_host = simulate_tiers(TierInputs(size, registry_bps=150e6, peer_bps=140e6, start_s=0.2))
+    assert slow_host["registry"] == pytest.approx(size * 8 / 140e6 + 0.2, rel=1e-6)
+    assert sims["ram"] == pytest.approx(0.2, rel=1e-6)
+    measured = {"registry": (75.0, 0.1, 0.0), "peer": (80.0, 0.1, 0.0), "ram": (0.0, 0.3, 0.0)}
+    rows = predicted_tiers(inputs, measured)
+    assert [r.calibrated for r in rows] == [False, False, False]
+    assert rows[0].measured_s == pytest.approx(75.1) and rows[0].simulated_s == sims["registry"]
+    assert rows[2].ratio == pytest.approx(0.2 / 0.3)
+
+
+def test_load_time_is_fitted_as_a_line_over_model_sizes():
+    import pytest
+
+    from flashpoint.sim.validation import fit_load
+
+    a, b = fit_load([(100, 0.05 + 100 * 2e-4), (400, 0.05 + 400 * 2e-4), (200, 0.05 + 200 * 2e-4)])
+    assert a == pytest.approx(0.05) and b == pytest.approx(2e-4)
+    with pytest.raises(ValueError):
+        fit_load([(100, 1.0), (100, 2.0)])
