@@ -6,8 +6,8 @@ so no caller can smuggle ``..`` or ``/`` into the registry or the cache.
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 from typing import NewType
 
 from flashpoint.errors import InvalidName
@@ -46,4 +46,6 @@ def validate_version(version: object) -> str:
 
 def new_id(prefix: str) -> str:
     """A short random id with a readable prefix (``req-3f2a...``)."""
-    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+    # 64 random bits straight from the OS: what uuid4().hex[:16] gave, without building a
+    # UUID object (a quarter of the cost on every request).
+    return f"{prefix}-{os.urandom(8).hex()}"
