@@ -33,6 +33,7 @@ from flashpoint.policy.share_placement import (
     SharedReplica,
     ShareRequest,
     place_shared,
+    resolve_share,
 )
 from flashpoint.policy.snapshot import (
     ClusterSnapshot,
@@ -129,6 +130,7 @@ class FunctionRecord:
     scaler_memory: Any = None  # the autoscaler's memory for this function (windows, delays)
     reason: str = ""  # why the autoscaler decided what it did, last time
     unplaced: str = ""  # why the last scale-up could not place every replica ("" = it could)
+    share_reason: str = ""  # where its sm_share came from, when a FaST profile chose it
 
     @property
     def model_key(self) -> str:
@@ -433,8 +435,9 @@ class ControllerState:
                 return self._host_draining(event)
             case FunctionUpserted():
                 old = self.functions.get(event.spec.name)
-                rec = FunctionRecord(event.spec, event.model_bytes, plans=event.plans,
-                                     whole_cold_s=event.whole_cold_s)
+                spec, share_reason = resolve_share(event.spec)  # FaST profile -> sm_share
+                rec = FunctionRecord(spec, event.model_bytes, plans=event.plans,
+                                     whole_cold_s=event.whole_cold_s, share_reason=share_reason)
                 if old is not None:
                     rec.last_request_s = old.last_request_s
                     rec.scaler_memory = old.scaler_memory
