@@ -1,0 +1,163 @@
+"""The controller's I/O side of MIG reconfiguration (the logic is in ``mig_reconfig.py``).
+
+Owned by the Controller when ``[controller] mig_reconfigure`` is on. Every control loop it
+builds a :class:`~flashpoint.actors.mig_reconfig.MigObserved` from the controller's state
+(GPUs with MIG on and a known profile table, the replicas on their units, each function's
+warm replicas elsewhere and its outstanding best-effort requests), feeds it to
+:class:`MigReconfigState` and executes the commands: blocking and unblocking units and
+retiring replicas through :class:`ControllerState`'s thin hooks, and ``apply_mig`` on the
+host over RPC, whose outcome comes back as an event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from flashpoint.actors import controller_state as cs
+from flashpoint.actors.mig_reconfig import (
+    ApplyMig,
+    BlockDevices,
+    FunctionView,
+    MigApplied,
+    MigCommand,
+    MigEvent,
+    MigFailed,
+    MigGpuView,
+    MigObserved,
+    MigReconfigState,
+    ReplicaView,
+    RetireReplicas,
+    UnblockDevices,
+)
+from flashpoint.config import ControllerConfig
+from flashpoint.errors import FlashpointError
+from flashpoint.log import get_logger
+from flashpoint.policy.protean import ReconfigParams
+
+log = get_logger("flashpoint.controller.mig")
+
+RECONFIGS = Counter("flashpoint_mig_reconfigurations_total",
+                    "MIG reconfigurations the controller finished, by outcome "
+                    "(applied, or the failure's code)", ["outcome"])
+RECONFIGURING = Gauge("flashpoint_mig_reconfiguring_gpus",
+                      "GPUs being drained or reconfigured now")
+
+
+def observe(state: cs.ControllerState, be_outstanding: Mapping[str, int],
+            now_s: float) -> MigObserved:
+    """The snapshot the reconfigurator decides over, from the controller's state."""
+    gpus: list[MigGpuView] = []
+    for h in state.hosts.values():
+        for g in h.gpus:
+            if not g.mig or not g.model:
+                continue
+            units = sorted((d for d in h.devices.values() if d.gpu_index == g.gpu_index
+                            and d.kind == "cuda"), key=lambda d: d.device_id)
+            ids = {d.device_id for d in units}
+            gpus.append(MigGpuView(
+                h.host_id, g.gpu_index, g.model,
+                tuple(d.mig_profile.split(".")[0] for d in units if d.mig_profile),
+                tuple(d.device_id for d in units),
+                tuple(ReplicaView(r.replica_id, r.function, str(r.phase))
+                      for r in state.replicas.values()
+                      if r.host_id == h.host_id and r.device_id in ids),
+                h.reported, h.alive, h.draining))
+    functions: list[FunctionView] = []
+    leaving_hosts = {h.host_id for h in state.hosts.values() if h.draining}
+    for name, fn in state.functions.items():
+        mine = [r for r in state.replicas.values() if r.function == name
+                and (r.host_id, r.device_id) not in state.blocked
+                and r.host_id not in leaving_hosts]
+        spec = fn.spec
+        functions.append(FunctionView(
+            name, sum(r.phase == cs.ReplicaPhase.WARM for r in mine),
+            sum(r.phase == cs.ReplicaPhase.STARTING for r in mine), fn.desired,
+            bool(fn.unplaced), be_outstanding.get(name, 0), spec.max_batch_size,
+            spec.batch_memory_bytes or fn.model_bytes + state.replica_overhead_bytes))
+    return MigObserved(now_s, tuple(gpus), tuple(functions))
+
+
+class MigDriver:
+    """Runs :class:`MigReconfigState` for the controller."""
+
+    def __init__(self, cc: ControllerConfig, state: cs.ControllerState,
+                 hosts: Mapping[str, Any],
+                 execute: Callable[[list[cs.Command]], None],
+                 spawn: Callable[[Coroutine[Any, Any, None], str], Any],
+                 clock: Callable[[], float]) -> None:
+        self.cc = cc
+        self.state = state
+        self.hosts = hosts  # host id -> HostHandle (its ``conn`` calls the host)
+        self.execute = execute
+        self.spawn = spawn
+        self.clock = clock
+        self.mig = MigReconfigState(
+            ReconfigParams(alpha=cc.mig_alpha, wait_limit=cc.mig_wait_limit,
+                           fleet_fraction=cc.mig_fleet_fraction),
+            interval_s=cc.mig_interval_s, drain_grace_s=cc.mig_drain_grace_s,
+            drain_timeout_s=cc.mig_drain_timeout_s)
+        self.be_outstanding: dict[str, int] = {}  # function -> BE requests queued/in flight
+
+    # best-effort demand (called from the request path) --------------------------------
+    def be_began(self, function: str) -> None:
+        self.be_outstanding[function] = self.be_outstanding.get(function, 0) + 1
+
+    def be_ended(self, function: str) -> None:
+        n = self.be_outstanding.get(function, 0) - 1
+        if n > 0:
+            self.be_outstanding[function] = n
+        else:
+            self.be_outstanding.pop(function, None)
+
+    def busy(self) -> bool:
+        """A GPU is being drained or reconfigured (its capacity is coming back)."""
+        return self.mig.busy()
+
+    def status(self) -> dict[str, Any]:
+        return self.mig.status()
+
+    # loop --------------------------------------------------------------------------------
+    def step(self, now_s: float) -> None:
+        """One control-loop step (the controller's tick)."""
+        self._handle(observe(self.state, self.be_outstanding, now_s))
+
+    def _handle(self, event: MigEvent) -> None:
+        cmds = self.mig.handle(event)
+        for what, fields in self.mig.drain_log():
+            (log.warning if what == "mig_reconfigure_failed" else log.info)(what, **fields)
+            if what == "mig_reconfigure_failed":
+                RECONFIGS.labels(str(fields.get("code"))).inc()
+            elif what == "mig_reconfigured":
+                RECONFIGS.labels("applied").inc()
+        self._run(cmds)
+        RECONFIGURING.set(len(self.mig.inflight))
+
+    def _run(self, cmds: list[MigCommand]) -> None:
+        for cmd in cmds:
+            match cmd:
+                case BlockDevices():
+                    self.state.block(cmd.host_id, cmd.device_ids)
+                case UnblockDevices():
+                    self.state.unblock(cmd.host_id, cmd.device_ids)
+                case RetireReplicas():
+                    self.execute(self.state.retire(cmd.replica_ids))
+                case ApplyMig():
+                    self.spawn(self._apply(cmd), f"apply_mig:{cmd.host_id}/{cmd.gpu_index}")
+
+    async def _apply(self, cmd: ApplyMig) -> None:
+        host = self.hosts.get(cmd.host_id)
+        try:
+            if host is None:
+                raise FlashpointError(f"host {cmd.host_id} has no connection")
+            await host.conn.call("apply_mig", {"gpu_index": cmd.gpu_index,
+                                               "geometry": list(cmd.geometry)},
+                                 timeout_s=self.cc.mig_apply_timeout_s)
+        except Exception as exc:  # any failure returns the GPU to service (mig_reconfig.py)
+            err = exc if isinstance(exc, FlashpointError) else FlashpointError(repr(exc))
+            self._handle(MigFailed(cmd.host_id, cmd.gpu_index, err.code, err.message,
+                                   self.clock()))
+            return
+        self._handle(MigApplied(cmd.host_id, cmd.gpu_index, self.clock()))
