@@ -69,7 +69,6 @@ def observe(state: cs.ControllerState, be_outstanding: Mapping[str, int],
     leaving_hosts = {h.host_id for h in state.hosts.values() if h.draining}
     for name, fn in state.functions.items():
         mine = [r for r in state.replicas.values() if r.function == name
-                and (r.host_id, r.device_id) not in state.blocked
                 and r.host_id not in leaving_hosts]
         spec = fn.spec
         functions.append(FunctionView(

@@ -36,6 +36,7 @@ reports)--> ``applying`` --(``MigApplied``)--> ``idle``, the new slices placemen
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -85,9 +86,12 @@ class MigGpuView:
 
 @dataclass(frozen=True)
 class FunctionView:
+    """A function's replicas (on hosts that are not going away) and BE demand; those on
+    GPUs being drained are subtracted here, since which GPUs those are is this class's."""
+
     name: str
-    warm_elsewhere: int  # warm replicas not on a GPU being drained
-    starting_elsewhere: int
+    warm: int
+    starting: int
     desired: int  # the autoscaler's last decision
     unplaced: bool  # the last scale-up could not place every replica
     be_outstanding: int  # best-effort requests queued or in flight now
@@ -170,6 +174,7 @@ class GpuReconfig:
     started_s: float
     phase: MigPhase = MigPhase.DRAINING
     seen: set[str] = field(default_factory=set)  # replicas ever seen on it while draining
+    apply_s: float | None = None  # when ApplyMig was sent
     retired: set[str] = field(default_factory=set)
 
 
@@ -197,6 +202,7 @@ class MigReconfigState:
         self.targets: dict[str, tuple[str, ...]] = {}  # gpu_id -> what Alg. 2 wants, last time
         self.counters = MigCounters()
         self.log: list[tuple[str, dict[str, object]]] = []  # (event, fields) for the actor to log
+        self.history: deque[dict[str, object]] = deque(maxlen=32)  # finished ones, newest last
 
     def busy(self) -> bool:
         return bool(self.inflight)
@@ -210,6 +216,11 @@ class MigReconfigState:
                 if rec is None:
                     return []
                 self.counters.applied += 1
+                drained = (rec.apply_s or event.now_s) - rec.started_s
+                self.history.append({"host_id": rec.host_id, "gpu": rec.gpu_index,
+                                     "target": list(rec.target), "moved": len(rec.seen),
+                                     "drain_s": round(drained, 3),
+                                     "total_s": round(event.now_s - rec.started_s, 3)})
                 self._note("mig_reconfigured", rec, seconds=round(event.now_s - rec.started_s, 3))
                 return [UnblockDevices(rec.host_id, rec.gpu_index, rec.device_ids)]
             case MigFailed():
@@ -226,11 +237,16 @@ class MigReconfigState:
             g = gpus.get(key)
             if g is None or not g.alive:
                 cmds += self._fail(rec, "host_lost", "the host is gone or silent")
-            elif rec.phase is MigPhase.DRAINING:
-                cmds += self._advance(rec, g, fns, ev.now_s)
         if self.last_decision_s is None or ev.now_s - self.last_decision_s >= self.interval_s:
             self.last_decision_s = ev.now_s
             cmds += self._decide(ev, gpus, fns)
+        # Drains advance after the decision, so a GPU decided now counts as drained
+        # (its replicas are not "elsewhere") for every function.
+        draining = [(rec, gpus[key]) for key, rec in list(self.inflight.items())
+                    if rec.phase is MigPhase.DRAINING]
+        leaving = [r for _, g in draining for r in g.replicas]
+        for rec, g in draining:
+            cmds += self._advance(rec, g, fns, leaving, ev.now_s)
         return cmds
 
     def _decide(self, ev: MigObserved, gpus: dict[tuple[str, int], MigGpuView],
@@ -263,12 +279,12 @@ class MigReconfigState:
             self._note("mig_reconfigure_decided", rec, current=list(g.geometry),
                        be_model=self.be_model, be_batches_per_gpu=round(per_gpu, 2))
             cmds.append(BlockDevices(g.host_id, g.gpu_index, g.device_ids))
-            cmds += self._advance(rec, g, fns, ev.now_s)
         return cmds
 
     def _advance(self, rec: GpuReconfig, g: MigGpuView, fns: dict[str, FunctionView],
-                 now_s: float) -> list[MigCommand]:
-        """One drain step: retire what may go, apply once the host runs nothing there."""
+                 leaving: list[ReplicaView], now_s: float) -> list[MigCommand]:
+        """One drain step: retire what may go, apply once the host runs nothing there.
+        ``leaving``: the replicas on every GPU being drained (not capacity)."""
         if now_s - rec.started_s > self.drain_timeout_s:
             return self._fail(rec, "drain_timeout",
                               f"not drained after {self.drain_timeout_s:.0f} s")
@@ -279,14 +295,18 @@ class MigReconfigState:
             if r.replica_id in rec.retired or r.phase not in (STARTING, WARM):
                 continue
             f = fns.get(r.function)
+            warm = starting = 0
+            if f is not None:
+                warm = f.warm - sum(x.function == f.name and x.phase == WARM for x in leaving)
+                starting = f.starting - sum(x.function == f.name and x.phase == STARTING
+                                            for x in leaving)
             if (r.phase == STARTING or late or f is None or f.desired == 0
-                    or f.warm_elsewhere >= max(1, f.desired)
-                    or (f.unplaced and f.starting_elsewhere == 0)):
+                    or warm >= max(1, f.desired) or (f.unplaced and starting <= 0)):
                 retire.append(r.replica_id)
         rec.retired.update(retire)
         cmds: list[MigCommand] = [RetireReplicas(tuple(retire))] if retire else []
         if not g.replicas and not (rec.seen & g.host_reported):
-            rec.phase = MigPhase.APPLYING
+            rec.phase, rec.apply_s = MigPhase.APPLYING, now_s
             self._note("mig_apply", rec, drained_s=round(now_s - rec.started_s, 3))
             cmds.append(ApplyMig(rec.host_id, rec.gpu_index, rec.target))
         return cmds
@@ -313,4 +333,4 @@ class MigReconfigState:
                 "inflight": [{"host_id": r.host_id, "gpu": r.gpu_index, "phase": str(r.phase),
                               "target": list(r.target)} for r in self.inflight.values()],
                 "decided": self.counters.decided, "applied": self.counters.applied,
-                "failed": dict(self.counters.failed)}
+                "failed": dict(self.counters.failed), "history": list(self.history)}

@@ -85,18 +85,20 @@ def test_fig7_be_model_switch_drains_one_gpu_then_applies_4g_3g():
     g1 = gpu(1)
     assert run(st, 0.0, 6, [g0, g1], [fn("be-a", be=8), fn("be-b")]) == []
     assert st.be_model == "be-a" and set(st.targets.values()) == {SMALL}
-    # the switch: B's BE requests now, A's none (its replica has no warm peer elsewhere)
-    switched = [fn("be-a", warm=0), fn("be-b", be=8, mem=10 * GB)]
+    # the switch: B's BE requests now, A's none (a-1 is be-a's only warm replica)
+    switched = [fn("be-a", warm=1), fn("be-b", be=8, mem=10 * GB)]
     assert run(st, 6.0, 3, [g0, g1], switched) == []  # mismatches 1..3: waiting
     assert st.be_model == "be-b" and set(st.targets.values()) == {("4g", "3g")}
     cmds = run(st, 9.0, 1, [g0, g1], switched)  # the 4th mismatch: reconfigure
-    assert cmds == [BlockDevices("h0", 0, g0.device_ids)]  # a-1 waits for a replacement
+    # a-1 waits for a replacement: it is not "elsewhere" although the view was taken
+    # before its GPU was blocked
+    assert cmds == [BlockDevices("h0", 0, g0.device_ids)]
     assert st.status()["inflight"] == [{"host_id": "h0", "gpu": 0, "phase": "draining",
                                         "target": ["4g", "3g"]}]
     # the next observations in the same interval only advance the drain
     assert st.handle(MigObserved(9.5, (g0, g1), tuple(switched))) == []
     # a replacement of be-a is warm elsewhere: a-1 is retired (once)
-    ok = [fn("be-a", warm=1), fn("be-b", be=8, mem=10 * GB)]
+    ok = [fn("be-a", warm=2), fn("be-b", be=8, mem=10 * GB)]
     assert st.handle(MigObserved(9.6, (g0, g1), tuple(ok))) == [RetireReplicas(("a-1",))]
     stopping = gpu(0, replicas=[ReplicaView("a-1", "be-a", "stopping")], reported={"a-1"})
     assert st.handle(MigObserved(9.7, (stopping, g1), tuple(ok))) == []
@@ -170,8 +172,9 @@ def test_which_replicas_are_retired_while_draining():
             ReplicaView("u", "f-full", "warm"),  # no capacity elsewhere, nothing starting
             ReplicaView("z", "f-zero", "warm"),  # nobody wants it any more
             ReplicaView("x", "gone", "warm")]  # its function was deleted
-    fns = [fn("be", be=8), fn("f-start", warm=0, starting=1), fn("f-wait", warm=0,
-           starting=1), fn("f-full", warm=0, unplaced=True), fn("f-zero", warm=0, desired=0)]
+    # counts include the replicas on the GPU being drained
+    fns = [fn("be", be=8), fn("f-start", warm=0, starting=1), fn("f-wait", warm=1,
+           starting=1), fn("f-full", warm=1, unplaced=True), fn("f-zero", warm=1, desired=0)]
     cmds = run(st, 0.0, 4, [gpu(0, ("7g",), replicas=reps)], fns)
     assert of(cmds, RetireReplicas) == [RetireReplicas(("s", "u", "z", "x"))]
     # past the grace the last one goes too, even without a warm peer
@@ -221,9 +224,10 @@ def test_blocked_units_get_no_placements_and_their_replicas_are_replaced_elsewhe
     assert len(placeable) == 3 and not set(placeable) & set(views[gpu_of].device_ids)
     (r,) = of(st.handle(Tick(1.1, {"f": load()})), DeployReplica)
     assert not r.device_id.startswith(f"cuda:{gpu_of}/")  # the replacement goes elsewhere
-    assert observe(st, {}, 1.2).functions[0].warm_elsewhere == 0
+    assert (observe(st, {}, 1.2).functions[0].warm,
+            observe(st, {}, 1.2).functions[0].starting) == (1, 1)
     st.handle(ReplicaWarmed(r.replica_id, {}, 1.3))
-    assert observe(st, {}, 1.4).functions[0].warm_elsewhere == 1
+    assert observe(st, {}, 1.4).functions[0].warm == 2
     assert st.retire((d.replica_id, "unknown")) == [StopAccepting(d.replica_id)]
     st.unblock("h0", views[gpu_of].device_ids)
     assert not st.blocked
