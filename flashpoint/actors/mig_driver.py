@@ -46,7 +46,7 @@ RECONFIGURING = Gauge("flashpoint_mig_reconfiguring_gpus",
                       "GPUs being drained or reconfigured now")
 
 
-def observe(state: cs.ControllerState, be_outstanding: Mapping[str, int],
+def observe(state: cs.ControllerState, be_outstanding: Mapping[str, float],
             now_s: float) -> MigObserved:
     """The snapshot the reconfigurator decides over, from the controller's state."""
     gpus: list[MigGpuView] = []
@@ -99,17 +99,38 @@ class MigDriver:
             interval_s=cc.mig_interval_s, drain_grace_s=cc.mig_drain_grace_s,
             drain_timeout_s=cc.mig_drain_timeout_s)
         self.be_outstanding: dict[str, int] = {}  # function -> BE requests queued/in flight
+        # Their time integral since the last decision: the decision sees the mean queue over
+        # its interval, not whatever the queue held at one instant (with fast requests, the
+        # instant is mostly between a client's requests, and reads as no demand).
+        self._be_area: dict[str, float] = {}
+        self._be_since_s = self._be_last_s = clock()
 
     # best-effort demand (called from the request path) --------------------------------
+    def _accrue(self, now_s: float) -> None:
+        dt = max(0.0, now_s - self._be_last_s)
+        for f, n in self.be_outstanding.items():
+            self._be_area[f] = self._be_area.get(f, 0.0) + n * dt
+        self._be_last_s = now_s
+
     def be_began(self, function: str) -> None:
+        self._accrue(self.clock())
         self.be_outstanding[function] = self.be_outstanding.get(function, 0) + 1
 
     def be_ended(self, function: str) -> None:
+        self._accrue(self.clock())
         n = self.be_outstanding.get(function, 0) - 1
         if n > 0:
             self.be_outstanding[function] = n
         else:
             self.be_outstanding.pop(function, None)
+
+    def be_mean(self, now_s: float) -> dict[str, float]:
+        """Mean BE requests outstanding per function since the last decision."""
+        self._accrue(now_s)
+        span = now_s - self._be_since_s
+        if span <= 0:
+            return {f: float(n) for f, n in self.be_outstanding.items()}
+        return {f: a / span for f, a in self._be_area.items() if a > 0}
 
     def busy(self) -> bool:
         """A GPU is being drained or reconfigured (its capacity is coming back)."""
@@ -121,7 +142,10 @@ class MigDriver:
     # loop --------------------------------------------------------------------------------
     def step(self, now_s: float) -> None:
         """One control-loop step (the controller's tick)."""
-        self._handle(observe(self.state, self.be_outstanding, now_s))
+        self._handle(observe(self.state, self.be_mean(now_s), now_s))
+        if self.mig.last_decision_s == now_s:  # a decision took this interval's demand
+            self._be_area.clear()
+            self._be_since_s = now_s
 
     def _handle(self, event: MigEvent) -> None:
         cmds = self.mig.handle(event)

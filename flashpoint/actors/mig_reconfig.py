@@ -24,8 +24,8 @@ reports)--> ``applying`` --(``MigApplied``)--> ``idle``, the new slices placemen
   touched: replicas moved away stay where they went.
 - **Demand.** The controller queues per function, not per GPU, so each MIG GPU is given an
   equal share of the fleet's best-effort batches (PROTEAN's distributor spreads BE work
-  over the GPUs): a function's batches are ⌈its outstanding BE requests / its
-  max_batch_size⌉. The *current BE model* is the function with the most BE batches, its
+  over the GPUs): a function's batches are ⌈its outstanding BE requests (their mean over
+  the interval) / its max_batch_size⌉. The *current BE model* is the function with the most BE batches, its
   per-batch memory its ``batch_memory_bytes`` (else its replica footprint). Until any BE
   request has been seen there is no BE model, and no decision is taken: Alg. 2 has
   nothing to size the BE slices by.
@@ -94,7 +94,7 @@ class FunctionView:
     starting: int
     desired: int  # the autoscaler's last decision
     unplaced: bool  # the last scale-up could not place every replica
-    be_outstanding: int  # best-effort requests queued or in flight now
+    be_outstanding: float  # best-effort requests queued or in flight (mean over the interval)
     max_batch_size: int
     batch_memory_bytes: int  # one batch's device memory (PROTEAN's footprint)
 
@@ -198,6 +198,7 @@ class MigReconfigState:
         self.inflight: dict[tuple[str, int], GpuReconfig] = {}
         self.be_model: str | None = None  # the current BE model (function name)
         self.be_batch_mem_bytes = 0
+        self.be_batches_per_gpu = 0.0  # what the last decision was fed
         self.last_decision_s: float | None = None
         self.targets: dict[str, tuple[str, ...]] = {}  # gpu_id -> what Alg. 2 wants, last time
         self.counters = MigCounters()
@@ -262,7 +263,7 @@ class MigReconfigState:
         eligible = [g for g in gpus.values() if g.alive and not g.draining_host]
         if self.be_model is None or not eligible:
             return []
-        per_gpu = sum(batches.values()) / len(eligible)
+        per_gpu = self.be_batches_per_gpu = sum(batches.values()) / len(eligible)
         snap = ReconfigSnapshot(tuple(
             GpuReconfigSnapshot(g.gpu_id, g.model, g.geometry, per_gpu, self.be_batch_mem_bytes,
                                 reconfiguring=(g.host_id, g.gpu_index) in self.inflight)
@@ -329,6 +330,7 @@ class MigReconfigState:
 
     def status(self) -> dict[str, object]:
         return {"be_model": self.be_model, "be_batch_mem_bytes": self.be_batch_mem_bytes,
+                "be_batches_per_gpu": self.be_batches_per_gpu,
                 "targets": {k: list(v) for k, v in sorted(self.targets.items())},
                 "inflight": [{"host_id": r.host_id, "gpu": r.gpu_index, "phase": str(r.phase),
                               "target": list(r.target)} for r in self.inflight.values()],

@@ -183,6 +183,26 @@ def test_which_replicas_are_retired_while_draining():
     assert st.handle(MigObserved(8.1, (left,), tuple(fns))) == [RetireReplicas(("w",))]
 
 
+def test_driver_feeds_the_mean_best_effort_queue_over_the_decision_interval():
+    from flashpoint.actors.mig_driver import MigDriver
+
+    now = [0.0]
+    cc = load_config().controller
+    driver = MigDriver(cc, ControllerState(), {}, lambda cmds: None, lambda coro, name: None,
+                       lambda: now[0])
+    driver.be_began("f")  # t=0: 1 outstanding
+    now[0] = 1.0
+    driver.be_began("f")  # t=1: 2
+    now[0] = 2.0
+    driver.be_ended("f")  # t=2: 1, until t=4
+    assert driver.be_mean(4.0) == {"f": pytest.approx((1 + 2 + 2) / 4)}
+    driver.step(4.0)  # the first step decides (no GPUs): the next interval starts empty
+    now[0] = 5.0
+    driver.be_ended("f")
+    assert driver.be_outstanding == {}
+    assert driver.be_mean(6.0) == {"f": pytest.approx(1 / 2)}
+
+
 def test_mig_config_is_validated():
     cfg = load_config(overrides={"controller": {"mig_reconfigure": True, "mig_interval_s": 2}})
     assert cfg.controller.mig_reconfigure and cfg.controller.mig_interval_s == 2
