@@ -50,30 +50,33 @@ def observe(state: cs.ControllerState, be_outstanding: Mapping[str, float],
             now_s: float) -> MigObserved:
     """The snapshot the reconfigurator decides over, from the controller's state."""
     gpus: list[MigGpuView] = []
+    on: dict[tuple[str, str], list[ReplicaView]] = {}  # (host, unit) -> its replicas
+    for r in state.replicas.values():
+        on.setdefault((r.host_id, r.device_id), []).append(
+            ReplicaView(r.replica_id, r.function, str(r.phase)))
     for h in state.hosts.values():
         for g in h.gpus:
             if not g.mig or not g.model:
                 continue
             units = sorted((d for d in h.devices.values() if d.gpu_index == g.gpu_index
                             and d.kind == "cuda"), key=lambda d: d.device_id)
-            ids = {d.device_id for d in units}
             gpus.append(MigGpuView(
                 h.host_id, g.gpu_index, g.model,
                 tuple(d.mig_profile.split(".")[0] for d in units if d.mig_profile),
                 tuple(d.device_id for d in units),
-                tuple(ReplicaView(r.replica_id, r.function, str(r.phase))
-                      for r in state.replicas.values()
-                      if r.host_id == h.host_id and r.device_id in ids),
+                tuple(v for d in units for v in on.get((h.host_id, d.device_id), ())),
                 h.reported, h.alive, h.draining))
     functions: list[FunctionView] = []
     leaving_hosts = {h.host_id for h in state.hosts.values() if h.draining}
+    counts: dict[tuple[str, str], int] = {}  # (function, phase) -> replicas
+    for r in state.replicas.values():
+        if r.host_id not in leaving_hosts:
+            counts[(r.function, r.phase)] = counts.get((r.function, r.phase), 0) + 1
     for name, fn in state.functions.items():
-        mine = [r for r in state.replicas.values() if r.function == name
-                and r.host_id not in leaving_hosts]
         spec = fn.spec
         functions.append(FunctionView(
-            name, sum(r.phase == cs.ReplicaPhase.WARM for r in mine),
-            sum(r.phase == cs.ReplicaPhase.STARTING for r in mine), fn.desired,
+            name, counts.get((name, cs.ReplicaPhase.WARM), 0),
+            counts.get((name, cs.ReplicaPhase.STARTING), 0), fn.desired,
             bool(fn.unplaced), be_outstanding.get(name, 0), spec.max_batch_size,
             spec.batch_memory_bytes or fn.model_bytes + state.replica_overhead_bytes))
     return MigObserved(now_s, tuple(gpus), tuple(functions))
