@@ -252,3 +252,56 @@ def test_blocked_units_get_no_placements_and_their_replicas_are_replaced_elsewhe
     st.unblock("h0", views[gpu_of].device_ids)
     assert not st.blocked
     assert len([x for h in st.snapshot(2.0).hosts for x in h.devices]) == 6
+
+
+@pytest.mark.parametrize("error", ["busy", "invalid", "lost", "ok"])
+async def test_driver_applies_over_rpc_and_a_refusal_returns_the_gpu(error):
+    """The driver's I/O: Alg. 2 decides for a MIG GPU at 7g, its units are blocked, the host's
+    apply_mig is called with the geometry; a typed refusal (or a lost connection) unblocks
+    the units and is counted by its code, success unblocks them too."""
+    from flashpoint.actors.mig_driver import MigDriver
+    from flashpoint.errors import GpuBusy, InvalidGeometry, PeerLost
+
+    calls: list = []
+
+    class Conn:
+        async def call(self, method, payload, timeout_s):
+            calls.append((method, payload))
+            if error == "busy":
+                raise GpuBusy("runs replicas", gpu=0, replicas=["x"])
+            if error == "invalid":
+                raise InvalidGeometry("no", reason="no_placement")
+            if error == "lost":
+                raise PeerLost("gone")
+            return {"gpu_index": 0, "slices": []}
+
+    class Handle:
+        conn = Conn()
+
+    st = ControllerState(heartbeat_timeout_s=5.0, replica_overhead_bytes=0)
+    st.handle(HostRegistered("h0", (DeviceRecord("cuda:0/gi0ci0", "cuda", 40 * GB, 0,
+                                                 "7g.40gb"),), 64 * GB, frozenset(), (), 0.0,
+                             gpus=(GpuRecord(0, "A100-40GB", True),)))
+    st.handle(FunctionUpserted(FunctionSpec(name="be", model="m", max_batch_size=1,
+                                            batch_memory_bytes=2 * GB), 100 << 20))
+    spawned: list = []
+    cc = load_config(overrides={"controller": {"mig_interval_s": 1.0}}).controller
+    now = [0.0]
+    driver = MigDriver(cc, st, {"h0": Handle()}, lambda cmds: None,
+                       lambda coro, name: spawned.append(coro), lambda: now[0])
+    for _ in range(4):  # 4 BE requests outstanding: 8 of [1g,2g]'s 15 GB -> (4g,2g,1g)
+        driver.be_began("be")
+    for k in range(4):  # the 4th mismatch with 7g: reconfigure
+        now[0] = k + 1.0
+        driver.step(now[0])
+    assert st.blocked == {("h0", "cuda:0/gi0ci0")} and driver.busy()
+    (coro,) = spawned
+    await coro
+    assert calls == [("apply_mig", {"gpu_index": 0, "geometry": ["4g", "2g", "1g"]})]
+    assert not st.blocked and not driver.busy()
+    status = driver.status()
+    if error == "ok":
+        assert status["applied"] == 1 and status["failed"] == {}
+    else:
+        code = {"busy": "gpu_busy", "invalid": "invalid_geometry", "lost": "peer_lost"}[error]
+        assert status["applied"] == 0 and status["failed"] == {code: 1}
