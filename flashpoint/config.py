@@ -85,9 +85,30 @@ class ControllerConfig:
     # How replicas of functions with an sm_share are placed on sharing hosts' GPUs
     # (flashpoint/policy/share_placement.py): "fastgshare" (MaxRects) or "dilu" (best fit).
     share_policy: str = "fastgshare"
+    # MIG reconfiguration driven by PROTEAN's Alg. 2 (actors/mig_reconfig.py; opt-in): every
+    # mig_interval_s the reconfigurator judges each MIG GPU (a change after mig_wait_limit
+    # consecutive mismatches, EWMA weight mig_alpha, at most mig_fleet_fraction of the GPUs
+    # at once); a GPU to change is drained (replacements elsewhere first; its replicas
+    # retired at the latest after mig_drain_grace_s; the change abandoned after
+    # mig_drain_timeout_s), then the host's apply_mig is called (mig_apply_timeout_s).
+    mig_reconfigure: bool = False
+    mig_interval_s: float = 5.0
+    mig_wait_limit: int = 3
+    mig_alpha: float = 0.5
+    mig_fleet_fraction: float = 0.3
+    mig_drain_grace_s: float = 30.0
+    mig_drain_timeout_s: float = 120.0
+    mig_apply_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         make_autoscaler(self.autoscaler, self.autoscaler_params)  # BadRequest names the fault
+        if not (self.mig_interval_s > 0 and self.mig_wait_limit >= 0
+                and 0 < self.mig_alpha <= 1 and 0 < self.mig_fleet_fraction <= 1
+                and 0 <= self.mig_drain_grace_s <= self.mig_drain_timeout_s
+                and self.mig_apply_timeout_s > 0):
+            raise BadRequest("controller.mig_*: interval_s > 0, wait_limit >= 0, alpha and "
+                             "fleet_fraction in (0, 1], 0 <= drain_grace_s <= "
+                             "drain_timeout_s, apply_timeout_s > 0")
         from flashpoint.policy.share_placement import POLICY_NAMES as SHARE_POLICIES
 
         if self.share_policy not in SHARE_POLICIES:

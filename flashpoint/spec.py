@@ -45,6 +45,52 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class FastProfileSpec:
+    """FaST-GShare's profile of a function (seed 001 §3.2): throughput and p99 latency
+    measured over an (SM share × time quota) grid at one batch size. Each point is
+    ``(sm_share, quota, throughput_rps, p99_latency_s)``. The grid is checked by
+    :class:`flashpoint.policy.fastgshare.FunctionProfile` (full, no duplicates)."""
+
+    batch: int
+    points: tuple[tuple[float, float, float, float], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "points": [
+            {"sm_share": s, "quota": q, "throughput_rps": t, "p99_latency_s": p}
+            for s, q, t, p in self.points]}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> FastProfileSpec:
+        if not isinstance(d, dict) or set(d) - {"batch", "points"}:
+            raise BadRequest("fast_profile must be an object with 'batch' and 'points'")
+        batch, raw = d.get("batch", 1), d.get("points")
+        if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= 1024:
+            raise BadRequest("fast_profile.batch must be an integer in 1..1024")
+        if not isinstance(raw, list) or not 1 <= len(raw) <= 400:
+            raise BadRequest("fast_profile.points must be a list of 1..400 points")
+        keys = ("sm_share", "quota", "throughput_rps", "p99_latency_s")
+        points = []
+        for pt in raw:
+            if not isinstance(pt, dict) or set(pt) != set(keys) or not all(
+                    isinstance(pt[k], (int, float)) and not isinstance(pt[k], bool) for k in keys):
+                raise BadRequest(f"each fast_profile point needs the numbers {list(keys)}")
+            points.append(tuple(float(pt[k]) for k in keys))
+        return cls(batch, tuple(points))  # type: ignore[arg-type]
+
+    def to_profile(self, function: str) -> Any:
+        """The policy's :class:`~flashpoint.policy.fastgshare.FunctionProfile` (BadRequest
+        for a grid that is not full, or a point out of range)."""
+        from flashpoint.policy.fastgshare import FunctionProfile, ProfilePoint
+
+        for s, q, t, p in self.points:
+            if not (0 < s <= 1 and 0 < q <= 1 and t >= 0 and p >= 0):
+                raise BadRequest("fast_profile points need sm_share and quota in (0, 1], "
+                                 "throughput_rps and p99_latency_s >= 0")
+        return FunctionProfile(function, tuple(ProfilePoint(*pt) for pt in self.points),
+                               self.batch)
+
+
+@dataclass(frozen=True)
 class FunctionSpec:
     """A registered function: a model version plus serving and scaling parameters."""
 
@@ -79,6 +125,13 @@ class FunctionSpec:
     sm_limit: float = 0.0
     time_quota: float = 0.0
     gpu_memory_bytes: int = 0
+    # FaST-GShare profile (FastProfileSpec): without an explicit sm_share, the controller
+    # picks the replica's SM share and time quota from it and slo_ms (RPR's most efficient
+    # configuration meeting the SLO, policy/share_placement.share_from_profile).
+    fast_profile: FastProfileSpec | None = None
+    # PROTEAN's per-batch device memory of this model (profiled; 0 = the replica's bytes):
+    # the footprint the MIG reconfigurator turns best-effort demand into (policy/protean.py).
+    batch_memory_bytes: int = 0
     inputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
     outputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
 
@@ -110,13 +163,20 @@ class FunctionSpec:
             raise BadRequest("sm_limit must be 0 or within [sm_share, 1]")
         if self.gpu_memory_bytes < 0:
             raise BadRequest("gpu_memory_bytes must be >= 0")
-        if (self.sm_limit or self.time_quota or self.gpu_memory_bytes) and not self.sm_share:
-            raise BadRequest("sm_limit, time_quota and gpu_memory_bytes need an sm_share")
+        if (self.sm_limit or self.time_quota or self.gpu_memory_bytes) and not (
+                self.sm_share or self.fast_profile):
+            raise BadRequest("sm_limit, time_quota and gpu_memory_bytes need an sm_share "
+                             "(or a fast_profile to choose it from)")
+        if self.fast_profile is not None:
+            self.fast_profile.to_profile(self.name)  # a broken grid is refused at registration
+        if self.batch_memory_bytes < 0:
+            raise BadRequest("batch_memory_bytes must be >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["inputs"] = [t.to_dict() for t in self.inputs]
         d["outputs"] = [t.to_dict() for t in self.outputs]
+        d["fast_profile"] = self.fast_profile.to_dict() if self.fast_profile else None
         return d
 
     @classmethod
@@ -134,8 +194,10 @@ class FunctionSpec:
             if not isinstance(raw, list) or len(raw) > 64:
                 raise BadRequest(f"{key} must be a list of at most 64 tensor specs")
             kw[key] = tuple(TensorSpec.from_dict(t) for t in raw)
+        if kw.get("fast_profile") is not None:
+            kw["fast_profile"] = FastProfileSpec.from_dict(kw["fast_profile"])
         for key in ("max_batch_size", "min_replicas", "max_replicas", "replica_concurrency",
-                    "max_stages", "gpu_memory_bytes"):
+                    "max_stages", "gpu_memory_bytes", "batch_memory_bytes"):
             if key in kw and (not isinstance(kw[key], int) or isinstance(kw[key], bool)):
                 raise BadRequest(f"{key} must be an integer")
         for key in ("batch_wait_ms", "keep_alive_s", "timeout_s", "compute", "slo_ms",

@@ -24,6 +24,7 @@ from flashpoint.actors import controller_state as cs
 from flashpoint.actors.dispatch import Dispatcher
 from flashpoint.actors.gateway_service import GatewayService
 from flashpoint.actors.kaas_pool import KaasPool
+from flashpoint.actors.mig_driver import MigDriver
 from flashpoint.actors.persist import FunctionTable
 from flashpoint.actors.pipeline_target import PipelineTarget
 from flashpoint.actors.rates import RateMeter
@@ -220,6 +221,9 @@ class Controller:
             prices["ondemand"] = self.cc.ondemand_price_usd_per_hour
         self.cost = CostMeter(prices)
         self.replacements: list[dict[str, Any]] = []  # what the provider gave, per eviction
+        # PROTEAN's MIG reconfigurator (actors/mig_reconfig.py), when opted in
+        self.mig = MigDriver(self.cc, self.state, self.hosts, self._execute, self._spawn,
+                             time.monotonic) if self.cc.mig_reconfigure else None
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -309,6 +313,8 @@ class Controller:
             if g.phase == cs.GroupPhase.STOPPING and self.dispatcher.inflight_of(g.group_id) == 0
         )
         self._execute(self.state.handle(cs.Tick(now, loads, idle)))
+        if self.mig is not None:
+            self.mig.step(now)
         for h in self.state.hosts.values():
             if not h.alive:
                 self.cost.stop(h.host_id, now)
@@ -322,6 +328,8 @@ class Controller:
         """
         if now - self._started_s < self.cc.heartbeat_timeout_s:
             return
+        if self.mig is not None and self.mig.busy():
+            return  # a GPU is being reconfigured: its capacity comes back as new slices
         for name, fn in self.state.functions.items():
             if self.dispatcher.queued(name) and not self.state.replicas_of(name):
                 first = self._oldest(name)
@@ -506,14 +514,17 @@ class Controller:
     async def _register_host(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
         host_id = str(p["host_id"])
         self.hosts[host_id] = HostHandle(conn, p.get("data_endpoint"))
-        devices = tuple(cs.DeviceRecord(str(d["device_id"]), str(d["kind"]), int(d["memory_bytes"]))
+        devices = tuple(cs.DeviceRecord(str(d["device_id"]), str(d["kind"]), int(d["memory_bytes"]),
+                                        int(d.get("gpu_index", -1)), str(d.get("mig_profile", "")))
                         for d in p.get("devices", []))
+        gpus = tuple(cs.GpuRecord(int(g["gpu_index"]), str(g.get("model") or ""), bool(g.get("mig")))
+                     for g in p.get("gpus") or () if isinstance(g, dict) and "gpu_index" in g)
         replicas = tuple((str(r[0]), str(r[1]), str(r[2]), bool(r[3])) for r in p.get("replicas", []))
         self._apply(cs.HostRegistered(host_id, devices, int(p.get("ram_bytes", 0)),
                                       frozenset(p.get("cached_models", [])), replicas, time.monotonic(),
                                       str(p.get("leaf") or ""),
                                       str(p.get("gpu_sharing") or "none"),
-                                      _shares(p.get("shares"))))
+                                      _shares(p.get("shares")), gpus))
         kind = str(p.get("kind") or "ondemand")
         self.cost.start(host_id, kind if kind in ("spot", "ondemand") else "ondemand",
                         time.monotonic())
@@ -720,6 +731,8 @@ class Controller:
         self._arrivals.add(name)
         self._invocations[name] = self._invocations.get(name, 0) + 1
         self.dispatcher.enqueue(name, p, best_effort=best_effort)
+        if best_effort and self.mig is not None:
+            self.mig.be_began(name)  # PROTEAN's BE demand: queued or in flight
         lone = name not in self._pump_pending and self.dispatcher.queued(name) == 1
         assigned = self.dispatcher.assign(name) if lone else []
         if not assigned:
@@ -751,6 +764,8 @@ class Controller:
             raise
         finally:
             expiry.cancel()
+            if best_effort and self.mig is not None:
+                self.mig.be_ended(name)
         total = time.monotonic() - t0
         timings = {"queue": (p.sent_s or t0) - t0, "total": total}
         timings.update({k: float(v) for k, v in (reply.get("timings_s") or {}).items()})
@@ -884,6 +899,7 @@ class Controller:
                     if name in self.state.functions],
             "cost": self.cost.report(now),
             "replacements": list(self.replacements),
+            "mig": self.mig.status() if self.mig is not None else None,
             "kaas": {"executors_wanted": self.cc.kaas_workers,
                      "executors": len(self.kaas.pool.handles),
                      "broken": self.state.kaas_broken, "unplaced": self.state.kaas_unplaced},

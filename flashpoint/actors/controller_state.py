@@ -33,6 +33,7 @@ from flashpoint.policy.share_placement import (
     SharedReplica,
     ShareRequest,
     place_shared,
+    resolve_share,
 )
 from flashpoint.policy.snapshot import (
     ClusterSnapshot,
@@ -65,6 +66,18 @@ class DeviceRecord:
     device_id: str
     kind: str
     memory_bytes: int
+    gpu_index: int = -1  # the physical GPU it is (a part of); -1: a CPU unit
+    mig_profile: str = ""  # "3g.20gb" for a MIG slice
+
+
+@dataclass(frozen=True)
+class GpuRecord:
+    """A physical GPU of a host (MIG slices are its units in ``devices``): its MIG table
+    name ("" = none known) and whether MIG is on. A MIG GPU without instances has no units."""
+
+    gpu_index: int
+    model: str
+    mig: bool
 
 
 @dataclass
@@ -80,6 +93,7 @@ class HostRecord:
     leaf: str = ""  # the leaf switch (rack) it hangs off, as it reported it
     gpu_sharing: str = "none"  # its [host] gpu_sharing: "mps"/"tokens" enforce shares
     drain_deadline_s: float | None = None  # when a draining host goes away
+    gpus: tuple[GpuRecord, ...] = ()  # its physical GPUs (MIG reconfiguration)
 
 
 @dataclass
@@ -129,6 +143,7 @@ class FunctionRecord:
     scaler_memory: Any = None  # the autoscaler's memory for this function (windows, delays)
     reason: str = ""  # why the autoscaler decided what it did, last time
     unplaced: str = ""  # why the last scale-up could not place every replica ("" = it could)
+    share_reason: str = ""  # where its sm_share came from, when a FaST profile chose it
 
     @property
     def model_key(self) -> str:
@@ -148,6 +163,7 @@ class HostRegistered:
     leaf: str = ""
     gpu_sharing: str = "none"
     shares: dict[str, ReplicaShare] = field(default_factory=dict)  # replica id -> its share
+    gpus: tuple[GpuRecord, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -410,6 +426,10 @@ class ControllerState:
         self.kaas_unplaced = ""  # why the last placement could not place them all
         self._seq = itertools.count(1)
         self.epoch = "r"  # prefix for replica ids; the actor sets a per-boot value
+        # (host_id, device_id) of units taken out of service (a GPU drained for a MIG
+        # geometry, actors/mig_reconfig.py): nothing is placed there, and replicas there
+        # are leaving (not capacity), so replacements start elsewhere.
+        self.blocked: set[tuple[str, str]] = set()
 
     # ---------------------------------------------------------------------------------
     def handle(self, event: Event) -> list[Command]:
@@ -433,8 +453,9 @@ class ControllerState:
                 return self._host_draining(event)
             case FunctionUpserted():
                 old = self.functions.get(event.spec.name)
-                rec = FunctionRecord(event.spec, event.model_bytes, plans=event.plans,
-                                     whole_cold_s=event.whole_cold_s)
+                spec, share_reason = resolve_share(event.spec)  # FaST profile -> sm_share
+                rec = FunctionRecord(spec, event.model_bytes, plans=event.plans,
+                                     whole_cold_s=event.whole_cold_s, share_reason=share_reason)
                 if old is not None:
                     rec.last_request_s = old.last_request_s
                     rec.scaler_memory = old.scaler_memory
@@ -484,6 +505,7 @@ class ControllerState:
         self.hosts[ev.host_id] = HostRecord(
             ev.host_id, {d.device_id: d for d in ev.devices}, ev.ram_bytes,
             set(ev.cached_models), ev.now_s, leaf=ev.leaf, gpu_sharing=ev.gpu_sharing,
+            gpus=ev.gpus,
         )
         self._settle_receiving(self.hosts[ev.host_id])
         cmds: list[Command] = []
@@ -663,8 +685,21 @@ class ControllerState:
                                      and now_s < host.drain_deadline_s - self.drain_margin_s)
 
     def _leaving(self, rep: ReplicaRecord) -> bool:
+        if (rep.host_id, rep.device_id) in self.blocked:
+            return True
         host = self.hosts.get(rep.host_id)
         return host is not None and host.draining
+
+    # units out of service (MIG reconfiguration, actors/mig_reconfig.py) -----------------
+    def block(self, host_id: str, device_ids: tuple[str, ...]) -> None:
+        self.blocked.update((host_id, d) for d in device_ids)
+
+    def unblock(self, host_id: str, device_ids: tuple[str, ...]) -> None:
+        self.blocked.difference_update((host_id, d) for d in device_ids)
+
+    def retire(self, replica_ids: tuple[str, ...]) -> list[Command]:
+        """Stop these replicas the usual way: no new work, stopped once idle."""
+        return self._retire([self.replicas[r] for r in replica_ids if r in self.replicas])
 
     def _drain(self, now_s: float) -> list[Command]:
         """Retire a draining host's warm replicas once their function has as many warm
@@ -961,7 +996,8 @@ class ControllerState:
             for h in sorted(self.hosts.values(), key=lambda h: h.host_id)
             if h.alive and not h.draining and h.gpu_sharing in SHARING_MODES
             for d in sorted(h.devices.values(), key=lambda d: d.device_id)
-            if d.kind == "cuda" and (h.host_id, d.device_id) not in exclusive)
+            if d.kind == "cuda" and (h.host_id, d.device_id) not in exclusive
+            and (h.host_id, d.device_id) not in self.blocked)
 
     def _kaas_device_bytes(self) -> int:
         # The executor's cache plus what any replica needs beyond its bytes (CUDA context,
@@ -1017,7 +1053,7 @@ class ControllerState:
                                d.memory_bytes - used.get((h.host_id, d.device_id), 0),
                                count.get((h.host_id, d.device_id), 0),
                                max(0.0, 1.0 - compute.get((h.host_id, d.device_id), 0.0)))
-                for d in h.devices.values()
+                for d in h.devices.values() if (h.host_id, d.device_id) not in self.blocked
             )
             processes = sum(count.get((h.host_id, d), 0) for d in h.devices) * self.process_bytes
             hosts.append(HostSnapshot(h.host_id, h.alive, h.draining,

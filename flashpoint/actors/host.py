@@ -230,6 +230,7 @@ class HostManager:
         return {
             "host_id": self.host_id, "gpu_sharing": self.gpu.mode.value,
             "devices": [d.to_dict() for d in self.devices],
+            "gpus": self.gpu.gpus,  # physical GPUs: MIG table and mode (MIG reconfiguration)
             "ram_bytes": self.hc.cache_bytes, "leaf": self.hc.leaf, "kind": self.hc.kind,
             "cached_models": self.cache.keys(),
             "replicas": self._replica_reports(),

@@ -36,7 +36,7 @@ from flashpoint.errors import (
     Unavailable,
 )
 from flashpoint.gpu.host_sharing import GpuShare, HostSharing, SharingMode, parse_mode
-from flashpoint.gpu.inventory import Device, discover
+from flashpoint.gpu.inventory import Device, discover_with_gpus
 from flashpoint.log import get_logger
 
 log = get_logger("flashpoint.host.gpu")
@@ -60,13 +60,15 @@ class HostGpu:
         self._run_dir = Path(hc.sharing_dir) if hc.sharing_dir else None
         self.sharing: HostSharing | None = None
         self.devices: list[Device] = []
+        self.gpus: list[dict[str, object]] = []  # per physical GPU: index, MIG table, MIG on
         self.draining: set[int] = set()  # GPU indices being reconfigured
         self._health_task: asyncio.Task | None = None
         self._temp_dir: Path | None = None  # a run dir this instance made (and removes)
 
     async def start(self) -> list[Device]:
         """Read the inventory and start sharing on its GPU units; returns the devices."""
-        self.devices = discover(self.hc.cpu_devices, self.hc.device_memory_bytes, self.nvml)
+        self.devices, self.gpus = discover_with_gpus(self.hc.cpu_devices,
+                                                     self.hc.device_memory_bytes, self.nvml)
         if self._run_dir is None:  # ours: removed at stop
             self._run_dir = self._temp_dir = Path(tempfile.mkdtemp(prefix="fpsh-"))
         run_dir = self._run_dir
@@ -208,7 +210,8 @@ class HostGpu:
     async def _refresh_units(self, idx: int) -> None:
         """Re-read the inventory; swap GPU ``idx``'s old units for its new slices."""
         assert self.sharing is not None
-        new = discover(self.hc.cpu_devices, self.hc.device_memory_bytes, self.nvml)
+        new, self.gpus = discover_with_gpus(self.hc.cpu_devices, self.hc.device_memory_bytes,
+                                            self.nvml)
         # By (id, UUID): a new slice may reuse an old one's GI id, hence its device id.
         kept = {(d.device_id, d.uuid) for d in new}
         await self.sharing.remove_units(sorted(

@@ -75,7 +75,26 @@ def nvml_devices(nvml: Nvml | None = None) -> list[Device]:
 def discover(cpu_devices: int, cpu_memory_bytes: int, nvml: Nvml | None = None) -> list[Device]:
     """GPU units if the host has GPUs (none at all while every GPU has MIG on and no
     instances), else ``cpu_devices`` CPU placement units."""
+    return discover_with_gpus(cpu_devices, cpu_memory_bytes, nvml)[0]
+
+
+def discover_with_gpus(cpu_devices: int, cpu_memory_bytes: int, nvml: Nvml | None = None
+                       ) -> tuple[list[Device], list[dict[str, object]]]:
+    """:func:`discover`, plus what the controller's MIG reconfigurator needs to know of
+    each physical GPU: ``{"gpu_index", "model"}`` (its MIG table name, "" if none) and
+    ``"mig"`` (MIG mode on) — one NVML session for both."""
     gpus = read_gpus(nvml)
     if gpus:
-        return gpu_units(gpus)
-    return [Device(f"cpu:{i}", "cpu", "cpu", cpu_memory_bytes) for i in range(cpu_devices)]
+        return gpu_units(gpus), [gpu_summary(g) for g in gpus]
+    return [Device(f"cpu:{i}", "cpu", "cpu", cpu_memory_bytes) for i in range(cpu_devices)], []
+
+
+def gpu_summary(g: GpuInfo) -> dict[str, object]:
+    from flashpoint.errors import InvalidGeometry
+    from flashpoint.gpu.mig_profiles import model_for
+
+    try:
+        model = model_for(g.name, g.memory_total_bytes).model
+    except InvalidGeometry:  # no MIG table for this GPU: never reconfigured
+        model = ""
+    return {"gpu_index": g.index, "model": model, "mig": bool(g.mig_current)}

@@ -42,7 +42,7 @@ from flashpoint.errors import BadRequest
 from flashpoint.policy import maxrects
 from flashpoint.policy.maxrects import SM_UNITS, TIME_UNITS, Rect
 from flashpoint.policy.replica_config import ReplicaConfig
-from flashpoint.policy.rpr import eligible_configs, just_sufficient
+from flashpoint.policy.rpr import eligible_configs, just_sufficient, most_efficient
 
 # The paper's profiling grid (§5.2): quotas at equal steps because throughput is about
 # proportional to quota; SM shares finer at the low end, where small models gain most.
@@ -144,6 +144,38 @@ def just_sufficient_config(profile: FunctionProfile, residual_rps: float,
     if not any(c.throughput_rps >= residual_rps - _EPS for c in configs):
         return max(configs, key=lambda c: (c.throughput_rps, -c.resource, c.name))
     return just_sufficient(configs, residual_rps)
+
+
+@dataclass(frozen=True)
+class ShareChoice:
+    """The share a replica gets from its profile: SM share and time quota of one profiled
+    configuration (``config`` names it), and whether that configuration meets the SLO."""
+
+    sm_share: float
+    time_quota: float
+    config: str
+    slo_met: bool
+    throughput_rps: float
+    p99_latency_s: float
+
+
+def share_from_profile(profile: FunctionProfile, slo_s: float = 0.0,
+                       tie_tolerance: float = 0.02) -> ShareChoice:
+    """The share a new replica of a function gets when it declares a profile but no share.
+
+    RPR (Alg. 1, ``policy/rpr.py``) adds replicas in p_eff, the configuration with the most
+    throughput per GPU share held (T / (S·Q)) among those whose profiled p99 meets the SLO
+    (``slo_s``; 0 = none); a replica placed before any load is seen is such a replica. If
+    no configuration meets the SLO, the fastest one (``slo_met`` False): serving late beats
+    not serving. Ties within ``tie_tolerance`` go to the lowest latency (rpr.most_efficient).
+    """
+    configs, met = eligible_configs(profile.configs(), slo_s)
+    if not configs:
+        raise BadRequest(f"profile of {profile.function!r} has no configuration with "
+                         "throughput > 0")
+    best = most_efficient(configs, tie_tolerance)
+    return ShareChoice(best.sm_share, best.quota, best.name, met, best.throughput_rps,
+                       best.p99_latency_s)
 
 
 # --------------------------------------------------------------------------- memory ---

@@ -25,11 +25,12 @@ replica pays for its own weights until the hosts share them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flashpoint.errors import BadRequest
 from flashpoint.policy import dilu, fastgshare
+from flashpoint.spec import FunctionSpec
 
 POLICY_NAMES = ("fastgshare", "dilu")
 SHARING_MODES = ("mps", "tokens")  # host modes that enforce a share ([host] gpu_sharing)
@@ -60,6 +61,26 @@ class ReplicaShare:
                        int(d.get("memory_bytes", 0)), bool(d.get("slo_sensitive", True)))
         except (KeyError, TypeError, ValueError):
             raise BadRequest(f"malformed share {d!r:.200}") from None
+
+
+def resolve_share(spec: FunctionSpec) -> tuple[FunctionSpec, str]:
+    """``spec`` with its GPU share filled in from its FaST profile, and why.
+
+    An explicit ``sm_share`` wins (returned unchanged, reason ""); so does a spec without a
+    profile. Otherwise :func:`fastgshare.share_from_profile` picks the configuration from
+    the profile and ``slo_ms``: its SM share becomes ``sm_share`` and its quota
+    ``time_quota``; an ``sm_limit`` below the chosen share is raised to it.
+    """
+    if spec.sm_share > 0 or spec.fast_profile is None:
+        return spec, ""
+    choice = fastgshare.share_from_profile(spec.fast_profile.to_profile(spec.name),
+                                           spec.slo_ms / 1000.0)
+    limit = max(spec.sm_limit, choice.sm_share) if spec.sm_limit else 0.0
+    reason = (f"fast profile {choice.config}: {choice.throughput_rps:.1f} rps, "
+              f"p99 {choice.p99_latency_s * 1000:.1f} ms"
+              + ("" if choice.slo_met else f", no configuration meets slo_ms={spec.slo_ms}"))
+    return replace(spec, sm_share=choice.sm_share, time_quota=choice.time_quota,
+                   sm_limit=limit), reason
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,17 @@ def cluster_config(tmp_path: Path, **host: object) -> ClusterConfig:
     }).with_home(tmp_path)
 
 
-async def wait_for(what: str, cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    """Wait for ``cond``; on timeout say which condition was not reached."""
+async def wait_for(what: str, cond: Callable[[], bool], timeout_s: float = 30.0,
+                   state: Callable[[], Any] | None = None) -> None:
+    """Wait for ``cond``; on timeout say which condition was not reached (and ``state()``,
+    what was reached instead, when given)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cond():
             return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for: {what}")
+    raise AssertionError(f"timed out after {timeout_s}s waiting for: {what}"
+                         + (f"; state: {state()}" if state is not None else ""))
 
 
 @pytest.fixture
