@@ -20,6 +20,7 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import Counter, Histogram
 
+from flashpoint import heap
 from flashpoint.actors import controller_state as cs
 from flashpoint.actors.dispatch import Dispatcher
 from flashpoint.actors.gateway_service import GatewayService
@@ -261,6 +262,7 @@ class Controller:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"{'https' if tls else 'http'}://{self.cc.listen_host}:{port}"
         self.rpc_url = f"{'wss' if tls else 'ws'}://{self.cc.listen_host}:{port}/rpc"
+        heap.settle()  # start-up objects out of the collector's scans (flashpoint/heap.py)
         self._spawn(self._control_loop(), "control-loop")
         log.info("controller_started", url=self.url, functions=len(self.state.functions))
 

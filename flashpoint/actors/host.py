@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flashpoint import heap
 from flashpoint.actors.host_gpu import HostGpu
 from flashpoint.config import ClusterConfig, check_secret
 from flashpoint.errors import BadRequest, FlashpointError, ModelNotFound, NoCapacity, NotFound
@@ -169,6 +170,7 @@ class HostManager:
                                    interval_s=self.hc.spot_poll_interval_s), "spot-watch")
         log.info("host_started", devices=[d.device_id for d in self.devices], url=self._local_url,
                  data_endpoint=str(self.data_endpoint))
+        heap.settle()  # start-up objects out of the collector's scans (flashpoint/heap.py)
 
     async def wait_pool_ready(self, timeout_s: float) -> bool:
         """Wait until the warm pool is full (a cold start then pays only for model bytes)."""

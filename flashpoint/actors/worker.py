@@ -106,6 +106,9 @@ class Worker:
         # them, seconds of imports); do it once per built-in model while the worker is idle.
         for name in zoo.MODELS:
             zoo.build_empty(name, zoo.resolve_config(name, "tiny"))
+        from flashpoint import heap
+
+        heap.settle()  # torch and the model code out of the collector's scans
         from flashpoint.rpc import connect
 
         self._host_conn = await connect(
