@@ -177,9 +177,16 @@ class HostConfig:
     # the others map; flashpoint/gpu/weight_share.py). Real GPUs only. The exporter must
     # outlive its readers: stopping it first is logged (its readers must be restarted).
     share_weights: bool = False
+    # Prometheus endpoint of this host process ("host:port", port 0 = any free one; empty =
+    # none): the model cache, transfers, RPC and token-manager metrics live here.
+    metrics_listen: str = ""
 
     def __post_init__(self) -> None:
+        from flashpoint.exposition import parse_listen
         from flashpoint.gpu.host_sharing import parse_mode
+
+        if self.metrics_listen:
+            parse_listen(self.metrics_listen)
         from flashpoint.gpu.mig_profiles import SPECS
 
         parse_mode(self.gpu_sharing)  # BadRequest names the choices

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import prometheus_client
 from aiohttp import web
 from prometheus_client import Counter, Histogram
 
@@ -241,7 +242,8 @@ class Controller:
                 log.error("function_restore_failed", function=spec.name, error=exc.to_wire())
         gw = self.config.gateway
         app = web.Application(client_max_size=gw.max_body_bytes)
-        add_routes(app, self, gateway_config(gw), kaas=self.kaas)
+        add_routes(app, self, gateway_config(gw), kaas=self.kaas,
+                   process_registry=prometheus_client.REGISTRY)
         self._rpc = RpcServer(
             {"register_host": self._register_host, "heartbeat": self._heartbeat,
              "replica_ready": self._replica_ready, "replica_failed": self._replica_failed,

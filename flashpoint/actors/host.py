@@ -35,6 +35,7 @@ from flashpoint import heap
 from flashpoint.actors.host_gpu import HostGpu
 from flashpoint.config import ClusterConfig, check_secret
 from flashpoint.errors import BadRequest, FlashpointError, ModelNotFound, NoCapacity, NotFound
+from flashpoint.exposition import MetricsEndpoint
 from flashpoint.gpu.host_sharing import GpuShare
 from flashpoint.gpu.inventory import Device
 from flashpoint.ids import new_id
@@ -110,6 +111,7 @@ class HostManager:
         self.idle: list[WorkerProcess] = []
         self.replicas: dict[str, ReplicaTask] = {}
         self._server: Any = None
+        self.metrics: MetricsEndpoint | None = None  # [host] metrics_listen
         self._local_url = ""
         self._controller: Any = None
         self._tasks: set[asyncio.Task] = set()
@@ -168,8 +170,12 @@ class HostManager:
         if watchers:
             self._spawn_task(watch(watchers, self.on_eviction_notice,
                                    interval_s=self.hc.spot_poll_interval_s), "spot-watch")
+        if self.hc.metrics_listen:
+            self.metrics = MetricsEndpoint(self.hc.metrics_listen)
+            await self.metrics.start()
         log.info("host_started", devices=[d.device_id for d in self.devices], url=self._local_url,
-                 data_endpoint=str(self.data_endpoint))
+                 data_endpoint=str(self.data_endpoint),
+                 metrics=self.metrics.url if self.metrics else None)
         heap.settle()  # start-up objects out of the collector's scans (flashpoint/heap.py)
 
     async def wait_pool_ready(self, timeout_s: float) -> bool:
@@ -196,6 +202,8 @@ class HostManager:
             await self._controller.stop()
         if self._server is not None:
             await self._server.stop(timeout_s=2.0)
+        if self.metrics is not None:
+            await self.metrics.stop()
         if self.dataplane is not None:
             await self.dataplane.stop()
         await self.gpu.stop()  # after the workers: MPS clients are gone before their daemon

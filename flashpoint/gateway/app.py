@@ -32,14 +32,19 @@ RUNNER_KWARGS = {"auto_decompress": False}
 def add_routes(app: web.Application, backend: InvokeBackend,
                config: GatewayConfig | None = None, *,
                registry: CollectorRegistry | None = None,
-               kaas: KaasBackend | None = None) -> GatewayContext:
+               kaas: KaasBackend | None = None,
+               process_registry: CollectorRegistry | None = None) -> GatewayContext:
     """Mount the gateway on ``app``; ``registry`` defaults to a private Prometheus registry.
 
+    ``process_registry`` (the process-wide default one, for the controller and a stand-alone
+    gateway) is rendered by ``/metrics`` after the gateway's own metrics.
     ``kaas`` (optional) enables ``/v1/kaas/invoke``, ``/v1/objects`` and the native invoke's
     ``store_outputs``.
     """
     config = config or GatewayConfig()
     ctx = GatewayContext.create(backend, config, GatewayMetrics(registry))
+    if process_registry is not None:
+        ctx.metrics.also = (process_registry,)
     ctx.kaas = kaas
     app[GATEWAY] = ctx
     app.middlewares.append(make_middleware(ctx))
@@ -57,10 +62,11 @@ def add_routes(app: web.Application, backend: InvokeBackend,
 
 
 def make_app(backend: InvokeBackend, config: GatewayConfig | None = None, *,
-             kaas: KaasBackend | None = None) -> web.Application:
+             kaas: KaasBackend | None = None,
+             process_registry: CollectorRegistry | None = None) -> web.Application:
     """A standalone gateway application."""
     config = config or GatewayConfig()
     # Handlers stream bodies themselves under config limits; request.read() is never used.
     app = web.Application(client_max_size=config.max_body_bytes)
-    add_routes(app, backend, config, kaas=kaas)
+    add_routes(app, backend, config, kaas=kaas, process_registry=process_registry)
     return app

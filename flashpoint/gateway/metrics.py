@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from flashpoint.exposition import render
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                       10.0, 30.0, 60.0, 120.0)
@@ -19,6 +20,7 @@ _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.also: tuple[CollectorRegistry, ...] = ()  # other registries /metrics renders
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self.requests = Counter(
             "flashpoint_gateway_requests", "HTTP requests handled by the gateway",
@@ -43,7 +45,6 @@ class GatewayMetrics:
         children[1].observe(duration_s)
 
     async def handle(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        resp = web.Response(body=body)
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return resp
+        # The gateway's own registry, then the process's (``also``): the controller's
+        # request and SLO counters, RPC and cache metrics are scraped from the same URL.
+        return render((self.registry, *self.also))

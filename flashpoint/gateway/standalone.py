@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import prometheus_client
 from aiohttp import web
 
 from flashpoint.config import ClusterConfig, GatewaySettings, check_secret
@@ -53,8 +54,9 @@ class StandaloneGateway:
                                 # inputs travel in one frame: room for the largest body
                                 max_frame_bytes=max(gw.max_body_bytes * 2, 64 << 20))
         await backend.start()
-        runner = web.AppRunner(make_app(backend, gateway_config(gw)), access_log=None,
-                               **RUNNER_KWARGS)
+        runner = web.AppRunner(make_app(backend, gateway_config(gw),
+                                        process_registry=prometheus_client.REGISTRY),
+                               access_log=None, **RUNNER_KWARGS)
         try:
             await runner.setup()
             site = web.TCPSite(runner, gw.listen_host, gw.listen_port if port is None else port)

@@ -1,0 +1,65 @@
+"""Prometheus exposition for every Flashpoint process.
+
+Metrics live in two kinds of registry: the process-wide default one (the controller's
+request and SLO counters, RPC, the model cache, token managers, MIG reconfiguration) and a
+gateway's private one (private so several gateways can share a test process). A scrape of
+any ``/metrics`` renders all the registries the process owns, so what the code counts is
+what an operator sees. Host managers, which serve no HTTP otherwise, get a small endpoint of
+their own (``[host] metrics_listen``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aiohttp import web
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from flashpoint.errors import BadRequest
+
+
+def render(registries: Sequence[CollectorRegistry]) -> web.Response:
+    """One text exposition of ``registries``, in order."""
+    resp = web.Response(body=b"".join(generate_latest(r) for r in registries))
+    resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return resp
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``"host:port"`` -> (host, port); port 0 picks a free one."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise BadRequest(f"metrics_listen must be 'host:port', got {value!r:.80}")
+    return host, int(port)
+
+
+class MetricsEndpoint:
+    """``GET /metrics`` with the process registry, on its own port."""
+
+    def __init__(self, listen: str,
+                 registries: Sequence[CollectorRegistry] = (REGISTRY,)) -> None:
+        self._host, self._port = parse_listen(listen)
+        self._registries = tuple(registries)
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        """Start serving; returns the base URL (``http://host:port``)."""
+        app = web.Application()
+        app.router.add_get("/metrics", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://{self._host}:{port}"
+        return self.url
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        return render(self._registries)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
