@@ -4,7 +4,9 @@ Closed-loop load at concurrency 1, 8 and 64 (load generated from a separate proc
 - ``floor``: a bare aiohttp server that parses the same JSON body and answers it;
 - ``noop``: a Flashpoint function over the built-in no-op model (gateway → controller →
   worker process → back), i.e. the platform's own overhead;
-- ``encoder``: a Flashpoint function over the tiny BERT-like encoder.
+- ``encoder``: a Flashpoint function over the tiny BERT-like encoder;
+- ``gateway``: the HTTP gateway alone over an echo backend (in this process), which shows how
+  much of the gap to the floor is the gateway layer rather than the controller and worker.
 
 Targets (issue 2): at concurrency 1, noop p50 within 0.5 ms of the floor; at concurrency 64,
 noop req/s >= 50% of the floor's. Prints a table and a JSON line at the end.
@@ -48,6 +50,58 @@ async def _echo_server() -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}/echo"
 
 
+class _EchoBackend:
+    """The gateway's backend reduced to an echo: measures the HTTP gateway layer alone
+    (auth, limits, tensor decode/encode, admission, metrics), without the controller's
+    queue, the RPC to the worker or the model."""
+
+    def __init__(self) -> None:
+        from flashpoint.spec import FunctionSpec
+
+        self.spec = FunctionSpec(name="noop", model="noop")
+
+    def function_spec(self, name: str):
+        from flashpoint.errors import FunctionNotFound
+
+        if name != self.spec.name:
+            raise FunctionNotFound(f"function {name!r} not found")
+        return self.spec
+
+    def get_function(self, name: str):
+        from flashpoint.gateway.backend import FunctionInfo
+
+        return FunctionInfo(self.function_spec(name), True, 1, 0, 0)
+
+    def list_functions(self):
+        return [self.get_function(self.spec.name)]
+
+    async def invoke(self, name, inputs, *, request_id, timeout_s=None, request_class="strict"):
+        from flashpoint.gateway.backend import InvokeResult
+
+        self.function_spec(name)
+        return InvokeResult({"y": inputs["x"]}, {"queue": 0.0, "total": 0.0}, "echo", False)
+
+    def cluster_status(self) -> dict:
+        return {}
+
+    def is_live(self) -> bool:
+        return True
+
+    def is_ready(self) -> bool:
+        return True
+
+
+async def _gateway_alone() -> tuple[web.AppRunner, str]:
+    from flashpoint.gateway.app import RUNNER_KWARGS, make_app
+
+    runner = web.AppRunner(make_app(_EchoBackend()), access_log=None, **RUNNER_KWARGS)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}/v1/functions/noop/invoke"
+
+
 async def main(args: argparse.Namespace) -> dict:
     from flashpoint.cluster import LocalCluster
     from flashpoint.models.publish import publish
@@ -61,6 +115,7 @@ async def main(args: argparse.Namespace) -> dict:
     await publish(store, "noop", preset="tiny", version="1", model_name="noop")
     await publish(store, "bert", preset="tiny", version="1", model_name="bert")
     runner, floor_url = await _echo_server()
+    gw_runner, gateway_url = await _gateway_alone()
     pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
     loop = asyncio.get_running_loop()
     rows = []
@@ -73,6 +128,8 @@ async def main(args: argparse.Namespace) -> dict:
             targets = {
                 "floor": (floor_url, {"inputs": {"x": {"data": [1.0, 2.0, 3.0, 4.0], "shape": [1, 4],
                                                        "datatype": "FP32"}}}),
+                "gateway": (gateway_url, {"inputs": {"x": {"data": [1.0, 2.0, 3.0, 4.0],
+                                                           "shape": [1, 4], "datatype": "FP32"}}}),
                 "noop": (f"{url}/v1/functions/noop/invoke",
                          {"inputs": {"x": {"data": [1.0, 2.0, 3.0, 4.0], "shape": [1, 4],
                                            "datatype": "FP32"}}}),
@@ -101,17 +158,23 @@ async def main(args: argparse.Namespace) -> dict:
     finally:
         pool.shutdown()
         await runner.cleanup()
+        await gw_runner.cleanup()
     by = {(r["target"], r["concurrency"]): r for r in rows}
     summary = {
         "bench": "invoke", "machine": f"{platform.machine()} {mp.cpu_count()} cpu",
         "c1_p50_delta_ms": by[("noop", 1)]["p50_ms"] - by[("floor", 1)]["p50_ms"],
         "c64_rps_ratio": by[("noop", 64)]["rps"] / by[("floor", 64)]["rps"],
+        # where the gap lives: the gateway layer alone over an echo backend, same process kind
+        "c1_gateway_p50_delta_ms": by[("gateway", 1)]["p50_ms"] - by[("floor", 1)]["p50_ms"],
+        "c64_gateway_rps_ratio": by[("gateway", 64)]["rps"] / by[("floor", 64)]["rps"],
         "rows": rows,
     }
     summary["c1_target_met"] = summary["c1_p50_delta_ms"] <= 0.5
     summary["c64_target_met"] = summary["c64_rps_ratio"] >= 0.5
     print(f"\nc=1 p50 delta vs floor: {summary['c1_p50_delta_ms']:.3f} ms (target <= 0.5)")
     print(f"c=64 req/s ratio vs floor: {summary['c64_rps_ratio']:.2f} (target >= 0.50)")
+    print(f"gateway alone (echo backend): c=1 +{summary['c1_gateway_p50_delta_ms']:.3f} ms, "
+          f"c=64 {summary['c64_gateway_rps_ratio']:.2f}x the floor")
     return summary
 
 
