@@ -159,8 +159,8 @@ def gf_vs_bl_lines(runs: Sequence[RunResult]) -> list[str]:
             f"that kept the model (host RAM to GPU only)"
             + (", the rest each pulled their own registry copy"
                if local < len(gf.cold_starts_s) else "")
-            + f" (≤ {gf.peak_registry_flows} flows on the registry link at once; "
-            f"BL ≤ {bl.peak_registry_flows}, {sources_summary([bl])}).")
+            + f"; ≤ {gf.peak_registry_flows} flows on the registry link at once "
+            f"(BL ≤ {bl.peak_registry_flows}; BL {sources_summary([bl])}).")
     return lines
 
 
