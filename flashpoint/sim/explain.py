@@ -147,6 +147,16 @@ def _pairs(runs: Sequence[RunResult], a: Technique, b: Technique
     return out
 
 
+def _unfinished(m: RunMetrics, name: str) -> str:
+    """A note when a run had more replicas starting at once than cold starts it finished:
+    averages count finished cold starts only, so such a run's average flatters it."""
+    n = len(m.cold_starts_s)
+    if m.peak_starting <= n:
+        return ""
+    return (f"; {name} had up to {m.peak_starting} replicas starting at once but finished "
+            f"{n} cold start{'s' if n != 1 else ''} (the average counts finished ones only)")
+
+
 def gf_vs_bl_lines(runs: Sequence[RunResult]) -> list[str]:
     """Per autoscaler: GF (lazy eviction, host RAM to GPU, holders preferred) beside BL."""
     lines = []
@@ -182,6 +192,7 @@ def lc_vs_gf_lines(runs: Sequence[RunResult]) -> list[str]:
                    f"network, ≤ {lc.peak_registry_flows} registry flows at once; GF "
                    f"{sources_summary([gf])}, ≤ {gf.peak_registry_flows} registry flows at "
                    "once (no peer source, one registry copy per replica)")
+        why += "".join(_unfinished(m, name) for m, name in ((lc, "LC"), (gf, "GF")))
         lines.append(
             f"* {model}/{scaler}: LC cold start {_pct(lc.avg_cold_start_s, gf.avg_cold_start_s)}, "
             f"average e2e {_pct(lc.avg_latency_s, gf.avg_latency_s)}, p99 e2e "
