@@ -392,13 +392,16 @@ class ControllerState:
                  autoscaler: autoscale.Autoscaler | None = None,
                  max_chain_length: int = 8, drain_margin_s: float = 10.0,
                  kaas_replicas: int = 0, kaas_cache_bytes: int = 256 << 20,
-                 share_policy: str = "fastgshare") -> None:
+                 share_policy: str = "fastgshare", peer_sends: bool = True) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.share_policy = share_policy  # policy/share_placement.py: fastgshare | dilu
         self.stop_unknown_replicas = stop_unknown_replicas
         self.process_bytes = process_bytes  # host RAM of one worker process (placement)
         self.autoscaler = autoscaler or autoscale.make_autoscaler("concurrency")
         self.registry_sends = registry_sends
+        # Off: a host's RAM copy serves only that host, never a peer (policy.sourcing; the
+        # simulator's GPU-enabled-FaaS baseline). On for every live deployment.
+        self.peer_sends = peer_sends
         self.max_chain_length = max_chain_length
         # A draining host's replicas stop taking work this long before its deadline at the
         # latest, so what they hold finishes before the VM goes.
@@ -656,7 +659,9 @@ class ControllerState:
 
     def _push_models(self, host: HostRecord, now_s: float) -> list[Command]:
         """Stream each model only ``host`` holds (of a registered function) to the live peer
-        with the most free RAM for it."""
+        with the most free RAM for it (none when hosts never send to peers)."""
+        if not self.peer_sends:
+            return []
         sizes = {f.model_key: f.model_bytes for f in self.functions.values()}
         snap = self.snapshot(now_s)
         cmds: list[Command] = []
@@ -808,7 +813,8 @@ class ControllerState:
             # chain would deliver the bytes in file order, and the last stage would wait for
             # all of them.
             holders = tuple(h.host_id for h in self.hosts.values()
-                            if h.alive and not h.draining and key in h.cached_models)
+                            if h.alive and not h.draining and key in h.cached_models
+                            and self.peer_sends)
             assigned[c.replica_id] = SourceAssignment("pull", fallback=(*holders, REGISTRY))
             self.receiving[(c.host_id, key)] = now_s
         extra: list[Command] = []
@@ -817,7 +823,8 @@ class ControllerState:
                        if h.alive and key in h.cached_models and self._can_send(h, now_s)]
             receivers = [d.host_id for d in deploys if (d.host_id, key) not in self.receiving]
             plan = plan_sourcing(key, receivers, holders, registry_sends=self.registry_sends,
-                                 max_chain_length=self.max_chain_length)
+                                 max_chain_length=self.max_chain_length,
+                                 peer_sends=self.peer_sends)
             per_host: dict[str, SourceAssignment] = {h: SourceAssignment("local") for h in plan.local}
             for d in deploys:
                 if (d.host_id, key) in self.inbound:  # a peer chain is already on its way there

@@ -26,6 +26,11 @@ The registry is a sender only while it is cheaper to use it than to lengthen a p
 ``registry_sends`` says whether it heads a chain when peers hold the model (default on, as
 the thesis does; an operator whose registry is far slower than the cluster network turns it
 off). With no holder at all the registry always heads the single chain.
+
+``peer_sends`` (default on) says whether holders send at all. Off, a holder's copy serves
+only its own host (``local``) and every other receiver is on a registry chain: the
+GPU-enabled-FaaS locality baseline (thesis §8.2.2, [117]), which keeps model data in host
+RAM and prefers those hosts but has no remote-host-RAM source.
 """
 
 from __future__ import annotations
@@ -59,7 +64,8 @@ class SourcingPlan:
 
 
 def plan_sourcing(model_key: str, receivers: Sequence[str], holders: Sequence[str], *,
-                  registry_sends: bool = True, max_chain_length: int = 0) -> SourcingPlan:
+                  registry_sends: bool = True, max_chain_length: int = 0,
+                  peer_sends: bool = True) -> SourcingPlan:
     """The sourcing plan for ``receivers`` (host ids, duplicates ignored, order kept).
 
     ``holders`` are live hosts holding ``model_key`` complete in RAM (any order; sorted here
@@ -70,7 +76,7 @@ def plan_sourcing(model_key: str, receivers: Sequence[str], holders: Sequence[st
     holding = set(holders)
     local = tuple(h for h in order if h in holding)
     need = [h for h in order if h not in holding]
-    peers = sorted(holding)
+    peers = sorted(holding) if peer_sends else []
     senders: list[str] = list(peers)
     if registry_sends or not senders:
         senders.append(REGISTRY)

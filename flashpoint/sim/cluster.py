@@ -17,7 +17,12 @@ hosts, the GPUs, the network and the request queue, on the :class:`Engine`'s clo
   the controller sources from own RAM, then peers, then the registry, one download per host,
   each receiver on its own unicast flow from its sender; MC — hosts share one download per
   host and every chain the sourcing plan builds is a cut-through TCP chain, but nothing
-  stays in RAM afterwards (only the registry sends); LC+MC — both.
+  stays in RAM afterwards (only the registry sends); LC+MC — both. GF, the thesis's
+  "GPU-enabled FaaS" locality baseline (§8.2.2, [117]): hosts keep models in RAM after their
+  replicas stop (lazy eviction) and report them, so placement prefers their GPUs (stage 1)
+  and a replica there copies host RAM to GPU; every other replica downloads its own copy
+  from the registry, as BL does — no peer source (the state runs with ``peer_sends=False``),
+  no chains, no download shared by the GPUs of one host.
 * **Chains** are one flow over the links of all hops (``network.chain_path``): cut-through
   relaying moves every hop at the chain's bottleneck rate and loads every hop's links with
   it; receiver ``i`` completes ``i × hop_delay_s`` after the head.
@@ -81,6 +86,7 @@ class Technique(StrEnum):
     """Which cold-start techniques the cluster uses (thesis §8.4's abbreviations)."""
 
     BL = "BL"
+    GF = "GF"  # GPU-enabled FaaS [117]: lazy eviction, host RAM -> GPU, holders preferred
     LC = "LC"
     MC = "MC"
     LC_MC = "LC+MC"
@@ -89,7 +95,14 @@ class Technique(StrEnum):
 
     @property
     def locality(self) -> bool:
+        """Flashpoint's locality (LC): own RAM, then peers' RAM, then the registry."""
         return self in (Technique.LC, Technique.LC_MC, Technique.LC_MC_MP)
+
+    @property
+    def keeps_models(self) -> bool:
+        """Hosts keep a model in RAM after its replicas stop and report it (lazy eviction):
+        LC's techniques and GF."""
+        return self.locality or self is Technique.GF
 
     @property
     def multicast(self) -> bool:
@@ -101,8 +114,8 @@ class Technique(StrEnum):
 
     @property
     def host_sharing(self) -> bool:
-        """One download per host shared by its GPUs (§2.4); BL downloads per replica."""
-        return self is not Technique.BL
+        """One download per host shared by its GPUs (§2.4); BL and GF download per replica."""
+        return self not in (Technique.BL, Technique.GF)
 
 
 @dataclass(frozen=True)
@@ -240,6 +253,8 @@ class SimCluster:
             registry_sends=True,
             autoscaler=make_autoscaler(config.autoscaler, dict(config.autoscaler_params)),
             max_chain_length=config.max_chain_length,
+            # GF: a host's RAM copy serves that host only (BL holds none, so it is moot).
+            peer_sends=config.technique is not Technique.GF,
         )
         self.records: list[DecisionRecord] | None = [] if record else None
         self.metrics = RunMetrics()
@@ -328,7 +343,7 @@ class SimCluster:
         self._last_request_s = 0.0
         for h in range(self.config.topology.n_hosts):
             if self._cache[h]:
-                if not self.config.technique.locality:
+                if not self.config.technique.keeps_models:
                     self._cache[h].clear()
                 self._report(h)
 
@@ -510,7 +525,11 @@ class SimCluster:
         if c.stage is not None:
             self._deploy_stage(rep, c)
             return None
-        if not tech.host_sharing:  # BL: a private download from the registry
+        if not tech.host_sharing:  # BL, GF: a private download from the registry
+            if tech.keeps_models and key in self._cache[h]:  # GF: host RAM -> GPU
+                rep.source = "local"
+                self._to_device(rep)
+                return None
             rep.source = "registry"
             rep.flow = self.net.start_flow(CLOUD, h, self.model.size_bytes,
                                            lambda f, rid=rep.rid: self._private_done(rid))
@@ -661,7 +680,15 @@ class SimCluster:
         if rep is None:
             return
         rep.flow = None
-        rep.pending = self.engine.schedule_in(self.model.load_s, lambda: self._to_device(rep))
+        rep.pending = self.engine.schedule_in(self.model.load_s, lambda: self._private_loaded(rep))
+
+    def _private_loaded(self, rep: _Replica) -> None:
+        """A private copy is loaded in host RAM: GF keeps it there (lazy eviction) and says
+        so, making the host a placement preference; BL's is the replica's alone."""
+        if self.config.technique.keeps_models and self.model.key not in self._cache[rep.host]:
+            self._cache[rep.host].add(self.model.key)
+            self._report(rep.host)
+        self._to_device(rep)
 
     def _to_device(self, rep: _Replica) -> None:
         rep.pending = self.engine.schedule_in(self.model.to_device_s, lambda: self._warm(rep.rid))
@@ -684,7 +711,7 @@ class SimCluster:
             self.metrics.completions += 1
         for cmd in self._feed(cs.ReplicaWarmed(rid, {"cold_start_s": now - rep.deploy_s}, now)):
             self._execute([cmd])
-        if not self.config.technique.locality:
+        if not self.config.technique.keeps_models:
             # No locality: the host keeps no copy once its GPUs have loaded it, and says so
             # (the controller learnt of the copy from ReplicaWarmed).
             if not self._starting.get(rep.host):
@@ -706,7 +733,7 @@ class SimCluster:
 
     def _report(self, h: int) -> None:
         """A heartbeat with the models host ``h`` holds (what makes it a sender under LC)."""
-        cached = frozenset(self._cache[h]) if self.config.technique.locality else frozenset()
+        cached = frozenset(self._cache[h]) if self.config.technique.keeps_models else frozenset()
         self._feed(cs.HostHeartbeat(_hid(h), cached, self.engine.now_s))
 
     def _stop(self, rid: str) -> None:

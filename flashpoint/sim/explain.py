@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from flashpoint.sim.experiments import RunResult
 
 __all__ = ["sources_summary", "why_ratio_row", "why_t5_atl_row", "lcmc_vs_lc_lines",
-           "slow_cold_start_lines"]
+           "slow_cold_start_lines", "gf_vs_bl_lines", "lc_vs_gf_lines"]
 
 
 def _kind(source: str) -> str:
@@ -79,6 +79,8 @@ def why_t5_atl_row(r: RunResult, cloud_bps: float) -> str:
                  f"(each copy ≥ {_copy_s(r.model, cloud_bps):.1f} s alone)")
     if r.technique is Technique.BL:
         text += "; the thesis's 3.10 s is below one registry copy (see below)"
+    elif r.technique is Technique.GF:
+        text += "; the thesis gives GF no number (Fig 8.6/8.7 are CDFs only)"
     elif m.cold_starts_s and all(s == "local" for s in m.cold_start_sources):
         text += ("; own RAM is the host-to-GPU copy (1.2 s for 11.4 GB at 9.5 GB/s), so a "
                  "smaller thesis figure must average over something else than replicas")
@@ -127,4 +129,72 @@ def slow_cold_start_lines(runs: Sequence[RunResult], cloud_bps: float,
             f"copy then takes {thesis_model(r.model).size_bytes * 8 / share:.0f} s"
             + ("; MP's stage flows carry only their own layers first, the rest after)"
                if r.technique.partition else ")") + ".")
+    return lines
+
+
+def _pct(new: float, old: float) -> str:
+    return f"{100 * (new - old) / old:+.1f}%" if old else "n/a"
+
+
+def _pairs(runs: Sequence[RunResult], a: Technique, b: Technique
+           ) -> list[tuple[str, str, RunMetrics, RunMetrics]]:
+    """(model, autoscaler, a's metrics, b's metrics) for every pair present, sorted."""
+    out = []
+    for model, scaler in sorted({(r.model, r.autoscaler) for r in runs}):
+        by = {r.technique: r for r in runs if (r.model, r.autoscaler) == (model, scaler)}
+        if a in by and b in by:
+            out.append((model, scaler, by[a].metrics, by[b].metrics))
+    return out
+
+
+def _unfinished(m: RunMetrics, name: str) -> str:
+    """A note when a run had more replicas starting at once than cold starts it finished:
+    averages count finished cold starts only, so such a run's average flatters it."""
+    n = len(m.cold_starts_s)
+    if m.peak_starting <= n:
+        return ""
+    return (f"; {name} had up to {m.peak_starting} replicas starting at once but finished "
+            f"{n} cold start{'s' if n != 1 else ''} (the average counts finished ones only)")
+
+
+def gf_vs_bl_lines(runs: Sequence[RunResult]) -> list[str]:
+    """Per autoscaler: GF (lazy eviction, host RAM to GPU, holders preferred) beside BL."""
+    lines = []
+    for model, scaler, bl, gf in _pairs(runs, Technique.BL, Technique.GF):
+        local = gf.cold_start_sources.count("local")
+        lines.append(
+            f"* {model}/{scaler}: GF cold start {_pct(gf.avg_cold_start_s, bl.avg_cold_start_s)}, "
+            f"average e2e {_pct(gf.avg_latency_s, bl.avg_latency_s)} vs BL. GF "
+            f"{sources_summary([gf])}: {local} of {len(gf.cold_starts_s)} landed on a host "
+            f"that kept the model (host RAM to GPU only)"
+            + (", the rest each pulled their own registry copy"
+               if local < len(gf.cold_starts_s) else "")
+            + f"; ≤ {gf.peak_registry_flows} flows on the registry link at once "
+            f"(BL ≤ {bl.peak_registry_flows}; BL {sources_summary([bl])}).")
+    return lines
+
+
+def lc_vs_gf_lines(runs: Sequence[RunResult]) -> list[str]:
+    """Per autoscaler: Flashpoint's LC beside GF, and where the difference comes from
+    (peers' RAM instead of the registry, one download per host instead of per replica)."""
+    lines = []
+    for model, scaler, gf, lc in _pairs(runs, Technique.GF, Technique.LC):
+        peer = sum(1 for s in lc.cold_start_sources
+                   if s.startswith("chain:") and s != "chain:registry")
+        same = (lc.cold_starts_s == gf.cold_starts_s
+                and lc.cold_start_sources == gf.cold_start_sources)
+        if same:
+            why = ("identical cold starts: every scale-up landed on hosts that kept the model "
+                   "or on one new host at a time with no holder to pull from, so neither peer "
+                   f"RAM nor download sharing had anything to do; {sources_summary([lc])}")
+        else:
+            why = (f"LC {sources_summary([lc])} — {peer} from a peer's RAM over the cluster "
+                   f"network, ≤ {lc.peak_registry_flows} registry flows at once; GF "
+                   f"{sources_summary([gf])}, ≤ {gf.peak_registry_flows} registry flows at "
+                   "once (no peer source, one registry copy per replica)")
+        why += "".join(_unfinished(m, name) for m, name in ((lc, "LC"), (gf, "GF")))
+        lines.append(
+            f"* {model}/{scaler}: LC cold start {_pct(lc.avg_cold_start_s, gf.avg_cold_start_s)}, "
+            f"average e2e {_pct(lc.avg_latency_s, gf.avg_latency_s)}, p99 e2e "
+            f"{_pct(lc.p99_latency_s, gf.p99_latency_s)} vs GF; {why}.")
     return lines

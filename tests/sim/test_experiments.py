@@ -23,7 +23,7 @@ def tiny_results():
 def test_grid_runs_every_combination_and_serves_the_trace(tiny_results):
     assert [(r.autoscaler, r.technique) for r in tiny_results] == [
         (a, t) for a in ("atl", "owk") for t in Technique]
-    assert len(Technique) == 6
+    assert len(Technique) == 7  # BL, GF, LC, MC, LC+MC, MP, LC+MC+MP
     for r in tiny_results:
         assert r.metrics.requests > 1000
         assert r.metrics.unserved == 0, (r.autoscaler, r.technique)
@@ -264,3 +264,12 @@ def test_sources_summary_counts_and_averages_each_source():
     assert sources_summary([m]) == (
         "4 cold starts: 2 own RAM (2.00 s), 1 registry (100.00 s), 1 peer chain (2.00 s)")
     assert sources_summary([RunMetrics()]) == "no cold start"
+
+
+def test_report_has_the_gf_baseline_beside_table_8_1(tiny_results):
+    text = report_markdown(tiny_results, TINY, wall_s=1.0)
+    assert "| twitter | bart | atl | GF |" in text
+    assert "#### GPU-enabled FaaS (GF" in text
+    assert "| bart |" in text and "18.59%" in text and "37.66%" in text  # Table 8.1, bart
+    assert "GF beside BL, per autoscaler:" in text and "* bart/atl: GF cold start" in text
+    assert "* bart/owk: LC cold start" in text and "grows with load" in text
