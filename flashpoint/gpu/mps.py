@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any
 
 from flashpoint.errors import BadRequest, MpsUnavailable
+from flashpoint.procs import pid_alive
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -41,26 +42,6 @@ _POLL_S = 0.05  # the daemon is not our child (it daemonises): no event to wait 
 def find_control_binary(binary: str = CONTROL_BINARY, path: str | None = None) -> str | None:
     """Full path of the MPS control binary, or ``None`` where MPS is not installed."""
     return shutil.which(binary, path=path)
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as gone: it has exited, nobody reaped it).
-
-    PIDs below 2 are never "alive": 0 and -1 would address process groups in ``os.kill``.
-    """
-    if pid < 2:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from flashpoint.errors import DeadlineExceeded, IntegrityError
-from flashpoint.gpu.mps import pid_alive
+from flashpoint.procs import pid_alive
 
 MAGIC = b"FPWS"
 VERSION = 1

@@ -54,6 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flashpoint.procs import pid_alive
+
 TAG_PREFIX = "fpl"
 STATE_DIR = Path("/run/flashpoint-netlab")
 MAX_HOSTS = 250
@@ -119,16 +121,6 @@ def _netns_names() -> set[str]:
     return {line.split()[0] for line in cp.stdout.splitlines() if line.strip()}
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _pid_start_ticks(pid: int) -> int | None:
     """Start time of a process in clock ticks since boot (tells a reused PID apart)."""
     try:
@@ -148,9 +140,9 @@ def _kill_netns_pids(ns: str, grace_s: float) -> list[int]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_pid_alive(p) for p in left):
+        while time.monotonic() < deadline and any(pid_alive(p) for p in left):
             time.sleep(0.05)
-        left = [p for p in left if _pid_alive(p)]
+        left = [p for p in left if pid_alive(p)]
         if not left:
             break
     return pids
@@ -354,7 +346,7 @@ class NetLab:
                 namespaces, links = list(state["namespaces"]), list(state["root_links"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if _pid_alive(pid) and _pid_start_ticks(pid) == start:
+            if pid_alive(pid) and _pid_start_ticks(pid) == start:
                 continue
             _teardown(namespaces, links, STOP_GRACE_S)
             f.unlink(missing_ok=True)

@@ -20,8 +20,8 @@ import pytest
 
 from flashpoint.cli import make_store
 from flashpoint.cluster import LocalCluster
-from flashpoint.gpu.mps import pid_alive
 from flashpoint.models.publish import publish
+from flashpoint.procs import pid_alive
 
 from .conftest import cluster_config, wait_for
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flashpoint.gpu.mps import pid_alive
+from flashpoint.procs import pid_alive
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "inventory_mps.py"
 FAKE = Path(__file__).with_name("fake_mps_control.py")

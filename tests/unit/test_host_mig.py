@@ -18,7 +18,7 @@ import pytest
 from flashpoint.actors.host_gpu import HostGpu
 from flashpoint.config import HostConfig, load_config
 from flashpoint.errors import BadRequest, GpuBusy, InvalidGeometry, MigUnavailable, NotFound
-from flashpoint.gpu.mps import pid_alive
+from flashpoint.procs import pid_alive
 
 FAKE = Path(__file__).with_name("fake_mps_control.py")
 pytestmark = pytest.mark.timeout(120)

@@ -20,8 +20,9 @@ from flashpoint.gpu.fake_nvml import FakeGpu, FakeNvml
 from flashpoint.gpu.host_sharing import GpuShare, HostSharing, SharingMode, bind_env
 from flashpoint.gpu.inventory import discover
 from flashpoint.gpu.mig import apply_geometry
-from flashpoint.gpu.mps import PID_FILE, pid_alive
+from flashpoint.gpu.mps import PID_FILE
 from flashpoint.gpu.worker_env import apply_env
+from flashpoint.procs import pid_alive
 
 FAKE = Path(__file__).with_name("fake_mps_control.py")
 pytestmark = pytest.mark.timeout(60)
