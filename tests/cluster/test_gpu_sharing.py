@@ -10,13 +10,13 @@ import asyncio
 import dataclasses
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 import pytest
+from unit.fake_mps import install_fake_mps
 
 from flashpoint.cli import make_store
 from flashpoint.cluster import LocalCluster
@@ -26,16 +26,11 @@ from flashpoint.procs import pid_alive
 from .conftest import cluster_config, wait_for
 
 pytestmark = pytest.mark.timeout(180)
-FAKE_MPS = Path(__file__).parents[1] / "unit" / "fake_mps_control.py"
 
 
 @pytest.fixture
 def fake_mps_path(tmp_path: Path, monkeypatch) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "nvidia-cuda-mps-control"
-    exe.write_text(f"#!{sys.executable}\n" + FAKE_MPS.read_text())
-    exe.chmod(0o755)
+    bin_dir = install_fake_mps(tmp_path)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
 
 

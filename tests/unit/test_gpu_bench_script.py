@@ -13,8 +13,9 @@ import pytest
 
 from flashpoint.procs import pid_alive
 
+from .fake_mps import install_fake_mps
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "inventory_mps.py"
-FAKE = Path(__file__).with_name("fake_mps_control.py")
 
 
 def _run(args: list[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
@@ -37,11 +38,7 @@ def test_no_gpu_exits_zero_with_message():
 
 @pytest.mark.timeout(240)
 def test_full_flow_with_fakes(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "nvidia-cuda-mps-control"
-    exe.write_text(f"#!{sys.executable}\n" + FAKE.read_text())
-    exe.chmod(0o755)
+    bin_dir = install_fake_mps(tmp_path)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
            "OMP_NUM_THREADS": "1"}
     out = _run(["--fake-nvml", "H100-80GB", "--cpu", "--seconds", "0.3", "--preset", "tiny",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,21 +14,16 @@ from flashpoint.gpu.mps import (
     MpsDaemon,
     find_control_binary,
     per_device_configs,
-    pid_alive,
 )
+from flashpoint.procs import pid_alive
 
-FAKE = Path(__file__).with_name("fake_mps_control.py")
+from .fake_mps import install_fake_mps
 
 
 @pytest.fixture
 def fake_bin(tmp_path: Path) -> str:
     """A PATH whose only entry holds the fake control binary."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "nvidia-cuda-mps-control"
-    exe.write_text(f"#!{sys.executable}\n" + FAKE.read_text())
-    exe.chmod(0o755)
-    return str(bin_dir)
+    return install_fake_mps(tmp_path)
 
 
 def _cfg(root: Path, path: str, **kw) -> MpsConfig:

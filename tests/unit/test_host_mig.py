@@ -9,7 +9,6 @@ import asyncio
 import dataclasses
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -20,19 +19,16 @@ from flashpoint.config import HostConfig, load_config
 from flashpoint.errors import BadRequest, GpuBusy, InvalidGeometry, MigUnavailable, NotFound
 from flashpoint.procs import pid_alive
 
-FAKE = Path(__file__).with_name("fake_mps_control.py")
+from .fake_mps import install_fake_mps
+
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
 def fake_path(tmp_path: Path, monkeypatch) -> str:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "nvidia-cuda-mps-control"
-    exe.write_text(f"#!{sys.executable}\n" + FAKE.read_text())
-    exe.chmod(0o755)
+    bin_dir = install_fake_mps(tmp_path)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    return str(bin_dir)
+    return bin_dir
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -24,18 +23,14 @@ from flashpoint.gpu.mps import PID_FILE
 from flashpoint.gpu.worker_env import apply_env
 from flashpoint.procs import pid_alive
 
-FAKE = Path(__file__).with_name("fake_mps_control.py")
+from .fake_mps import install_fake_mps
+
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
 def fake_bin(tmp_path: Path) -> str:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "nvidia-cuda-mps-control"
-    exe.write_text(f"#!{sys.executable}\n" + FAKE.read_text())
-    exe.chmod(0o755)
-    return str(bin_dir)
+    return install_fake_mps(tmp_path)
 
 
 @pytest.fixture
