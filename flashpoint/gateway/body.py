@@ -84,19 +84,16 @@ async def read_body(request: web.Request, config: GatewayConfig) -> bytes:
     # The stream may already be inflated by aiohttp, so it is capped by the larger limit.
     cap = config.max_body_bytes if identity else max(config.max_body_bytes,
                                                      config.max_decompressed_bytes)
-    chunks: list[bytes] = []
-    total = 0
     try:
         content = request.content
         if content.is_eof():
             # The whole body came with the headers (any small request): take it from the
             # buffer; no wait, so no timer to arm on the hot path.
-            chunks.append(content.read_nowait(-1))
-            total = len(chunks[0])
-            if total > cap:
+            data = content.read_nowait(-1)
+            if len(data) > cap:
                 raise PayloadTooLarge(f"request body is over the {cap}-byte limit")
         else:
-            await _read_chunks(content, chunks, cap, config.body_read_timeout_s)
+            data = await _read_stream(content, cap, config.body_read_timeout_s)
     except TimeoutError:
         raise BadRequest(
             f"request body not received within {config.body_read_timeout_s} s") from None
@@ -104,7 +101,6 @@ async def read_body(request: web.Request, config: GatewayConfig) -> bytes:
         raise
     except Exception as e:  # aiohttp payload / content-encoding errors
         raise BadRequest(f"could not read the request body: {type(e).__name__}") from None
-    data = b"".join(chunks)
     if identity:
         return data
     if _looks_compressed(data, encoding):
@@ -124,15 +120,14 @@ async def _inflate(data: bytes, encoding: str, max_bytes: int) -> bytes:
     return await asyncio.to_thread(decompress, data, encoding, max_bytes)
 
 
-async def _read_chunks(content: Any, chunks: list[bytes], cap: int, timeout_s: float) -> None:
+async def _read_stream(content: Any, cap: int, timeout_s: float) -> bytes:
     """Read a body still arriving, chunk by chunk, within ``timeout_s`` and ``cap`` bytes."""
+    chunks: list[bytes] = []
     total = 0
     async with asyncio.timeout(timeout_s):
-        while True:
-            chunk = await content.read(_CHUNK_BYTES)
-            if not chunk:
-                return
+        while chunk := await content.read(_CHUNK_BYTES):
             total += len(chunk)
             if total > cap:
                 raise PayloadTooLarge(f"request body is over the {cap}-byte limit")
             chunks.append(chunk)
+    return b"".join(chunks)
