@@ -160,6 +160,10 @@ class HostConfig:
     # Registry pulls read this many bytes per ranged GET (several chunks): object stores
     # favour few large requests; smaller spans let a stage start sooner (execute-while-load).
     registry_span_bytes: int = 32 << 20
+    # A partition stage's completion fill and warm-pool refill wait for its group's first
+    # answer (the controller's begin_completion), at most this long; 0 = start at once
+    # (flashpoint/actors/stage_hold.py says why).
+    completion_hold_s: float = 5.0
     # GPU sharing (flashpoint/gpu/host_sharing.py): "none" (workers bound to their GPU or
     # MIG slice by UUID), "mps" (an MPS control daemon per GPU/slice; workers get their SM
     # share and memory limit), "tokens" (a time-token manager per GPU/slice; workers start
@@ -193,6 +197,8 @@ class HostConfig:
         bad = [m for m in self.fake_gpus if m not in SPECS]
         if bad:
             raise BadRequest(f"host.fake_gpus {bad}: models are {sorted(SPECS)}")
+        if self.completion_hold_s < 0:
+            raise BadRequest("host.completion_hold_s must be >= 0")
         if self.mps_health_interval_s <= 0:
             raise BadRequest("host.mps_health_interval_s must be > 0")
 

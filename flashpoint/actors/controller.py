@@ -145,6 +145,9 @@ class HostHandle:
     async def dissolve_stage(self, replica_id: str) -> None:
         await self.conn.call("dissolve_stage", {"replica_id": replica_id}, timeout_s=10.0)
 
+    async def begin_completion(self, replica_id: str) -> None:
+        await self.conn.call("begin_completion", {"replica_id": replica_id}, timeout_s=10.0)
+
 
 @dataclass
 class WorkerHandle:
@@ -383,6 +386,8 @@ class Controller:
                         log.info("group_serving", group_id=cmd.group_id, function=cmd.function)
                 case cs.DissolveStages():
                     self._spawn(self._dissolve_stages(cmd), f"dissolve:{cmd.group_id}")
+                case cs.BeginCompletion():
+                    self._spawn(self._begin_completion(cmd), f"complete:{cmd.group_id}")
                 case cs.RequestHost():
                     self._spawn(self._replace_host(cmd.replacing), f"replace:{cmd.replacing}")
         self._sync_dispatch()
@@ -473,12 +478,26 @@ class Controller:
                     timings[phase] = max(timings.get(phase, 0.0), secs)
             self.workers[cmd.group_id] = PipelineTarget(
                 client, cmd.stages[0][1], [t["name"] for t in io.get("outputs", [])],
-                timings, source=f"pipeline:{len(cmd.stages)}")
+                timings, source=f"pipeline:{len(cmd.stages)}",
+                on_first_answer=lambda gid=cmd.group_id: self._apply(cs.GroupAnswered(gid)))
             self._apply(cs.GroupLinked(cmd.group_id, True, "", time.monotonic()))
             log.info("group_linked", group_id=cmd.group_id, stages=[r for r, _ in cmd.stages])
         except FlashpointError as exc:
             log.warning("group_link_failed", group_id=cmd.group_id, error=exc.to_wire())
             self._apply(cs.GroupLinked(cmd.group_id, False, exc.message, time.monotonic()))
+
+    async def _begin_completion(self, cmd: cs.BeginCompletion) -> None:
+        """Tell every stage's host its group answered: its held completion may go."""
+        async def one(rid: str, host_id: str) -> None:
+            host = self.hosts.get(host_id)
+            if host is None:
+                return  # its hold times out on its own
+            try:
+                await host.begin_completion(rid)
+            except FlashpointError as exc:
+                log.warning("begin_completion_failed", replica_id=rid, error=exc.code)
+
+        await asyncio.gather(*(one(rid, host_id) for rid, host_id in cmd.stages))
 
     async def _dissolve_stages(self, cmd: cs.DissolveStages) -> None:
         """Stop the stages' pipeline servers (their completed replicas keep serving)."""

@@ -128,6 +128,7 @@ class GroupRecord:
     ready: set[str] = field(default_factory=set)
     serving_s: float | None = None
     reason: str = ""  # why it stops
+    answered: bool = False  # its pipeline answered a request (BeginCompletion was sent)
 
 
 @dataclass
@@ -256,8 +257,16 @@ class Tick:
     idle_replicas: frozenset[str] = frozenset()
 
 
+@dataclass(frozen=True)
+class GroupAnswered:
+    """A serving group's pipeline answered its first request."""
+
+    group_id: str
+
+
 Event = (HostRegistered | HostHeartbeat | HostDraining | FunctionUpserted | FunctionDeleted
-         | ReplicaWarmed | ReplicaFailed | ReplicaStopped | StageReady | GroupLinked | Tick)
+         | ReplicaWarmed | ReplicaFailed | ReplicaStopped | StageReady | GroupLinked
+         | GroupAnswered | Tick)
 
 
 # Commands ----------------------------------------------------------------------------------
@@ -379,8 +388,18 @@ class RequestHost:
     replacing: str
 
 
+@dataclass(frozen=True)
+class BeginCompletion:
+    """The stages' hosts may complete the model now (flashpoint/actors/stage_hold.py): the
+    group has answered its first request."""
+
+    group_id: str
+    stages: tuple[tuple[str, str], ...]  # (replica id, host id)
+
+
 Command = (DeployReplica | DeployKaas | StartChain | StopAccepting | StopReplica | ForgetReplica
-           | FailFunction | LinkGroup | ServeGroup | DissolveStages | RequestHost)
+           | FailFunction | LinkGroup | ServeGroup | DissolveStages | BeginCompletion
+           | RequestHost)
 
 
 class ControllerState:
@@ -499,6 +518,8 @@ class ControllerState:
                 return self._stage_ready(event)
             case GroupLinked():
                 return self._group_linked(event)
+            case GroupAnswered():
+                return self._group_answered(event)
             case Tick():
                 return self._tick(event)
         raise TypeError(f"unknown event {event!r}")
@@ -748,6 +769,15 @@ class ControllerState:
         fn = self.functions.get(group.function)
         return [ServeGroup(group.group_id, group.function,
                            fn.spec.replica_concurrency if fn is not None else 1)]
+
+    def _group_answered(self, ev: GroupAnswered) -> list[Command]:
+        """Its first answer releases the stages' held background work, once per group."""
+        group = self.groups.get(ev.group_id)
+        if group is None or group.answered:
+            return []
+        group.answered = True
+        return [BeginCompletion(group.group_id, tuple(
+            (r, self.replicas[r].host_id) for r in group.stages if r in self.replicas))]
 
     def _stop_group(self, group: GroupRecord, reason: str) -> list[Command]:
         """No new work for the group; it dissolves at the first tick with none in flight."""

@@ -33,6 +33,7 @@ from typing import Any
 
 from flashpoint import heap
 from flashpoint.actors.host_gpu import HostGpu
+from flashpoint.actors.stage_hold import StageHolds
 from flashpoint.config import ClusterConfig, check_secret
 from flashpoint.errors import BadRequest, FlashpointError, ModelNotFound, NoCapacity, NotFound
 from flashpoint.exposition import MetricsEndpoint
@@ -116,6 +117,8 @@ class HostManager:
         self._controller: Any = None
         self._tasks: set[asyncio.Task] = set()
         self._refill_lock = asyncio.Lock()
+        # A stage's completion fill and pool refill wait for its group's first answer.
+        self.stage_holds = StageHolds(self.hc.completion_hold_s)
         self._stopping = False
         self._stop_task: asyncio.Future | None = None
         self.notice: Any = None  # the EvictionNotice once one arrived
@@ -159,6 +162,7 @@ class HostManager:
             {"deploy_replica": self._deploy, "stop_replica": self._stop_replica,
              "start_chain": self._start_chain, "host_status": self._status,
              "dissolve_stage": self._dissolve_stage, "link_stage": self._link_stage,
+             "begin_completion": self._begin_completion,
              "set_replica_share": self._set_replica_share, "apply_mig": self._apply_mig},
             secret=self.secret, on_connected=self._register,
         )
@@ -460,8 +464,10 @@ class HostManager:
 
     async def _fill_logged(self, manifest: Manifest, sources: list[Any], timeout_s: float,
                            first: tuple[int, int] | None = None) -> None:
+        key = f"{manifest.name}@{manifest.version}"
         try:
-            await self.cache.ensure(manifest, sources, timeout_s=timeout_s, first=first)
+            await self.cache.ensure(manifest, sources, timeout_s=timeout_s, first=first,
+                                    hold=lambda: self.stage_holds.wait(key))
         except Exception as exc:  # waiters on the segment see it; this is the log line
             log.warning("fill_failed", model=f"{manifest.name}@{manifest.version}", error=repr(exc))
 
@@ -483,6 +489,8 @@ class HostManager:
         need = byte_range_for_layers(manifest, stage[0], stage[1]) if stage is not None else None
         if entry is not None:  # held, or being filled already: one transfer per host and model
             joined = not entry.complete
+            if need is None:  # a whole replica needs the rest now
+                self.stage_holds.release(key, "a whole replica needs the model")
             await self._ready(entry.segment, need, timeout_s)
             return entry, (entry.source if joined else "local")
         src = source or {}
@@ -522,6 +530,7 @@ class HostManager:
             entry, _ = await self.cache.ensure(manifest, fallback, timeout_s=timeout_s)
             return entry, entry.source
         self._registry_source.break_spans_at(manifest, manifest.chunks_for_range(*need))
+        self.stage_holds.hold(key)
         self._spawn_task(self._fill_logged(manifest, fallback, timeout_s, need), f"fill:{key}")
         entry = await self.cache.wait_entry(key, timeout_s)  # opened at the fill's first step
         if entry is None:
@@ -608,8 +617,10 @@ class HostManager:
             finally:
                 self.cache.unpin(model_key)
                 # Refill the warm pool only now: starting a Python+torch process while a
-                # cold start loads would steal the CPU that the cold start is waiting for.
-                self._spawn_task(self._refill(), "refill")
+                # cold start loads would steal the CPU that the cold start is waiting for
+                # (and a stage's, that its first pass needs: stage_hold.py).
+                self._spawn_task(self._refill(after=model_key if rt.stage is not None else None),
+                                 "refill")
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -644,6 +655,14 @@ class HostManager:
         await rt.worker.conn.call("set_next_hop", {"next_hop": nxt.to_wire()}, timeout_s=10.0)
         rt.pipeline["next_hop"] = nxt.to_wire()
         return {"linked": True}
+
+    async def _begin_completion(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """The controller's word that a stage's group answered its first request: the held
+        completion fill and pool refill of the stage's model go now (stage_hold.py)."""
+        rt = self.replicas.get(str(payload.get("replica_id", "")))
+        if rt is None or rt.worker is None or rt.worker.model_key is None:
+            return {"released": False}
+        return {"released": self.stage_holds.release(rt.worker.model_key, "group answered")}
 
     async def _dissolve_stage(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         """Stop a stage replica's pipeline server (the controller's call, once the pipeline
@@ -736,7 +755,9 @@ class HostManager:
     async def _take_worker(self) -> WorkerProcess:
         return self.idle.pop(0) if self.idle else await self._spawn_worker()
 
-    async def _refill(self) -> None:
+    async def _refill(self, after: str | None = None) -> None:
+        if after is not None:
+            await self.stage_holds.wait(after)
         async with self._refill_lock:
             while not self._stopping and len(self.idle) < self.hc.warm_pool_size:
                 try:

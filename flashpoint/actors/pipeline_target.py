@@ -11,7 +11,7 @@ pipeline one by one and overlap across its stages.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,11 +29,18 @@ class PipelineTarget:
     output_names: Sequence[str]
     timings_s: dict[str, float] = field(default_factory=dict)
     source: str = "pipeline"
+    # Called once, at the group's first answer (any answer: an error is one too); the
+    # controller then lets the stages' hosts complete the model (stage_hold.py).
+    on_first_answer: Callable[[], None] | None = None
 
     async def infer(self, ps: Sequence[Any], timeout_s: float) -> list[dict[str, Any]]:
         """One reply per request: ``outputs``, or ``error`` in wire form (retryable errors
         such as a lost stage come back as errors; the controller retries those)."""
-        return list(await asyncio.gather(*(self._one(p.payload, timeout_s) for p in ps)))
+        replies = list(await asyncio.gather(*(self._one(p.payload, timeout_s) for p in ps)))
+        if self.on_first_answer is not None:
+            call, self.on_first_answer = self.on_first_answer, None
+            call()
+        return replies
 
     async def _one(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         try:

@@ -41,7 +41,10 @@ hosts, the GPUs, the network and the request queue, on the :class:`Engine`'s clo
   (``GroupLinked``) and ``ServeGroup`` makes the group one dispatch target whose requests
   take I(p) = I(1) + IN(p) (Eq 4.2: the partition cost model's transfers at every cut)
   with the credits the state grants. Each stage then fetches the rest of the model and
-  completes into a whole replica (§4.2.5); the state dissolves the group. A pipeline's
+  completes into a whole replica (§4.2.5); the state dissolves the group. (Live hosts
+  hold that fetch until the group's first answer, ``actors/stage_hold.py``, because it
+  shares their CPU and links with the first pass; the simulator's first pass takes I(p)
+  regardless, so it starts the fetch at once and never feeds ``GroupAnswered``.) A pipeline's
   cold start is counted once, from its deploy to serving. Simplification: a completed
   stage serves alone *and* still counts inside its pipeline until the group dissolves.
 """

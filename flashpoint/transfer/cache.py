@@ -28,7 +28,7 @@ import os
 import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,13 +275,16 @@ class HostCache:
 
     async def ensure(self, manifest: Manifest, sources: Sequence[ChunkSource], *,
                      timeout_s: float = 600.0,
-                     first: tuple[int, int] | None = None) -> tuple[CacheEntry, bool]:
+                     first: tuple[int, int] | None = None,
+                     hold: Callable[[], Awaitable[None]] | None = None,
+                     ) -> tuple[CacheEntry, bool]:
         """The complete entry for ``manifest``'s model, filling it from ``sources`` if absent.
 
         ``first`` (a byte range): fetch the chunks covering it before the others (a partition
-        stage serves as soon as its own range is in). Returns ``(entry, hit)``; ``hit`` is
-        True when no bytes had to move for this call (held already, or another caller's
-        fill was joined).
+        stage serves as soon as its own range is in); ``hold``: awaited between that range
+        and the rest (a stage's completion waits for its pipeline's first answer).
+        Returns ``(entry, hit)``; ``hit`` is True when no bytes had to move for this call
+        (held already, or another caller's fill was joined).
         """
         key = f"{manifest.name}@{manifest.version}"
         entry = self._entries.get(key)
@@ -299,6 +302,8 @@ class HostCache:
             if first is not None:
                 per_source = await fill(segment, sources, indices=manifest.chunks_for_range(*first),
                                         timeout_s=timeout_s)
+                if hold is not None:
+                    await hold()
             rest = await fill(segment, sources, timeout_s=timeout_s)
             per_source = {k: per_source.get(k, 0) + rest.get(k, 0) for k in {*per_source, *rest}}
         except BaseException as exc:

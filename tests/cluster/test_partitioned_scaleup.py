@@ -38,7 +38,9 @@ class SlowStore(LocalStore):
 
 
 def _config(tmp_path: Path) -> Any:
-    cfg = cluster_config(tmp_path, registry_span_bytes=CHUNK)  # one chunk per read
+    # One chunk per read; a stage's completion is held until its group answers, and a
+    # release by timeout would come far too late for this test (stage_hold.py).
+    cfg = cluster_config(tmp_path, registry_span_bytes=CHUNK, completion_hold_s=300.0)
     import dataclasses
 
     # A slow modelled link: the solver prefers two stages for a burst of requests.
@@ -105,6 +107,13 @@ async def test_partitioned_scale_up_serves_a_pipeline_then_dissolves(tmp_path: P
             # A cold start's breakdown is its slowest stage's (fetch = until its range was in).
             assert outs[0]["cold"] and outs[0]["timings_s"]["fetch"] > 0, outs[0]["timings_s"]
             assert all(r.phase == cs.ReplicaPhase.STARTING for r in stages)
+            # The first answer let the stage hosts complete the model (held until then).
+            assert group.answered
+            key = "bert@1"
+            for rep in stages:
+                host = next(h for h in c.hosts if h.host_id == rep.host_id)
+                await wait_for("the stage host's completion released", lambda h=host:
+                               not h.stage_holds.held(key), 10)
             status = c.controller.cluster_status()
             assert status["groups"][0]["phase"] == "serving"
 

@@ -56,6 +56,25 @@ async def test_fill_once_then_hit(cache: HostCache, blob: Blob) -> None:
     assert hit and again is entry and src.reads == reads
 
 
+async def test_a_held_fill_fetches_its_first_range_then_waits_for_the_hold(
+        cache: HostCache, blob: Blob) -> None:
+    src = MemSource(blob.data)
+    first = blob.manifest.chunks_for_range(0, 1)
+    gate = asyncio.Event()
+    fill = asyncio.ensure_future(cache.ensure(blob.manifest, [src], first=(0, 1),
+                                              hold=gate.wait))
+    entry = await asyncio.wait_for(cache.wait_entry(blob.manifest.name + "@"
+                                                    + blob.manifest.version, 5.0), 5.0)
+    assert entry is not None
+    await asyncio.wait_for(entry.segment.wait_range(0, 1, 5.0), 5.0)
+    await asyncio.sleep(0.1)
+    assert src.reads == len(first) < blob.manifest.num_chunks and not fill.done()
+    gate.set()
+    entry, hit = await asyncio.wait_for(fill, 5.0)
+    assert not hit and entry.complete and src.reads == blob.manifest.num_chunks
+    assert entry.path.read_bytes() == blob.data
+
+
 async def test_concurrent_requests_share_one_transfer(cache: HostCache, blob: Blob) -> None:
     src = MemSource(blob.data, delay_s=0.001)
     results = await asyncio.gather(*(cache.ensure(blob.manifest, [src]) for _ in range(4)))

@@ -5,12 +5,14 @@ retires groups first. Pure: events in, commands out."""
 from __future__ import annotations
 
 from flashpoint.actors.controller_state import (
+    BeginCompletion,
     ControllerState,
     DeployReplica,
     DissolveStages,
     ForgetReplica,
     FunctionLoad,
     FunctionUpserted,
+    GroupAnswered,
     GroupLinked,
     GroupPhase,
     HostHeartbeat,
@@ -88,6 +90,15 @@ def _serving(st: ControllerState) -> tuple[str, tuple[str, ...]]:
         st.handle(StageReady(rid, 2.0))
     st.handle(GroupLinked(group.group_id, True, "", 2.1))
     return group.group_id, group.stages
+
+
+def test_the_first_answer_releases_completion_on_every_stage_host_once():
+    st = partitioned()
+    gid, stages = _serving(st)
+    (begin,) = of(st.handle(GroupAnswered(gid)), BeginCompletion)
+    assert begin == BeginCompletion(gid, tuple((r, st.replicas[r].host_id) for r in stages))
+    assert st.handle(GroupAnswered(gid)) == []  # later answers: already released
+    assert st.handle(GroupAnswered("no-such-group")) == []
 
 
 def test_completed_stages_dissolve_the_group_into_whole_replicas():
