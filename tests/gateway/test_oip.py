@@ -277,3 +277,72 @@ def test_fuzz_decoder_only_raises_bad_request(body, binary):
     oip.encode_infer_response(model_name="m", model_version="1", request_id=req.id,
                               outputs=req.inputs, declared=req.datatypes, requested=None,
                               binary_output=req.binary_output)
+
+
+def _stdlib_load(raw: bytes) -> object:
+    """What load_json gave before orjson: json.loads, errors as BadRequest messages."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        return "BadRequest: nested deeper"
+    except (ValueError, TypeError) as e:
+        return f"BadRequest: malformed JSON: {str(e)[:200]}"
+
+
+def _fast_load(raw: bytes) -> object:
+    try:
+        return oip.load_json(raw, 10_000)
+    except BadRequest as e:
+        return "BadRequest: nested deeper" if "nested deeper" in e.message else (
+            f"BadRequest: {e.message}")
+
+
+def _same(a: object, b: object) -> bool:
+    # repr keeps int vs float and NaN (json.dumps would turn 1.0 and 1 alike into numbers)
+    return type(a) is type(b) and repr(a) == repr(b)
+
+
+@pytest.mark.parametrize("raw", [
+    b"NaN", b"[Infinity, -Infinity]", b"1e400", b"[-1e400]", b"[1e-400]", b'"\\ud800"',
+    b"\xef\xbb\xbf{}", "[1]".encode("utf-16"), b"18446744073709551615", b"18446744073709551616",
+    b"-9223372036854775808", b"-9223372036854775809", b"[" + b"9" * 400 + b"]",
+    b"[" + b"9" * 5000 + b"]", b"0.12345678901234567890123", b'{"a":1,"a":2}', b"[1,]",
+    b"", b"{", b"\xff", b'"\x01"', b"[" * 2000 + b"]" * 2000, b' {"x": [1.5, -0.0, 2]} ',
+])
+def test_load_json_matches_the_stdlib_on_edge_cases(raw):
+    assert _same(_fast_load(raw), _stdlib_load(raw))
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_load_json_matches_the_stdlib(value):
+    raw = json.dumps(value).encode()
+    assert _same(_fast_load(raw), _stdlib_load(raw))
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_dump_json_writes_the_same_values_as_the_stdlib(value):
+    ours = oip.dump_json(value)
+    theirs = json.dumps(value, separators=(",", ":"), default=str)
+    assert _same(json.loads(ours), json.loads(theirs))
+    if "null" in theirs or "NaN" in theirs or "Infinity" in theirs:
+        assert ours.decode() == theirs  # NaN/inf are written as the stdlib does, not as null
+
+
+def test_dump_json_of_numpy_and_other_types_matches_the_stdlib():
+    import dataclasses
+    import datetime
+
+    @dataclasses.dataclass
+    class D:
+        a: int = 1
+
+    value = {"f64": np.float64(1.5), "f32": np.float32(2.5), "i64": np.int64(3), "d": D(),
+             "t": datetime.datetime(2020, 1, 2), "tuple": (1, 2), 4: "int key",
+             "big": 2**70, "nan": float("nan"), "bytes": b"x", "s": "\ud800"}
+    theirs = json.dumps(value, separators=(",", ":"), default=str).encode()
+    assert oip.dump_json(value) == theirs  # non-str keys, big ints, surrogates: the stdlib
+    del value[4], value["big"], value["nan"], value["s"]
+    theirs = json.dumps(value, separators=(",", ":"), default=str)
+    assert _same(json.loads(oip.dump_json(value)), json.loads(theirs))
