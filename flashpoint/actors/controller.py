@@ -172,6 +172,10 @@ class WorkerHandle:
 class Controller:
     """The controller actor."""
 
+    # invoke() fails a request at its deadline (the call_later expiry, never later than the
+    # timeout_s it was given), so the gateway needs no backstop timer around it.
+    enforces_deadline = True
+
     def __init__(self, config: ClusterConfig, store: Any) -> None:
         self.config = config
         self.cc = config.controller

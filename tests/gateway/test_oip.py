@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import struct
+import time
 import zlib
 
 import numpy as np
@@ -346,3 +348,53 @@ def test_dump_json_of_numpy_and_other_types_matches_the_stdlib():
     del value[4], value["big"], value["nan"], value["s"]
     theirs = json.dumps(value, separators=(",", ":"), default=str)
     assert _same(json.loads(oip.dump_json(value)), json.loads(theirs))
+
+
+class _SlowBackend:
+    """Answers after ``delay_s``, whatever the deadline (a backend that ignores it)."""
+
+    def __init__(self, delay_s: float, enforces_deadline: bool | None) -> None:
+        self.delay_s = delay_s
+        if enforces_deadline is not None:
+            self.enforces_deadline = enforces_deadline
+        self.seen: list[float] = []
+
+    async def invoke(self, name, inputs, *, request_id, timeout_s=None, request_class="strict"):
+        self.seen.append(timeout_s)
+        await asyncio.sleep(self.delay_s)
+        return "done"
+
+
+@pytest.mark.parametrize("flag", [None, False])
+async def test_admission_backstop_cuts_a_backend_that_does_not_enforce_its_deadline(flag):
+    from flashpoint.errors import DeadlineExceeded
+    from flashpoint.gateway.admission import Admission
+
+    adm = Admission(GatewayConfig(deadline_grace_s=0.05))
+    backend = _SlowBackend(5.0, flag)
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        await adm.invoke(backend, "c", "f", {}, request_id="r", timeout_s=0.05)
+    assert time.monotonic() - t0 < 2.0 and adm.inflight == 0 and backend.seen == [0.05]
+
+
+async def test_admission_arms_no_backstop_for_a_backend_that_enforces_its_deadline():
+    from flashpoint.errors import Overloaded
+    from flashpoint.gateway.admission import Admission
+
+    adm = Admission(GatewayConfig(deadline_grace_s=0.01, max_inflight_requests=1))
+    backend = _SlowBackend(0.3, True)  # answers well after timeout + grace: nobody cuts it
+    task = asyncio.ensure_future(adm.invoke(backend, "c", "f", {}, request_id="r",
+                                            timeout_s=0.01))
+    await asyncio.sleep(0.05)
+    assert adm.inflight == 1 and not task.done()
+    with pytest.raises(Overloaded):  # the in-flight cap still counts it
+        await adm.invoke(backend, "c", "f", {}, request_id="r2", timeout_s=0.01)
+    assert await asyncio.wait_for(task, 5.0) == "done"
+    assert adm.inflight == 0 and backend.seen == [0.01]
+
+
+def test_the_controller_declares_that_it_enforces_its_deadline():
+    from flashpoint.actors.controller import Controller
+
+    assert Controller.enforces_deadline is True
