@@ -19,6 +19,8 @@ _ALLOWED = {
     "float16", "float32", "float64", "object",
 }
 MAX_DIMS = 8
+# Native-order dtypes only: a dtype of another byte order misses and is named by numpy.
+_DTYPE_NAMES = {np.dtype(n): n for n in _ALLOWED if n != "object"}
 
 # The numpy dtype each OIP datatype has once decoded (what models and the controller see):
 # BF16 widens to float32, BYTES is an object array of bytes.
@@ -53,7 +55,9 @@ def encode_tensor(arr: np.ndarray) -> dict[str, Any]:
         return {"dtype": "object", "shape": list(arr.shape),
                 "items": [bytes(x) if not isinstance(x, str) else x.encode() for x in arr.ravel()]}
     a = np.ascontiguousarray(arr)
-    return {"dtype": a.dtype.name, "shape": list(arr.shape), "data": a.tobytes()}
+    # dtype.name is a slow Python property: the usual dtypes' names come from a dict.
+    name = _DTYPE_NAMES.get(a.dtype) or a.dtype.name
+    return {"dtype": name, "shape": list(arr.shape), "data": a.tobytes()}
 
 
 def decode_tensor(d: Any) -> np.ndarray:

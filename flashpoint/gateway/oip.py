@@ -51,6 +51,9 @@ _NUMPY_TO_DATATYPE = {
     "uint64": "UINT64", "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64",
     "float16": "FP16", "float32": "FP32", "float64": "FP64",
 }
+# The same, keyed by the native-order dtypes themselves (other byte orders miss and take the
+# by-name lookup).
+_DTYPE_TO_DATATYPE = {np.dtype(n): dt for n, dt in _NUMPY_TO_DATATYPE.items()}
 _INT_DATATYPES = frozenset(
     ("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"))
 _FLOAT_DATATYPES = frozenset(("FP16", "FP32", "FP64", "BF16"))
@@ -210,8 +213,10 @@ def check_datatype(name: str, datatype: Any) -> str:
 
 
 def check_shape(name: str, shape: Any, limits: CodecLimits) -> tuple[int, ...]:
-    if not isinstance(shape, list) or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+    if not isinstance(shape, list) or not (
+        # plain ints (the JSON case) in one pass in C; anything else element by element
+        (_INT_ONLY.issuperset(map(type, shape)) and (not shape or min(shape) >= 0))
+        or all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
     ):
         raise BadRequest(f"input {name!r}: shape must be a list of non-negative integers")
     if len(shape) > limits.max_dims:
@@ -235,11 +240,16 @@ def _charge(name: str, nbytes: int, budget: list[int], limits: CodecLimits) -> N
     budget[0] -= nbytes
 
 
+_INT_ONLY = frozenset((int,))
+# Element types no list can hide behind (a subclass of list is none of these).
+_SCALARS = frozenset((int, float, bool, str, type(None), dict))
+
+
 def _flatten(data: Any) -> list[Any]:
     """Row-major flatten of nested JSON lists (depth was bounded when parsing)."""
     if not isinstance(data, list):
         return [data]
-    if not any(isinstance(x, list) for x in data):
+    if _SCALARS.issuperset(map(type, data)) or not any(isinstance(x, list) for x in data):
         return data
     out: list[Any] = []
     for x in data:
@@ -470,6 +480,9 @@ def datatype_of(name: str, arr: np.ndarray, declared: str | None = None) -> str:
     """The OIP datatype of an output: the declared one, else derived from the numpy dtype."""
     if declared is not None:
         return declared
+    dt = _DTYPE_TO_DATATYPE.get(arr.dtype)  # dtype.name is a slow Python property
+    if dt is not None:
+        return dt
     if arr.dtype == object or arr.dtype.kind in "SU":
         return "BYTES"
     dt = _NUMPY_TO_DATATYPE.get(arr.dtype.name)
