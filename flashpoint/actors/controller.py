@@ -699,7 +699,7 @@ class Controller:
             raise BadRequest("request has no inputs")
         if spec.inputs:
             want = {t.name: t for t in spec.inputs}
-            if set(inputs) != set(want):
+            if inputs.keys() != want.keys():  # key views compare as sets, without building any
                 raise BadRequest(f"inputs must be exactly {sorted(want)}, got {sorted(inputs)}")
             for name, arr in inputs.items():
                 t = want[name]
@@ -708,9 +708,12 @@ class Controller:
                 if arr.ndim != len(t.shape) or any(
                         s != -1 and s != d for s, d in zip(t.shape[1:], arr.shape[1:], strict=False)):
                     raise BadRequest(f"input {name!r} shape {list(arr.shape)} does not match {list(t.shape)}")
-        rows = {a.shape[0] if a.ndim else -1 for a in inputs.values()}
-        if len(rows) != 1 or -1 in rows or 0 in rows:
-            raise BadRequest("all inputs need the same non-zero leading (batch) dimension")
+        rows = -1
+        for a in inputs.values():
+            n = a.shape[0] if a.ndim else -1
+            if n <= 0 or (rows != -1 and n != rows):
+                raise BadRequest("all inputs need the same non-zero leading (batch) dimension")
+            rows = n
 
     async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
                      timeout_s: float | None = None,
@@ -733,8 +736,9 @@ class Controller:
         payload = {"request_id": request_id, "inputs": encode_tensors(inputs)}
         if best_effort:
             payload["class"] = RequestClass.BEST_EFFORT  # the worker's queue serves strict first
-        p = Pending(request_id, name, payload, asyncio.get_running_loop().create_future(), t0,
-                    t0 + timeout, cold, best_effort)
+        loop = asyncio.get_running_loop()
+        p = Pending(request_id, name, payload, loop.create_future(), t0, t0 + timeout, cold,
+                    best_effort)
         self._last_request[name] = t0
         self._arrivals.add(name)
         self._invocations[name] = self._invocations.get(name, 0) + 1
@@ -755,7 +759,7 @@ class Controller:
             self._wake.set()  # scale from zero now, not at the next tick
         # One timer instead of wait_for(shield(...)): a cancelled caller cancels the future,
         # so a request nobody waits for any more is skipped at dispatch.
-        expiry = asyncio.get_running_loop().call_later(timeout, _expire, p.future)
+        expiry = loop.call_later(timeout, _expire, p.future)
         try:
             if assigned:
                 # Alone in its queue with a replica free: send it from this task. Nothing
