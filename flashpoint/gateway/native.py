@@ -103,11 +103,13 @@ class NativeRoutes:
 
     def route_defs(self) -> list[web.RouteDef]:
         return [
+            # First: the router tries resources under a prefix in order, and this is the hot
+            # one (no other pattern here can match its paths, so order changes no answer).
+            web.post("/v1/functions/{name}/invoke", self.invoke),
             web.post("/v1/functions", self.register),
             web.get("/v1/functions", self.list_functions),
             web.get("/v1/functions/{name}", self.get_function),
             web.delete("/v1/functions/{name}", self.delete_function),
-            web.post("/v1/functions/{name}/invoke", self.invoke),
             web.get("/v1/status", self.status),
             web.get("/healthz", self.healthz),
         ]

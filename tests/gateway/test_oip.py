@@ -89,6 +89,18 @@ def test_depth_limit():
         oip.load_json('{"a":' * 200_000 + "1" + "}" * 200_000, 32)
 
 
+def test_depth_limit_whatever_the_bracket_count():
+    # Few brackets: the walk is skipped; brackets inside strings only make it walk.
+    assert oip.load_json(b'{"a": "' + b"[" * 100 + b'"}', 32) == {"a": "[" * 100}
+    assert oip.load_json(b"[" * 3 + b"]" * 3, 3) == [[[]]]
+    with pytest.raises(BadRequest, match="nested deeper"):
+        oip.load_json(b"[" * 4 + b"]" * 4, 3)
+    with pytest.raises(BadRequest, match="nested deeper"):
+        oip.load_json(b'[[[["' + b"]" * 40 + b'"]]]]', 3)
+    with pytest.raises(BadRequest, match="nested deeper"):
+        oip.load_json('{"a":{"b":{"c":{"d":1}}}}', 3)
+
+
 def test_tensor_budget_is_checked_before_allocating():
     with pytest.raises(BadRequest, match="limit"):
         _decode({"inputs": [{"name": "x", "shape": [1 << 40], "datatype": "FP64", "data": []}]})
