@@ -250,6 +250,9 @@ def _charge(name: str, nbytes: int, budget: list[int], limits: CodecLimits) -> N
 
 
 _INT_ONLY = frozenset((int,))
+# Largest finite value of the float types a JSON number is cast to directly.
+_FINITE_MAX = {"FP16": float(np.finfo(np.float16).max), "FP32": float(np.finfo(np.float32).max),
+               "FP64": float(np.finfo(np.float64).max)}
 # Element types no list can hide behind (a subclass of list is none of these).
 _SCALARS = frozenset((int, float, bool, str, type(None), dict))
 
@@ -300,6 +303,11 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
         else:
             if not types <= {int, float}:
                 raise BadRequest(f"input {name!r}: {datatype} data must be numbers")
+            limit = _FINITE_MAX.get(datatype)
+            if limit is not None and flat and -limit <= min(flat) and max(flat) <= limit:
+                # Every value is within the type's range, so the cast cannot overflow: no
+                # errstate to enter (a NaN fails these comparisons and takes the path below).
+                return np.array(flat, dtype=WIRE_DTYPES[datatype]).reshape(shape)
             with np.errstate(over="ignore"):
                 if datatype == "BF16":
                     arr = bf16_to_f32(f32_to_bf16(np.array(flat, dtype=np.float32)))

@@ -410,3 +410,20 @@ def test_the_controller_declares_that_it_enforces_its_deadline():
     from flashpoint.actors.controller import Controller
 
     assert Controller.enforces_deadline is True
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+@pytest.mark.parametrize("data", [
+    [1.0, float("nan"), 2.0], [2**70, 1], [65504.0, -65504.0], [3.4028234663852886e38],
+    [-1e300, 0.5], [float("inf")], [70000, 1.5],
+])
+def test_float_data_decodes_without_warnings_and_overflows_to_inf(datatype, data):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the cast's overflow warning must stay suppressed
+        got = oip.tensor_from_json("x", datatype, (len(data),), data, LIMITS, [1 << 30])
+    with np.errstate(over="ignore"):
+        want = np.array(data, dtype=oip.WIRE_DTYPES[datatype])
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)  # NaN == NaN here; overflow became inf
