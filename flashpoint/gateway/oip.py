@@ -250,6 +250,7 @@ def _charge(name: str, nbytes: int, budget: list[int], limits: CodecLimits) -> N
 
 
 _INT_ONLY = frozenset((int,))
+_STR, _BOOL, _NUMBERS = frozenset((str,)), frozenset((bool,)), frozenset((int, float))
 # Largest finite value of the float types a JSON number is cast to directly.
 _FINITE_MAX = {"FP16": float(np.finfo(np.float16).max), "FP32": float(np.finfo(np.float32).max),
                "FP64": float(np.finfo(np.float64).max)}
@@ -278,13 +279,17 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
     count = element_count(shape)
     if datatype != "BYTES":
         _charge(name, count * _DECODED_ITEMSIZE[datatype], budget, limits)
-    flat = _flatten(data)
+    types = set(map(type, data)) if type(data) is list else None
+    if types is not None and types <= _SCALARS:
+        flat = data  # already flat (the usual case): its element types are known too
+    else:
+        flat = _flatten(data)
+        types = set(map(type, flat))
     if len(flat) != count:
         raise BadRequest(f"input {name!r}: shape {list(shape)} needs {count} elements, "
                          f"data has {len(flat)}")
-    types = set(map(type, flat))
     if datatype == "BYTES":
-        if not types <= {str}:
+        if not types <= _STR:
             raise BadRequest(f"input {name!r}: BYTES data must be strings")
         items = [s.encode("utf-8", "surrogatepass") for s in flat]
         _charge(name, sum(map(len, items)) + 8 * count, budget, limits)
@@ -293,15 +298,15 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
         return out.reshape(shape)
     try:
         if datatype == "BOOL":
-            if not types <= {bool}:
+            if not types <= _BOOL:
                 raise BadRequest(f"input {name!r}: BOOL data must be true/false")
             arr = np.array(flat, dtype=np.bool_)
         elif datatype in _INT_DATATYPES:
-            if not types <= {int}:
+            if not types <= _INT_ONLY:
                 raise BadRequest(f"input {name!r}: {datatype} data must be integers")
             arr = np.array(flat, dtype=WIRE_DTYPES[datatype])
         else:
-            if not types <= {int, float}:
+            if not types <= _NUMBERS:
                 raise BadRequest(f"input {name!r}: {datatype} data must be numbers")
             limit = _FINITE_MAX.get(datatype)
             if limit is not None and flat and -limit <= min(flat) and max(flat) <= limit:
