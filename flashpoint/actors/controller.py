@@ -705,9 +705,13 @@ class Controller:
                 t = want[name]
                 if arr.dtype != DECODED_DTYPE[t.datatype]:
                     raise BadRequest(f"input {name!r} must be {t.datatype}, got {arr.dtype.name}")
-                if arr.ndim != len(t.shape) or any(
-                        s != -1 and s != d for s, d in zip(t.shape[1:], arr.shape[1:], strict=False)):
-                    raise BadRequest(f"input {name!r} shape {list(arr.shape)} does not match {list(t.shape)}")
+                shape = arr.shape
+                if len(shape) != len(t.shape):
+                    raise BadRequest(f"input {name!r} shape {list(shape)} does not match {list(t.shape)}")
+                for i in range(1, len(shape)):
+                    s = t.shape[i]
+                    if s != -1 and s != shape[i]:
+                        raise BadRequest(f"input {name!r} shape {list(shape)} does not match {list(t.shape)}")
         rows = -1
         for a in inputs.values():
             n = a.shape[0] if a.ndim else -1
