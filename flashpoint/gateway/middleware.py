@@ -75,7 +75,6 @@ def _http_error_response(exc: web.HTTPException, request_id: str) -> web.Respons
 
 def make_middleware(ctx: GatewayContext) -> Any:
     metrics = ctx.metrics
-    inflight = metrics.inflight
     bind, reset = structlog.contextvars.bind_contextvars, structlog.contextvars.reset_contextvars
 
     @web.middleware
@@ -86,7 +85,7 @@ def make_middleware(ctx: GatewayContext) -> Any:
         request[REQUEST_ID] = rid
         route = route_label(request)
         start_s = time.perf_counter()
-        inflight.inc()
+        metrics.inflight_now += 1
         # bind/reset rather than bound_contextvars(): the generator-based context manager
         # cost more than the binding itself on this per-request path.
         tokens = bind(request_id=rid)
@@ -100,7 +99,7 @@ def make_middleware(ctx: GatewayContext) -> Any:
             resp = _error_response(request, exc, rid)
         finally:
             reset(**tokens)
-            inflight.dec()
+            metrics.inflight_now -= 1
         resp.headers["X-Request-Id"] = rid
         if _body_left_unread(request):
             # Rejected before the body was consumed (413, corrupt encoding): the rest of it is
