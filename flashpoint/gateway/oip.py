@@ -232,7 +232,8 @@ def check_shape(name: str, shape: Any, limits: CodecLimits) -> tuple[int, ...]:
         raise BadRequest(f"input {name!r}: shape has {len(shape)} dims, at most "
                          f"{limits.max_dims} allowed")
     # Even an empty tensor (a 0 dim) must have a shape numpy can represent.
-    if math.prod(max(s, 1) for s in shape) > _MAX_SHAPE_PRODUCT:
+    size = math.prod(shape) if 0 not in shape else math.prod(max(s, 1) for s in shape)
+    if size > _MAX_SHAPE_PRODUCT:
         raise BadRequest(f"input {name!r}: shape {str(shape)[:80]} is too large")
     return tuple(shape)
 
