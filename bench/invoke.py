@@ -55,6 +55,10 @@ class _EchoBackend:
     (auth, limits, tensor decode/encode, admission, metrics), without the controller's
     queue, the RPC to the worker or the model."""
 
+    # It answers at once, so it can never overrun a deadline: like the Controller it stands
+    # in for, it gets no gateway backstop timer (gateway/admission.py).
+    enforces_deadline = True
+
     def __init__(self) -> None:
         from flashpoint.spec import FunctionSpec
 

@@ -19,6 +19,10 @@ _ALLOWED = {
     "float16", "float32", "float64", "object",
 }
 MAX_DIMS = 8
+# Native-order dtypes only: a dtype of another byte order misses and is named by numpy.
+_DTYPE_NAMES = {np.dtype(n): n for n in _ALLOWED if n != "object"}
+_NUMPY_DTYPES = {n: np.dtype(n) for n in _ALLOWED}
+_INT_ONLY = frozenset((int,))
 
 # The numpy dtype each OIP datatype has once decoded (what models and the controller see):
 # BF16 widens to float32, BYTES is an object array of bytes.
@@ -53,7 +57,9 @@ def encode_tensor(arr: np.ndarray) -> dict[str, Any]:
         return {"dtype": "object", "shape": list(arr.shape),
                 "items": [bytes(x) if not isinstance(x, str) else x.encode() for x in arr.ravel()]}
     a = np.ascontiguousarray(arr)
-    return {"dtype": a.dtype.name, "shape": list(arr.shape), "data": a.tobytes()}
+    # dtype.name is a slow Python property: the usual dtypes' names come from a dict.
+    name = _DTYPE_NAMES.get(a.dtype) or a.dtype.name
+    return {"dtype": name, "shape": list(arr.shape), "data": a.tobytes()}
 
 
 def decode_tensor(d: Any) -> np.ndarray:
@@ -61,8 +67,9 @@ def decode_tensor(d: Any) -> np.ndarray:
     if not isinstance(d, dict):
         raise BadRequest("tensor must be a map")
     dtype, shape = d.get("dtype"), d.get("shape")
-    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(
-        type(s) is int and s >= 0 for s in shape  # not isinstance: a bool is an int
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not (
+        # type, not isinstance: a bool is an int. One pass in C over the types.
+        _INT_ONLY.issuperset(map(type, shape)) and (not shape or min(shape) >= 0)
     ):
         raise BadRequest("tensor shape must be a list of at most 8 non-negative ints")
     count = 1
@@ -70,7 +77,7 @@ def decode_tensor(d: Any) -> np.ndarray:
         count *= s
     # Each dimension too: a zero-size tensor with a huge other dimension has count 0 but
     # still cannot be shaped by numpy.
-    if count > MAX_ELEMENTS or any(s > MAX_ELEMENTS for s in shape):
+    if count > MAX_ELEMENTS or (shape and max(shape) > MAX_ELEMENTS):
         raise BadRequest(f"tensor shape {shape} is over the limit of {MAX_ELEMENTS} elements")
     if not isinstance(dtype, str):
         raise BadRequest("tensor dtype must be a string")
@@ -89,7 +96,7 @@ def decode_tensor(d: Any) -> np.ndarray:
     if dtype not in _ALLOWED:
         raise BadRequest(f"unsupported tensor dtype {dtype!r}")
     raw = d.get("data")
-    dt = np.dtype(dtype)
+    dt = _NUMPY_DTYPES[dtype]
     if not isinstance(raw, (bytes, bytearray)) or len(raw) != count * dt.itemsize:
         raise BadRequest("tensor byte size does not match its shape and dtype")
     return np.frombuffer(raw, dtype=dt).reshape(shape)

@@ -83,19 +83,31 @@ class Batcher:
         of several), so this one must wait for the batching loop to gather them;
         ``best_effort`` requests wait behind every queued strict one.
         """
-        rows = {a.shape[0] if a.ndim else 1 for a in inputs.values()}
-        if len(rows) != 1 or any(a.ndim == 0 for a in inputs.values()):
-            raise FlashpointError("inputs must share a leading batch dimension")
+        rows = _rows(inputs)
         if (alone and self.max_wait_s <= 0 and not self._busy
                 and self._queue.empty() and self._ewma_run_s < INLINE_BELOW_S):
             # Nothing to batch with and the model is fast: run it here, which saves the two
             # task switches of a trip through the batching loop on every idle request.
-            return self._run_inline(inputs, rows.pop())
+            return self._run_inline(inputs, rows)
+        return await self._enqueue(inputs, rows, best_effort)
+
+    def enqueue(self, inputs: dict[str, np.ndarray], *, best_effort: bool = False
+                ) -> asyncio.Future:
+        """Queue one request without waiting: a future of ``(outputs, timings)``.
+
+        For a caller queueing several at once (one frame of many requests), which then awaits
+        the futures: no task per request, and all are queued before the batching loop runs.
+        A future the caller stops waiting for should be cancelled (its batch skips it).
+        """
+        return self._enqueue(inputs, _rows(inputs), best_effort)
+
+    def _enqueue(self, inputs: dict[str, np.ndarray], rows: int,
+                 best_effort: bool) -> asyncio.Future:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._seq += 1
-        item = _Item(inputs, rows.pop(), _signature(inputs), fut, (int(best_effort), self._seq))
+        item = _Item(inputs, rows, _signature(inputs), fut, (int(best_effort), self._seq))
         self._queue.put_nowait((*item.order, item))
-        return await fut
+        return fut
 
     def _run_inline(self, inputs: dict[str, np.ndarray],
                     rows: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
@@ -186,6 +198,14 @@ class Batcher:
                         "batch_wait": started - b.enqueued_s, "inference": infer_s,
                         "batch_rows": float(rows),
                     }))
+
+
+def _rows(inputs: dict[str, np.ndarray]) -> int:
+    """The request's batch rows: the leading dimension every input shares."""
+    rows = {a.shape[0] if a.ndim else 1 for a in inputs.values()}
+    if len(rows) != 1 or any(a.ndim == 0 for a in inputs.values()):
+        raise FlashpointError("inputs must share a leading batch dimension")
+    return rows.pop()
 
 
 def _fail(items: list[_Item]) -> None:

@@ -428,37 +428,69 @@ class Worker:
         outs = out if isinstance(out, (tuple, list)) else (out,)
         return {n: o.detach().cpu().numpy() for n, o in zip(rep.output_names, outs, strict=False)}
 
-    async def _infer(self, conn: Any, payload: dict[str, Any], *,
-                     alone: bool = True) -> dict[str, Any]:
+    def _request(self, payload: dict[str, Any]) -> tuple[dict[str, np.ndarray], bool]:
+        """One infer request's inputs, checked against the replica, and its class."""
         if self.replica is None or self.batcher is None:
             raise Unavailable("replica not loaded", retry_after_s=0.1)
         inputs = decode_tensors(payload.get("inputs"))
         missing = set(self.replica.input_names) - set(inputs)
         if missing:
             raise BadRequest(f"missing inputs: {sorted(missing)}")
-        outputs, timings = await self.batcher.submit(
-            inputs, alone=alone, best_effort=payload.get("class") == RequestClass.BEST_EFFORT)
+        return inputs, payload.get("class") == RequestClass.BEST_EFFORT
+
+    async def _infer(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        inputs, best_effort = self._request(payload)
+        assert self.batcher is not None
+        outputs, timings = await self.batcher.submit(inputs, best_effort=best_effort)
         return {"outputs": encode_tensors(outputs), "timings_s": timings}
 
     async def _infer_many(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
-        """Several requests in one frame; each gets its outputs or its own error."""
+        """Several requests in one frame; each gets its outputs or its own error.
+
+        Every request is queued before the first wait, so the batching loop sees them all
+        together; their futures are awaited in turn (no task per request).
+        """
         requests = payload.get("requests")
         if not isinstance(requests, list) or not requests:
             raise BadRequest("infer_many needs a non-empty list of requests")
-
-        async def one(req: Any) -> dict[str, Any]:
+        waits: list[asyncio.Future | dict[str, Any]] = []
+        for req in requests:
             try:
-                return await self._infer(conn, req if isinstance(req, dict) else {}, alone=False)
-            except FlashpointError as exc:
-                return {"error": exc.to_wire()}
+                inputs, best_effort = self._request(req if isinstance(req, dict) else {})
+                assert self.batcher is not None
+                waits.append(self.batcher.enqueue(inputs, best_effort=best_effort))
             except Exception as exc:  # never let one request fail its neighbours
-                return {"error": FlashpointError(f"{type(exc).__name__}: {exc}"[:300]).to_wire()}
-
-        return {"replies": list(await asyncio.gather(*(one(r) for r in requests)))}
+                waits.append(_error_reply(exc))
+        replies: list[dict[str, Any]] = []
+        try:
+            for w in waits:
+                if isinstance(w, dict):
+                    replies.append(w)
+                    continue
+                try:
+                    outputs, timings = await w
+                    replies.append({"outputs": encode_tensors(outputs), "timings_s": timings})
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    replies.append(_error_reply(exc))
+        except BaseException:
+            for w in waits:  # cancelled (the caller gave up): nobody waits on the rest
+                if not isinstance(w, dict):
+                    w.cancel()
+            raise
+        return {"replies": replies}
 
     async def _status(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         return {"depth": self.batcher.depth if self.batcher else 0,
                 "batches": self.batcher.batches_run if self.batcher else 0}
+
+
+def _error_reply(exc: Exception) -> dict[str, Any]:
+    """One request's failure inside an infer_many reply, in wire form."""
+    if isinstance(exc, FlashpointError):
+        return {"error": exc.to_wire()}
+    return {"error": FlashpointError(f"{type(exc).__name__}: {exc}"[:300]).to_wire()}
 
 
 def main(argv: list[str] | None = None) -> int:

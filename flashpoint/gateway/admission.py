@@ -68,10 +68,31 @@ class Admission:
             raise Overloaded(f"rate limit of {rate:g} requests/s exceeded",
                              retry_after_s=round(wait_s, 3))
 
+    def _admit(self, caller: str) -> None:
+        """Rate limit and in-flight cap; on success the caller holds one in-flight slot."""
+        self._check_rate(caller)
+        limit = self._config.max_inflight_requests
+        if limit and self.inflight >= limit:
+            raise Overloaded(f"gateway has {limit} requests in flight", retry_after_s=1.0)
+        self.inflight += 1
+
     async def invoke(self, backend: InvokeBackend, caller: str, name: str,
                      inputs: dict[str, np.ndarray], *, request_id: str,
                      timeout_s: float, request_class: str = "strict") -> InvokeResult:
-        """Admit, then run one invocation; the backstop fires ``deadline_grace_s`` late."""
+        """Admit, then run one invocation; the backstop fires ``deadline_grace_s`` late.
+
+        A backend that declares ``enforces_deadline`` (the in-process Controller: its own
+        timer fails the request at ``timeout_s`` or sooner) gets no backstop timer: it could
+        never fire first, and arming and cancelling it is work on every request. Remote
+        and test backends keep it.
+        """
+        if getattr(backend, "enforces_deadline", False) is True:
+            self._admit(caller)
+            try:
+                return await backend.invoke(name, inputs, request_id=request_id,
+                                            timeout_s=timeout_s, request_class=request_class)
+            finally:
+                self.inflight -= 1
         return await self.run(caller, repr(name), lambda: backend.invoke(
             name, inputs, request_id=request_id, timeout_s=timeout_s,
             request_class=request_class), timeout_s=timeout_s)
@@ -80,11 +101,7 @@ class Admission:
                   timeout_s: float) -> T:
         """Admit ``caller`` (rate limit, in-flight cap), then await ``call()`` under the
         deadline backstop; ``what`` names the work in the timeout message."""
-        self._check_rate(caller)
-        limit = self._config.max_inflight_requests
-        if limit and self.inflight >= limit:
-            raise Overloaded(f"gateway has {limit} requests in flight", retry_after_s=1.0)
-        self.inflight += 1
+        self._admit(caller)
         try:
             async with asyncio.timeout(timeout_s + self._config.deadline_grace_s):
                 return await call()

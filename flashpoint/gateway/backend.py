@@ -51,7 +51,12 @@ class FunctionInfo:
 
 
 class InvokeBackend(Protocol):
-    """What the gateway needs from the cluster. All methods raise FlashpointError subclasses."""
+    """What the gateway needs from the cluster. All methods raise FlashpointError subclasses.
+
+    A backend may also set ``enforces_deadline = True`` when its ``invoke`` always ends (with
+    DeadlineExceeded at the latest) by ``timeout_s``; the gateway then arms no deadline
+    backstop of its own for it (gateway/admission.py). Without it the backstop stays.
+    """
 
     async def register_function(self, spec: FunctionSpec) -> FunctionInfo:
         """Create or replace (same name) a function. Raises ModelNotFound, BadRequest."""

@@ -66,6 +66,28 @@ def _looks_compressed(data: bytes, encoding: str) -> bool:
     return not stripped.startswith((b"{", b"["))
 
 
+def body_if_complete(request: web.Request, config: GatewayConfig) -> bytes | None:
+    """The body of the common small request, without a coroutine: an uncompressed body of a
+    declared length within ``max_body_bytes`` that came whole with the headers. None for
+    every other request (:func:`read_body` reads those); errors are read_body's."""
+    encoding = request.headers.get("Content-Encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        return None
+    declared = request.content_length
+    if declared is None or declared > config.max_body_bytes:
+        return None
+    content = request.content
+    if not content.is_eof():
+        return None
+    try:
+        data = content.read_nowait(-1)
+    except Exception as e:  # aiohttp payload errors
+        raise BadRequest(f"could not read the request body: {type(e).__name__}") from None
+    if len(data) > config.max_body_bytes:
+        raise PayloadTooLarge(f"request body is over the {config.max_body_bytes}-byte limit")
+    return data
+
+
 async def read_body(request: web.Request, config: GatewayConfig) -> bytes:
     """The whole request body, inflated, within the configured limits.
 

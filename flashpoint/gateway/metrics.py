@@ -29,9 +29,13 @@ class GatewayMetrics:
             "flashpoint_gateway_request_duration_seconds",
             "Gateway request latency from first byte to response",
             ["route", "method"], buckets=_LATENCY_BUCKETS_S, registry=self.registry)
+        # Requests in the gateway middleware now: a plain int on the request path, read by
+        # the gauge when /metrics is scraped (two locked updates a request saved).
+        self.inflight_now = 0
         self.inflight = Gauge(
             "flashpoint_gateway_requests_in_flight", "Requests being handled now",
             registry=self.registry)
+        self.inflight.set_function(lambda: self.inflight_now)
 
     def observe(self, route: str, method: str, status: int, duration_s: float) -> None:
         # Labelled children are cached: labels() costs more than the update on every request.

@@ -24,7 +24,7 @@ from flashpoint.errors import BadRequest
 from flashpoint.gateway import oip
 from flashpoint.gateway.admission import effective_timeout_s
 from flashpoint.gateway.auth import Role
-from flashpoint.gateway.body import read_body
+from flashpoint.gateway.body import body_if_complete, read_body
 from flashpoint.gateway.context import (
     OFFLOAD_BYTES,
     GatewayContext,
@@ -46,8 +46,8 @@ def decode_native_inputs(body: Any, limits: oip.CodecLimits) -> tuple[dict[str, 
     """``{"inputs": {name: {data, shape, datatype}}, "timeout_s"?}`` -> arrays, timeout."""
     if not isinstance(body, dict):
         raise BadRequest("invoke body must be a JSON object")
-    unknown = set(body) - _INVOKE_KEYS
-    if unknown:
+    if not _INVOKE_KEYS.issuperset(body):
+        unknown = set(body) - _INVOKE_KEYS
         raise BadRequest(f"unknown invoke fields {sorted(unknown)}; allowed: "
                          f"{sorted(_INVOKE_KEYS)}")
     timeout_s = body.get("timeout_s")
@@ -68,8 +68,7 @@ def decode_native_inputs(body: Any, limits: oip.CodecLimits) -> tuple[dict[str, 
             raise BadRequest("input names must be 1-256 characters")
         if not isinstance(t, dict):
             raise BadRequest(f"input {name!r} must be an object with data, shape, datatype")
-        extra = set(t) - _TENSOR_KEYS
-        if extra or "data" not in t:
+        if not _TENSOR_KEYS.issuperset(t) or "data" not in t:
             raise BadRequest(f"input {name!r} needs exactly the fields data, shape, datatype")
         datatype = oip.check_datatype(name, t.get("datatype"))
         shape = oip.check_shape(name, t.get("shape"), limits)
@@ -104,11 +103,13 @@ class NativeRoutes:
 
     def route_defs(self) -> list[web.RouteDef]:
         return [
+            # First: the router tries resources under a prefix in order, and this is the hot
+            # one (no other pattern here can match its paths, so order changes no answer).
+            web.post("/v1/functions/{name}/invoke", self.invoke),
             web.post("/v1/functions", self.register),
             web.get("/v1/functions", self.list_functions),
             web.get("/v1/functions/{name}", self.get_function),
             web.delete("/v1/functions/{name}", self.delete_function),
-            web.post("/v1/functions/{name}/invoke", self.invoke),
             web.get("/v1/status", self.status),
             web.get("/healthz", self.healthz),
         ]
@@ -139,27 +140,33 @@ class NativeRoutes:
         return json_response({"deleted": name})
 
     async def invoke(self, request: web.Request) -> web.Response:
+        # The hot path, kept flat: the small-body cases of read_body / parse_json_body /
+        # maybe_gzip run inline (no coroutine each), large ones go through those helpers.
         ctx = self.ctx
+        config = ctx.config
         principal = ctx.require(request, Role.INVOKE)
         spec = ctx.spec(request.match_info["name"])
-        raw = await read_body(request, ctx.config)
-        body = await parse_json_body(ctx, raw)
-        if len(raw) >= OFFLOAD_BYTES:
+        raw = body_if_complete(request, config)
+        if raw is None:
+            raw = await read_body(request, config)
+        if raw and len(raw) < OFFLOAD_BYTES:
+            body = oip.load_json(raw, config.max_json_depth)
+            inputs, req_timeout_s = decode_native_inputs(body, ctx.limits)
+        else:
+            body = await parse_json_body(ctx, raw)
             inputs, req_timeout_s = await asyncio.to_thread(decode_native_inputs, body,
                                                             ctx.limits)
-        else:
-            inputs, req_timeout_s = decode_native_inputs(body, ctx.limits)
         # Chaining into KaaS: outputs go to the object store under these keys (gateway/kaas.py).
-        to_store = decode_store_outputs(body)
+        to_store = decode_store_outputs(body) if "store_outputs" in body else None
         if to_store and ctx.kaas is None:
             raise BadRequest("store_outputs needs the object store, which is not enabled")
         cls = request_class(request, body.get("request_class"))
         rid = request_id(request)
-        timeout_s = effective_timeout_s(req_timeout_s, spec.timeout_s, ctx.config)
+        timeout_s = effective_timeout_s(req_timeout_s, spec.timeout_s, config)
         result = await ctx.admission.invoke(ctx.backend, ctx.caller(request, principal),
                                             spec.name, inputs, request_id=rid,
                                             timeout_s=timeout_s, request_class=cls)
-        declared = {t.name: t.datatype for t in spec.outputs}
+        declared = {t.name: t.datatype for t in spec.outputs} if spec.outputs else {}
         outputs = result.outputs
         stored = {}
         if to_store:
@@ -175,10 +182,12 @@ class NativeRoutes:
         }
         if stored:
             payload["stored"] = stored
-        resp = web.Response(status=200, content_type="application/json")
         encoded = oip.dump_json(payload)
+        if len(encoded) < config.response_compression_min_bytes:
+            return web.Response(body=encoded, content_type="application/json")
+        resp = web.Response(status=200, content_type="application/json")
         resp.body = await maybe_gzip(request, resp, encoded,
-                                     ctx.config.response_compression_min_bytes)
+                                     config.response_compression_min_bytes)
         return resp
 
     async def status(self, request: web.Request) -> web.Response:

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from flashpoint.errors import BadRequest, ModelFailed
 from flashpoint.spec import DATATYPES, FunctionSpec
@@ -49,6 +51,9 @@ _NUMPY_TO_DATATYPE = {
     "uint64": "UINT64", "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64",
     "float16": "FP16", "float32": "FP32", "float64": "FP64",
 }
+# The same, keyed by the native-order dtypes themselves (other byte orders miss and take the
+# by-name lookup).
+_DTYPE_TO_DATATYPE = {np.dtype(n): dt for n, dt in _NUMPY_TO_DATATYPE.items()}
 _INT_DATATYPES = frozenset(
     ("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"))
 _FLOAT_DATATYPES = frozenset(("FP16", "FP32", "FP64", "BF16"))
@@ -109,14 +114,46 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvie
 
 def load_json(raw: bytes | bytearray | str, max_depth: int) -> Any:
     """Parse JSON, bounding nesting depth; anything malformed is a BadRequest."""
-    try:
-        obj = json.loads(raw)
-    except RecursionError:
-        raise BadRequest(f"JSON nested deeper than {max_depth} levels") from None
-    except (ValueError, TypeError) as e:  # JSONDecodeError, UnicodeDecodeError, int limits
-        raise BadRequest(f"malformed JSON: {str(e)[:200]}") from None
-    check_depth(obj, max_depth)
+    obj = _fast_loads(raw)
+    if obj is _NOT_FAST:
+        try:
+            obj = json.loads(raw)
+        except RecursionError:
+            raise BadRequest(f"JSON nested deeper than {max_depth} levels") from None
+        except (ValueError, TypeError) as e:  # JSONDecodeError, UnicodeDecodeError, int limits
+            raise BadRequest(f"malformed JSON: {str(e)[:200]}") from None
+    # Every list or object the parser made opened with a bracket in the text, so a body with
+    # at most max_depth brackets (a bracket in a string counts too) cannot nest deeper.
+    if _bracket_count(raw) > max_depth:
+        check_depth(obj, max_depth)
     return obj
+
+
+def _bracket_count(raw: bytes | bytearray | str) -> int:
+    if isinstance(raw, str):
+        return raw.count("[") + raw.count("{")
+    return raw.count(b"[") + raw.count(b"{")
+
+
+_NOT_FAST = object()
+# orjson reads an integer literal outside [-2**63, 2**64) as a float where json.loads keeps
+# the exact int (so a too-big INT64 is "does not fit", not "must be integers"). Such a
+# literal has at least 19 digits; a body with a 19-digit run takes the stdlib path.
+_LONG_DIGIT_RUN = re.compile(rb"[0-9]{19}")
+
+
+def _fast_loads(raw: Any) -> Any:
+    """``orjson.loads(raw)`` when it provably gives what ``json.loads`` would, else
+    ``_NOT_FAST``. orjson refuses what the stdlib accepts beyond RFC 8259 (NaN, Infinity,
+    numbers that overflow a double, lone surrogates, a UTF-8 BOM, UTF-16/32 bodies, nesting
+    past 1024): those bodies, and every malformed one, go to ``json.loads``, so the result
+    and every error message are the stdlib's."""
+    if type(raw) is not bytes or _LONG_DIGIT_RUN.search(raw) is not None:
+        return _NOT_FAST
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _NOT_FAST
 
 
 def check_depth(obj: Any, max_depth: int) -> None:
@@ -139,12 +176,38 @@ def check_depth(obj: Any, max_depth: int) -> None:
                 stack.append((child, depth + 1))
 
 
-# json.loads makes exactly these types, never subclasses, so ``type`` is enough here.
+# json.loads and orjson make exactly these types, never subclasses, so ``type`` is enough here.
 _CONTAINERS = frozenset((dict, list))
 
 
 def dump_json(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), default=str).encode()
+    """Compact JSON of a response body, as ``json.dumps(obj, default=str)`` would write it.
+
+    orjson writes the common body (str, int, float, bool, list, dict) several times faster.
+    The stdlib writes what orjson cannot or would write differently: NaN and infinities
+    (orjson writes ``null``, so any ``null`` in its output sends the body to the stdlib),
+    ints past 64 bits, non-str keys, lone surrogates. Dataclasses, datetimes and float
+    subclasses (numpy float64) go through ``_dump_default`` as the stdlib treats them.
+    orjson writes non-ASCII text as UTF-8 instead of ``\\u`` escapes and short float forms
+    (``0.00001`` for ``1e-05``): the same JSON values. (One difference is left: a plain
+    ``Enum`` member, which no response body holds, is written as its value, not its str.)
+    """
+    try:
+        data = orjson.dumps(obj, default=_dump_default, option=_DUMP_OPTIONS)
+    except orjson.JSONEncodeError:
+        data = None
+    if data is None or b"null" in data:
+        data = json.dumps(obj, separators=(",", ":"), default=str).encode()
+    return data
+
+
+_DUMP_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+
+
+def _dump_default(obj: Any) -> Any:
+    if isinstance(obj, float):  # numpy float64 subclasses float: the stdlib writes a number
+        return float(obj)
+    return str(obj)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,15 +222,18 @@ def check_datatype(name: str, datatype: Any) -> str:
 
 
 def check_shape(name: str, shape: Any, limits: CodecLimits) -> tuple[int, ...]:
-    if not isinstance(shape, list) or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+    if not isinstance(shape, list) or not (
+        # plain ints (the JSON case) in one pass in C; anything else element by element
+        (_INT_ONLY.issuperset(map(type, shape)) and (not shape or min(shape) >= 0))
+        or all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
     ):
         raise BadRequest(f"input {name!r}: shape must be a list of non-negative integers")
     if len(shape) > limits.max_dims:
         raise BadRequest(f"input {name!r}: shape has {len(shape)} dims, at most "
                          f"{limits.max_dims} allowed")
     # Even an empty tensor (a 0 dim) must have a shape numpy can represent.
-    if math.prod(max(s, 1) for s in shape) > _MAX_SHAPE_PRODUCT:
+    size = math.prod(shape) if 0 not in shape else math.prod(max(s, 1) for s in shape)
+    if size > _MAX_SHAPE_PRODUCT:
         raise BadRequest(f"input {name!r}: shape {str(shape)[:80]} is too large")
     return tuple(shape)
 
@@ -184,11 +250,20 @@ def _charge(name: str, nbytes: int, budget: list[int], limits: CodecLimits) -> N
     budget[0] -= nbytes
 
 
+_INT_ONLY = frozenset((int,))
+_STR, _BOOL, _NUMBERS = frozenset((str,)), frozenset((bool,)), frozenset((int, float))
+# Largest finite value of the float types a JSON number is cast to directly.
+_FINITE_MAX = {"FP16": float(np.finfo(np.float16).max), "FP32": float(np.finfo(np.float32).max),
+               "FP64": float(np.finfo(np.float64).max)}
+# Element types no list can hide behind (a subclass of list is none of these).
+_SCALARS = frozenset((int, float, bool, str, type(None), dict))
+
+
 def _flatten(data: Any) -> list[Any]:
     """Row-major flatten of nested JSON lists (depth was bounded when parsing)."""
     if not isinstance(data, list):
         return [data]
-    if not any(isinstance(x, list) for x in data):
+    if _SCALARS.issuperset(map(type, data)) or not any(isinstance(x, list) for x in data):
         return data
     out: list[Any] = []
     for x in data:
@@ -205,13 +280,17 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
     count = element_count(shape)
     if datatype != "BYTES":
         _charge(name, count * _DECODED_ITEMSIZE[datatype], budget, limits)
-    flat = _flatten(data)
+    types = set(map(type, data)) if type(data) is list else None
+    if types is not None and types <= _SCALARS:
+        flat = data  # already flat (the usual case): its element types are known too
+    else:
+        flat = _flatten(data)
+        types = set(map(type, flat))
     if len(flat) != count:
         raise BadRequest(f"input {name!r}: shape {list(shape)} needs {count} elements, "
                          f"data has {len(flat)}")
-    types = set(map(type, flat))
     if datatype == "BYTES":
-        if not types <= {str}:
+        if not types <= _STR:
             raise BadRequest(f"input {name!r}: BYTES data must be strings")
         items = [s.encode("utf-8", "surrogatepass") for s in flat]
         _charge(name, sum(map(len, items)) + 8 * count, budget, limits)
@@ -220,16 +299,21 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
         return out.reshape(shape)
     try:
         if datatype == "BOOL":
-            if not types <= {bool}:
+            if not types <= _BOOL:
                 raise BadRequest(f"input {name!r}: BOOL data must be true/false")
             arr = np.array(flat, dtype=np.bool_)
         elif datatype in _INT_DATATYPES:
-            if not types <= {int}:
+            if not types <= _INT_ONLY:
                 raise BadRequest(f"input {name!r}: {datatype} data must be integers")
             arr = np.array(flat, dtype=WIRE_DTYPES[datatype])
         else:
-            if not types <= {int, float}:
+            if not types <= _NUMBERS:
                 raise BadRequest(f"input {name!r}: {datatype} data must be numbers")
+            limit = _FINITE_MAX.get(datatype)
+            if limit is not None and flat and -limit <= min(flat) and max(flat) <= limit:
+                # Every value is within the type's range, so the cast cannot overflow: no
+                # errstate to enter (a NaN fails these comparisons and takes the path below).
+                return np.array(flat, dtype=WIRE_DTYPES[datatype]).reshape(shape)
             with np.errstate(over="ignore"):
                 if datatype == "BF16":
                     arr = bf16_to_f32(f32_to_bf16(np.array(flat, dtype=np.float32)))
@@ -419,6 +503,9 @@ def datatype_of(name: str, arr: np.ndarray, declared: str | None = None) -> str:
     """The OIP datatype of an output: the declared one, else derived from the numpy dtype."""
     if declared is not None:
         return declared
+    dt = _DTYPE_TO_DATATYPE.get(arr.dtype)  # dtype.name is a slow Python property
+    if dt is not None:
+        return dt
     if arr.dtype == object or arr.dtype.kind in "SU":
         return "BYTES"
     dt = _NUMPY_TO_DATATYPE.get(arr.dtype.name)

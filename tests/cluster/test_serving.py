@@ -168,6 +168,35 @@ async def test_a_caller_cancelled_in_flight_frees_its_replica(cluster) -> None:
     np.testing.assert_allclose(res.outputs["y"], x["x"])
 
 
+async def test_requests_arriving_while_others_are_in_flight_share_one_frame(cluster) -> None:
+    # An idle function sends a request from the caller's task at once (lowest latency);
+    # requests that arrive while it is busy wait for the end of the loop iteration and
+    # travel to the replica together: one frame (and one reply frame) for all of them.
+    ctl = cluster.controller
+    await ctl.register_function(FunctionSpec(name="busy", model="noop", min_replicas=1,
+                                             max_replicas=1, replica_concurrency=16))
+    await wait_for("a warm replica", lambda: ctl.get_function("busy").replicas_warm == 1)
+    rid = ctl.state.replicas_of("busy")[0].replica_id
+    handle = ctl.workers[rid]
+    real, frames = handle.infer, []
+
+    async def recorded(ps, timeout_s):
+        frames.append([p.request_id for p in ps])
+        return await real(ps, timeout_s)
+
+    handle.infer = recorded
+    try:
+        xs = [{"x": np.full((1, 2), i, np.float32)} for i in range(8)]
+        results = await asyncio.wait_for(asyncio.gather(*(
+            ctl.invoke("busy", x, request_id=f"b{i}") for i, x in enumerate(xs))), 10)
+    finally:
+        handle.infer = real
+    for x, res in zip(xs, results, strict=True):
+        np.testing.assert_allclose(res.outputs["y"], x["x"])
+    assert frames == [["b0"], [f"b{i}" for i in range(1, 8)]]
+    assert ctl.dispatcher.inflight_of(rid) == 0
+
+
 async def test_slo_compliance_counts_strict_requests_only(cluster) -> None:
     ctl = cluster.controller
     x = {"x": np.ones((1, 2), np.float32)}

@@ -207,6 +207,33 @@ async def test_inflight_cap(make_server: ServerFactory):
         assert await call("identity") == 200
 
 
+async def test_in_flight_gauge_counts_requests_being_handled(make_server: ServerFactory):
+    srv = make_server(GatewayConfig(deadline_grace_s=1.0))
+    body = {"inputs": {"x": {"data": [1.0], "shape": [1], "datatype": "FP32"}}}
+    gauge = "flashpoint_gateway_requests_in_flight "
+
+    async with aiohttp.ClientSession(srv.url) as s:
+        async def in_flight() -> float:
+            async with s.get("/metrics") as r:
+                line = next(ln for ln in (await r.text()).splitlines() if ln.startswith(gauge))
+                return float(line.split()[1])
+
+        assert await in_flight() == 1.0  # the scrape itself
+        # sleepy: held until the gateway's backstop answers 504 (timeout 0.2 s + grace 1 s)
+        slow = asyncio.create_task(s.post("/v1/functions/slow/invoke", json=body))
+        seen = []
+        for _ in range(20):  # bounded: at most ~1 s
+            seen.append(await in_flight())
+            if seen[-1] == 2.0:
+                break
+            await asyncio.sleep(0.05)
+        assert seen[-1] == 2.0, seen  # the held request and the scrape
+        resp = await slow
+        assert resp.status == 504
+        resp.release()
+        assert await in_flight() == 1.0
+
+
 async def test_add_routes_beside_other_routes(backend: FakeBackend):
     """Mounted on the controller's app, the gateway leaves the other routes alone."""
     async def rpc(request: web.Request) -> web.Response:

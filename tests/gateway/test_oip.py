@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import struct
+import time
 import zlib
 
 import numpy as np
@@ -85,6 +87,18 @@ def test_depth_limit():
         oip.load_json("[" * 33 + "]" * 33, 32)
     with pytest.raises(BadRequest, match="nested deeper"):
         oip.load_json('{"a":' * 200_000 + "1" + "}" * 200_000, 32)
+
+
+def test_depth_limit_whatever_the_bracket_count():
+    # Few brackets: the walk is skipped; brackets inside strings only make it walk.
+    assert oip.load_json(b'{"a": "' + b"[" * 100 + b'"}', 32) == {"a": "[" * 100}
+    assert oip.load_json(b"[" * 3 + b"]" * 3, 3) == [[[]]]
+    with pytest.raises(BadRequest, match="nested deeper"):
+        oip.load_json(b"[" * 4 + b"]" * 4, 3)
+    with pytest.raises(BadRequest, match="nested deeper"):
+        oip.load_json(b'[[[["' + b"]" * 40 + b'"]]]]', 3)
+    with pytest.raises(BadRequest, match="nested deeper"):
+        oip.load_json('{"a":{"b":{"c":{"d":1}}}}', 3)
 
 
 def test_tensor_budget_is_checked_before_allocating():
@@ -277,3 +291,139 @@ def test_fuzz_decoder_only_raises_bad_request(body, binary):
     oip.encode_infer_response(model_name="m", model_version="1", request_id=req.id,
                               outputs=req.inputs, declared=req.datatypes, requested=None,
                               binary_output=req.binary_output)
+
+
+def _stdlib_load(raw: bytes) -> object:
+    """What load_json gave before orjson: json.loads, errors as BadRequest messages."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        return "BadRequest: nested deeper"
+    except (ValueError, TypeError) as e:
+        return f"BadRequest: malformed JSON: {str(e)[:200]}"
+
+
+def _fast_load(raw: bytes) -> object:
+    try:
+        return oip.load_json(raw, 10_000)
+    except BadRequest as e:
+        return "BadRequest: nested deeper" if "nested deeper" in e.message else (
+            f"BadRequest: {e.message}")
+
+
+def _same(a: object, b: object) -> bool:
+    # repr keeps int vs float and NaN (json.dumps would turn 1.0 and 1 alike into numbers)
+    return type(a) is type(b) and repr(a) == repr(b)
+
+
+@pytest.mark.parametrize("raw", [
+    b"NaN", b"[Infinity, -Infinity]", b"1e400", b"[-1e400]", b"[1e-400]", b'"\\ud800"',
+    b"\xef\xbb\xbf{}", "[1]".encode("utf-16"), b"18446744073709551615", b"18446744073709551616",
+    b"-9223372036854775808", b"-9223372036854775809", b"[" + b"9" * 400 + b"]",
+    b"[" + b"9" * 5000 + b"]", b"0.12345678901234567890123", b'{"a":1,"a":2}', b"[1,]",
+    b"", b"{", b"\xff", b'"\x01"', b"[" * 2000 + b"]" * 2000, b' {"x": [1.5, -0.0, 2]} ',
+])
+def test_load_json_matches_the_stdlib_on_edge_cases(raw):
+    assert _same(_fast_load(raw), _stdlib_load(raw))
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_load_json_matches_the_stdlib(value):
+    raw = json.dumps(value).encode()
+    assert _same(_fast_load(raw), _stdlib_load(raw))
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_dump_json_writes_the_same_values_as_the_stdlib(value):
+    ours = oip.dump_json(value)
+    theirs = json.dumps(value, separators=(",", ":"), default=str)
+    assert _same(json.loads(ours), json.loads(theirs))
+    if "null" in theirs or "NaN" in theirs or "Infinity" in theirs:
+        assert ours.decode() == theirs  # NaN/inf are written as the stdlib does, not as null
+
+
+def test_dump_json_of_numpy_and_other_types_matches_the_stdlib():
+    import dataclasses
+    import datetime
+
+    @dataclasses.dataclass
+    class D:
+        a: int = 1
+
+    value = {"f64": np.float64(1.5), "f32": np.float32(2.5), "i64": np.int64(3), "d": D(),
+             "t": datetime.datetime(2020, 1, 2), "tuple": (1, 2), 4: "int key",
+             "big": 2**70, "nan": float("nan"), "bytes": b"x", "s": "\ud800"}
+    theirs = json.dumps(value, separators=(",", ":"), default=str).encode()
+    assert oip.dump_json(value) == theirs  # non-str keys, big ints, surrogates: the stdlib
+    del value[4], value["big"], value["nan"], value["s"]
+    theirs = json.dumps(value, separators=(",", ":"), default=str)
+    assert _same(json.loads(oip.dump_json(value)), json.loads(theirs))
+
+
+class _SlowBackend:
+    """Answers after ``delay_s``, whatever the deadline (a backend that ignores it)."""
+
+    def __init__(self, delay_s: float, enforces_deadline: bool | None) -> None:
+        self.delay_s = delay_s
+        if enforces_deadline is not None:
+            self.enforces_deadline = enforces_deadline
+        self.seen: list[float] = []
+
+    async def invoke(self, name, inputs, *, request_id, timeout_s=None, request_class="strict"):
+        self.seen.append(timeout_s)
+        await asyncio.sleep(self.delay_s)
+        return "done"
+
+
+@pytest.mark.parametrize("flag", [None, False])
+async def test_admission_backstop_cuts_a_backend_that_does_not_enforce_its_deadline(flag):
+    from flashpoint.errors import DeadlineExceeded
+    from flashpoint.gateway.admission import Admission
+
+    adm = Admission(GatewayConfig(deadline_grace_s=0.05))
+    backend = _SlowBackend(5.0, flag)
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        await adm.invoke(backend, "c", "f", {}, request_id="r", timeout_s=0.05)
+    assert time.monotonic() - t0 < 2.0 and adm.inflight == 0 and backend.seen == [0.05]
+
+
+async def test_admission_arms_no_backstop_for_a_backend_that_enforces_its_deadline():
+    from flashpoint.errors import Overloaded
+    from flashpoint.gateway.admission import Admission
+
+    adm = Admission(GatewayConfig(deadline_grace_s=0.01, max_inflight_requests=1))
+    backend = _SlowBackend(0.3, True)  # answers well after timeout + grace: nobody cuts it
+    task = asyncio.ensure_future(adm.invoke(backend, "c", "f", {}, request_id="r",
+                                            timeout_s=0.01))
+    await asyncio.sleep(0.05)
+    assert adm.inflight == 1 and not task.done()
+    with pytest.raises(Overloaded):  # the in-flight cap still counts it
+        await adm.invoke(backend, "c", "f", {}, request_id="r2", timeout_s=0.01)
+    assert await asyncio.wait_for(task, 5.0) == "done"
+    assert adm.inflight == 0 and backend.seen == [0.01]
+
+
+def test_the_controller_declares_that_it_enforces_its_deadline():
+    from flashpoint.actors.controller import Controller
+
+    assert Controller.enforces_deadline is True
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+@pytest.mark.parametrize("data", [
+    [1.0, float("nan"), 2.0], [2**70, 1], [65504.0, -65504.0], [3.4028234663852886e38],
+    [-1e300, 0.5], [float("inf")], [70000, 1.5],
+])
+def test_float_data_decodes_without_warnings_and_overflows_to_inf(datatype, data):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the cast's overflow warning must stay suppressed
+        got = oip.tensor_from_json("x", datatype, (len(data),), data, LIMITS, [1 << 30])
+    with np.errstate(over="ignore"):
+        want = np.array(data, dtype=oip.WIRE_DTYPES[datatype])
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)  # NaN == NaN here; overflow became inf

@@ -81,6 +81,19 @@ def test_decode_rejects_deep_nesting() -> None:
         frames.decode(very_deep)
 
 
+def test_depth_limit_is_exact() -> None:
+    def frame(dicts: int) -> bytes:  # the frame array is level 1, its payload map level 2
+        payload: object = {"leaf": [1, 2]}  # a list of scalars adds a level too
+        for _ in range(dicts - 1):
+            payload = {"x": payload, "y": "z"}
+        return msgpack.packb([frames.RESPONSE, 1, payload], use_bin_type=True)
+
+    ok = frames.decode(frame(frames.MAX_DEPTH - 2))  # the leaf list sits at MAX_DEPTH
+    assert isinstance(ok, frames.Response)
+    with pytest.raises(ProtocolError, match="nested deeper"):
+        frames.decode(frame(frames.MAX_DEPTH - 1))
+
+
 def test_decode_rejects_ext_types_and_lying_lengths() -> None:
     with pytest.raises(ProtocolError):
         frames.decode(msgpack.packb(msgpack.ExtType(5, b"abc")))
