@@ -58,7 +58,13 @@ def encode_tensor(arr: np.ndarray) -> dict[str, Any]:
                 "items": [bytes(x) if not isinstance(x, str) else x.encode() for x in arr.ravel()]}
     a = np.ascontiguousarray(arr)
     # dtype.name is a slow Python property: the usual dtypes' names come from a dict.
-    name = _DTYPE_NAMES.get(a.dtype) or a.dtype.name
+    name = _DTYPE_NAMES.get(a.dtype)
+    if name is None:
+        if not a.dtype.isnative:
+            # The name carries no byte order and the receiver reads native bytes: a
+            # big-endian array (a model that loaded one) is swapped here, not misread there.
+            a = a.astype(a.dtype.newbyteorder("="))
+        name = a.dtype.name
     return {"dtype": name, "shape": list(arr.shape), "data": a.tobytes()}
 
 

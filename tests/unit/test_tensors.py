@@ -39,6 +39,15 @@ def test_round_trip_numeric(dtype, shape):
     np.testing.assert_array_equal(back, arr)
 
 
+@pytest.mark.parametrize("dtype", [">f4", ">i8", ">u2", ">f8"])
+def test_non_native_byte_order_round_trips_by_value(dtype):
+    arr = np.array([[1.5, -2.0, 3.0], [4.0, 0.0, 7.0]] if "f" in dtype
+                   else [[1, 2, 3], [400, 0, 7]]).astype(dtype)
+    back = decode_tensor(_wire(encode_tensor(arr)))
+    assert back.dtype == arr.dtype.newbyteorder("=") and back.dtype.isnative
+    np.testing.assert_array_equal(back, arr)
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "float32"])
 def test_round_trip_zero_dim(dtype):
     """BUG: encode_tensor uses np.ascontiguousarray, which promotes 0-d arrays to 1-d, so a
