@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import ssl
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from flashpoint import heap
 from flashpoint.actors import controller_state as cs
 from flashpoint.actors.dispatch import Dispatcher
 from flashpoint.actors.gateway_service import GatewayService
+from flashpoint.actors.handles import HostHandle, Pending, WorkerHandle
 from flashpoint.actors.kaas_pool import KaasPool
 from flashpoint.actors.mig_driver import MigDriver
 from flashpoint.actors.persist import FunctionTable
@@ -83,93 +83,6 @@ class _Expired(Exception):
 def _expire(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_exception(_Expired())
-
-
-@dataclass(eq=False)
-class Pending:
-    request_id: str
-    function: str
-    payload: dict[str, Any]
-    future: asyncio.Future
-    enqueued_s: float
-    deadline_s: float
-    cold: bool
-    best_effort: bool = False
-    attempts: int = 0
-    sent_s: float = 0.0
-
-
-@dataclass
-class HostHandle:
-    """The only code that calls a host manager."""
-
-    conn: Any
-    data_endpoint: Any = None  # the host's data-plane address, as it reported it (opaque here)
-    transfers: dict[str, Any] = field(default_factory=dict)  # model -> [verified, total] bytes
-
-    async def deploy(self, cmd: cs.DeployReplica, source: dict[str, Any] | None,
-                     manifest_json: str | None) -> None:
-        # The manifest travels with the deploy, so a host can fill from peers even while the
-        # registry is unreachable.
-        payload = {"replica_id": cmd.replica_id, "device_id": cmd.device_id,
-                   "spec": cmd.spec.to_dict(), "manifest_json": manifest_json}
-        if source is not None:
-            payload["source"] = source
-        if cmd.stage is not None:
-            # The next hop is set when the group links (LinkGroup), once every stage serves.
-            payload["stage"] = list(cmd.stage)
-            payload["pipeline"] = {"next_hop": None}
-        if cmd.share is not None:
-            payload["share"] = cmd.share.to_wire()  # the host enforces it (MPS / tokens)
-        await self.conn.call("deploy_replica", payload, timeout_s=10.0)
-
-    async def start_chain(self, cmd: cs.StartChain, chain: list[Any], fallback: list[Any]) -> None:
-        await self.conn.call("start_chain", {
-            "transfer_id": cmd.transfer_id, "model": cmd.model, "version": cmd.version,
-            "chain": chain, "fallback": fallback,
-        }, timeout_s=10.0)
-
-    async def deploy_kaas(self, cmd: cs.DeployKaas) -> None:
-        await self.conn.call("deploy_replica", {
-            "replica_id": cmd.replica_id, "device_id": cmd.device_id, "kind": "kaas",
-            "device_bytes": cmd.device_bytes, "cache_bytes": cmd.cache_bytes,
-        }, timeout_s=10.0)
-
-    async def stop(self, replica_id: str) -> None:
-        await self.conn.call("stop_replica", {"replica_id": replica_id}, timeout_s=10.0)
-
-    async def link_stage(self, replica_id: str, next_hop: Any) -> None:
-        await self.conn.call("link_stage", {"replica_id": replica_id, "next_hop": next_hop},
-                             timeout_s=10.0)
-
-    async def dissolve_stage(self, replica_id: str) -> None:
-        await self.conn.call("dissolve_stage", {"replica_id": replica_id}, timeout_s=10.0)
-
-    async def begin_completion(self, replica_id: str) -> None:
-        await self.conn.call("begin_completion", {"replica_id": replica_id}, timeout_s=10.0)
-
-
-@dataclass
-class WorkerHandle:
-    """The only code that calls a worker."""
-
-    conn: Any
-    host_id: str
-    timings_s: dict[str, float] = field(default_factory=dict)
-    source: str = ""  # where its cold start got the model bytes
-
-    async def infer(self, ps: list[Pending], timeout_s: float) -> list[dict[str, Any]]:
-        """One frame for all of ``ps``; one reply (outputs or a wire error) per request."""
-        if len(ps) == 1:
-            try:
-                return [await self.conn.call("infer", ps[0].payload, timeout_s=timeout_s)]
-            except FlashpointError as exc:
-                if exc.retryable or isinstance(exc, DeadlineExceeded):
-                    raise
-                return [{"error": exc.to_wire()}]
-        reply = await self.conn.call("infer_many", {"requests": [p.payload for p in ps]},
-                                     timeout_s=timeout_s)
-        return list(reply["replies"])
 
 
 class Controller:
