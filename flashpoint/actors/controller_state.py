@@ -14,6 +14,96 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from flashpoint.actors.controller_messages import (  # re-exported: the state's interface
+    BeginCompletion as BeginCompletion,
+)
+from flashpoint.actors.controller_messages import (
+    Command as Command,
+)
+from flashpoint.actors.controller_messages import (
+    DeployKaas as DeployKaas,
+)
+from flashpoint.actors.controller_messages import (
+    DeployReplica as DeployReplica,
+)
+from flashpoint.actors.controller_messages import (
+    DeviceRecord as DeviceRecord,
+)
+from flashpoint.actors.controller_messages import (
+    DissolveStages as DissolveStages,
+)
+from flashpoint.actors.controller_messages import (
+    Event as Event,
+)
+from flashpoint.actors.controller_messages import (
+    FailFunction as FailFunction,
+)
+from flashpoint.actors.controller_messages import (
+    ForgetReplica as ForgetReplica,
+)
+from flashpoint.actors.controller_messages import (
+    FunctionDeleted as FunctionDeleted,
+)
+from flashpoint.actors.controller_messages import (
+    FunctionLoad as FunctionLoad,
+)
+from flashpoint.actors.controller_messages import (
+    FunctionUpserted as FunctionUpserted,
+)
+from flashpoint.actors.controller_messages import (
+    GpuRecord as GpuRecord,
+)
+from flashpoint.actors.controller_messages import (
+    GroupAnswered as GroupAnswered,
+)
+from flashpoint.actors.controller_messages import (
+    GroupLinked as GroupLinked,
+)
+from flashpoint.actors.controller_messages import (
+    HostDraining as HostDraining,
+)
+from flashpoint.actors.controller_messages import (
+    HostHeartbeat as HostHeartbeat,
+)
+from flashpoint.actors.controller_messages import (
+    HostRegistered as HostRegistered,
+)
+from flashpoint.actors.controller_messages import (
+    LinkGroup as LinkGroup,
+)
+from flashpoint.actors.controller_messages import (
+    ReplicaFailed as ReplicaFailed,
+)
+from flashpoint.actors.controller_messages import (
+    ReplicaStopped as ReplicaStopped,
+)
+from flashpoint.actors.controller_messages import (
+    ReplicaWarmed as ReplicaWarmed,
+)
+from flashpoint.actors.controller_messages import (
+    RequestHost as RequestHost,
+)
+from flashpoint.actors.controller_messages import (
+    ServeGroup as ServeGroup,
+)
+from flashpoint.actors.controller_messages import (
+    SourceAssignment as SourceAssignment,
+)
+from flashpoint.actors.controller_messages import (
+    StageReady as StageReady,
+)
+from flashpoint.actors.controller_messages import (
+    StartChain as StartChain,
+)
+from flashpoint.actors.controller_messages import (
+    StopAccepting as StopAccepting,
+)
+from flashpoint.actors.controller_messages import (
+    StopReplica as StopReplica,
+)
+from flashpoint.actors.controller_messages import (
+    Tick as Tick,
+)
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.policy import autoscale
 from flashpoint.policy.partitioning import (
@@ -59,25 +149,6 @@ class GroupPhase(StrEnum):
     LINKING = "linking"  # every stage serves; the actor links them into a pipeline
     SERVING = "serving"  # one dispatch target: requests enter at the first stage
     STOPPING = "stopping"  # no new work; dissolved once nothing is in flight
-
-
-@dataclass
-class DeviceRecord:
-    device_id: str
-    kind: str
-    memory_bytes: int
-    gpu_index: int = -1  # the physical GPU it is (a part of); -1: a CPU unit
-    mig_profile: str = ""  # "3g.20gb" for a MIG slice
-
-
-@dataclass(frozen=True)
-class GpuRecord:
-    """A physical GPU of a host (MIG slices are its units in ``devices``): its MIG table
-    name ("" = none known) and whether MIG is on. A MIG GPU without instances has no units."""
-
-    gpu_index: int
-    model: str
-    mig: bool
 
 
 @dataclass
@@ -149,257 +220,6 @@ class FunctionRecord:
     @property
     def model_key(self) -> str:
         return f"{self.spec.model}@{self.spec.model_version}"
-
-
-# Events ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class HostRegistered:
-    host_id: str
-    devices: tuple[DeviceRecord, ...]
-    ram_bytes: int
-    cached_models: frozenset[str]
-    # replicas the host already runs: (replica_id, function, device_id, warm)
-    replicas: tuple[tuple[str, str, str, bool], ...]
-    now_s: float
-    leaf: str = ""
-    gpu_sharing: str = "none"
-    shares: dict[str, ReplicaShare] = field(default_factory=dict)  # replica id -> its share
-    gpus: tuple[GpuRecord, ...] = ()
-
-
-@dataclass(frozen=True)
-class HostHeartbeat:
-    host_id: str
-    cached_models: frozenset[str]
-    now_s: float
-    # The replicas the host runs (ids), when it reports them: the controller reconciles its
-    # records against them (observed vs requested).
-    replicas: frozenset[str] | None = None
-
-
-@dataclass(frozen=True)
-class HostDraining:
-    """The host received an eviction notice: it is gone at ``deadline_s``."""
-
-    host_id: str
-    deadline_s: float
-    now_s: float
-
-
-@dataclass(frozen=True)
-class FunctionUpserted:
-    spec: FunctionSpec
-    model_bytes: int
-    plans: PlanLookup | None = None
-    whole_cold_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class FunctionDeleted:
-    name: str
-
-
-@dataclass(frozen=True)
-class ReplicaWarmed:
-    replica_id: str
-    timings_s: dict[str, float]
-    now_s: float
-
-
-@dataclass(frozen=True)
-class ReplicaFailed:
-    replica_id: str
-    reason: str
-    during_start: bool
-
-
-@dataclass(frozen=True)
-class ReplicaStopped:
-    replica_id: str
-
-
-@dataclass(frozen=True)
-class StageReady:
-    """A partition stage serves its layers (its pipeline endpoint is the actor's to keep)."""
-
-    replica_id: str
-    now_s: float
-
-
-@dataclass(frozen=True)
-class GroupLinked:
-    """The actor linked (``ok``) or failed to link a group's stages into one pipeline."""
-
-    group_id: str
-    ok: bool
-    reason: str
-    now_s: float
-
-
-@dataclass(frozen=True)
-class FunctionLoad:
-    queued: int
-    inflight: int
-    last_request_s: float | None
-    arrival_rate: float = 0.0  # λ: requests per second arriving lately
-    service_rate: float = 0.0  # μ: requests per second completed lately
-    exec_time_s: float = 0.0  # mean service time of one request (0 = not measured yet)
-    queue_latency_s: float = 0.0  # age of the oldest queued request
-    invocations_total: int = 0  # requests accepted since the controller started
-
-
-@dataclass(frozen=True)
-class Tick:
-    now_s: float
-    loads: dict[str, FunctionLoad]
-    # replicas and groups in STOPPING with no request in flight; the actor knows in-flight
-    # counts
-    idle_replicas: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True)
-class GroupAnswered:
-    """A serving group's pipeline answered its first request."""
-
-    group_id: str
-
-
-Event = (HostRegistered | HostHeartbeat | HostDraining | FunctionUpserted | FunctionDeleted
-         | ReplicaWarmed | ReplicaFailed | ReplicaStopped | StageReady | GroupLinked
-         | GroupAnswered | Tick)
-
-
-# Commands ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SourceAssignment:
-    """Where a deploy's host gets the model bytes (see :mod:`flashpoint.policy.sourcing`).
-
-    ``kind``: ``local`` (its own RAM); ``chain`` (bytes arrive on chain ``transfer_id``; if the
-    chain breaks, pull from ``fallback``); ``chain_head`` (the host heads a registry chain:
-    it pulls from ``upstream`` and relays to ``chain``). Hosts are named by id; the actor
-    resolves them to data-plane endpoints.
-    """
-
-    kind: str
-    transfer_id: str = ""
-    sender: str = ""  # the chain's sender: a holder's host id or "registry"
-    chain: tuple[str, ...] = ()
-    upstream: tuple[str, ...] = ()
-    fallback: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class DeployReplica:
-    replica_id: str
-    host_id: str
-    device_id: str
-    spec: FunctionSpec
-    source: SourceAssignment | None = None
-    stage: tuple[int, int] | None = None  # a partition stage's (first, last) layer
-    group_id: str | None = None
-    share: ReplicaShare | None = None  # its GPU share, enforced by the host (MPS / tokens)
-
-
-@dataclass(frozen=True)
-class DeployKaas:
-    """Start a KaaS executor replica (no model: a worker whose executor's device cache is
-    ``cache_bytes``; ``device_bytes`` is what it reserves on the device, cache included)."""
-
-    replica_id: str
-    host_id: str
-    device_id: str
-    device_bytes: int
-    cache_bytes: int
-
-
-@dataclass(frozen=True)
-class StartChain:
-    """A host holding the model in RAM streams it down ``receivers`` (one chain)."""
-
-    transfer_id: str
-    sender: str
-    model: str
-    version: str
-    receivers: tuple[str, ...]
-    fallback: tuple[str, ...] = ()  # where receivers pull from if this sender dies
-
-
-@dataclass(frozen=True)
-class StopAccepting:
-    """Take a replica out of dispatch; it finishes what it holds."""
-
-    replica_id: str
-
-
-@dataclass(frozen=True)
-class StopReplica:
-    replica_id: str
-    host_id: str
-
-
-@dataclass(frozen=True)
-class ForgetReplica:
-    """The replica is gone (host lost, crash): drop its handle and re-dispatch its work."""
-
-    replica_id: str
-
-
-@dataclass(frozen=True)
-class FailFunction:
-    """Fail everything queued for a function (deleted, or broken after repeated crashes)."""
-
-    name: str
-    code: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class LinkGroup:
-    """Point every stage of a group at the next one and open the pipeline (the actor then
-    reports :class:`GroupLinked`). ``stages``: (replica id, host id), first stage first."""
-
-    group_id: str
-    function: str
-    stages: tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True)
-class ServeGroup:
-    """Dispatch to the group's pipeline, with ``credits`` requests in flight at most."""
-
-    group_id: str
-    function: str
-    credits: int
-
-
-@dataclass(frozen=True)
-class DissolveStages:
-    """Stop the pipeline servers of these stage replicas (replica id, host id); a stage that
-    completed keeps serving as a whole replica."""
-
-    group_id: str
-    stages: tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True)
-class RequestHost:
-    """Ask the provider for a host to replace ``replacing`` (spot first, then on-demand)."""
-
-    replacing: str
-
-
-@dataclass(frozen=True)
-class BeginCompletion:
-    """The stages' hosts may complete the model now (flashpoint/actors/stage_hold.py): the
-    group has answered its first request."""
-
-    group_id: str
-    stages: tuple[tuple[str, str], ...]  # (replica id, host id)
-
-
-Command = (DeployReplica | DeployKaas | StartChain | StopAccepting | StopReplica | ForgetReplica
-           | FailFunction | LinkGroup | ServeGroup | DissolveStages | BeginCompletion
-           | RequestHost)
 
 
 class ControllerState:
