@@ -5,18 +5,26 @@ request and SLO counters, RPC, the model cache, token managers, MIG reconfigurat
 gateway's private one (private so several gateways can share a test process). A scrape of
 any ``/metrics`` renders all the registries the process owns, so what the code counts is
 what an operator sees. Host managers, which serve no HTTP otherwise, get a small endpoint of
-their own (``[host] metrics_listen``).
+their own (``[host] metrics_listen``); its ``extra`` hook adds, per scrape, collectors
+gathered from other processes (a host's workers' replica counters, actors/replica_metrics.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from flashpoint.errors import BadRequest
+from flashpoint.log import get_logger
+
+log = get_logger("flashpoint.exposition")
+
+# Per-scrape collectors: objects with ``collect()`` yielding metric families.
+ExtraCollectors = Callable[[], Awaitable[Sequence[Any]]]
 
 
 def render(registries: Sequence[CollectorRegistry]) -> web.Response:
@@ -35,12 +43,19 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 class MetricsEndpoint:
-    """``GET /metrics`` with the process registry, on its own port."""
+    """``GET /metrics`` with the process registry, on its own port.
+
+    ``extra``, if given, is awaited on every scrape for collectors rendered after the
+    registries (in a registry of their own, for that scrape only); if it raises, the scrape
+    still answers with the registries (the hook's failure is logged).
+    """
 
     def __init__(self, listen: str,
-                 registries: Sequence[CollectorRegistry] = (REGISTRY,)) -> None:
+                 registries: Sequence[CollectorRegistry] = (REGISTRY,),
+                 extra: ExtraCollectors | None = None) -> None:
         self._host, self._port = parse_listen(listen)
         self._registries = tuple(registries)
+        self._extra = extra
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -57,7 +72,16 @@ class MetricsEndpoint:
         return self.url
 
     async def _handle(self, request: web.Request) -> web.Response:
-        return render(self._registries)
+        if self._extra is None:
+            return render(self._registries)
+        scrape = CollectorRegistry(auto_describe=False)
+        try:
+            for collector in await self._extra():
+                scrape.register(collector)
+        except Exception as exc:  # never fail the scrape of what this process counts itself
+            log.warning("metrics_extra_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+            scrape = CollectorRegistry(auto_describe=False)
+        return render((*self._registries, scrape))
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from flashpoint.actors.replica_stats import ReplicaStats
 from flashpoint.errors import FlashpointError, ModelFailed, Unavailable
 
 INLINE_BELOW_S = 0.0005
@@ -51,6 +52,7 @@ class Batcher:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         self._task: asyncio.Task | None = None
         self.batches_run = 0
+        self.stats = ReplicaStats()  # what /metrics shows for this replica (replica_stats.py)
         # EWMA of batch run time. Batches this fast run on the event loop itself: handing
         # them to the model thread costs two thread wake-ups, more than the work (no-op and
         # tiny models), while blocking the loop for under INLINE_BELOW_S is harmless.
@@ -111,12 +113,18 @@ class Batcher:
 
     def _run_inline(self, inputs: dict[str, np.ndarray],
                     rows: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        stats = self.stats
+        stats.queued(0.0)
+        started = time.perf_counter()
         try:
-            outputs, run_s = self._timed_run(inputs)
-        except FlashpointError:
-            raise
+            outputs = self._run(inputs)
         except Exception as exc:
+            stats.batch_ran(1, rows, time.perf_counter() - started, failed=True)
+            if isinstance(exc, FlashpointError):
+                raise
             raise ModelFailed(f"model raised {type(exc).__name__}: {exc}"[:500]) from None
+        run_s = time.perf_counter() - started
+        stats.batch_ran(1, rows, run_s)
         self._ran(run_s)
         return outputs, {"batch_wait": 0.0, "inference": run_s, "batch_rows": float(rows)}
 
@@ -152,6 +160,7 @@ class Batcher:
 
     async def _serve(self, batch: list[_Item]) -> None:
         loop = asyncio.get_running_loop()
+        stats = self.stats
         while True:
             self._busy = False
             batch.clear()
@@ -181,21 +190,26 @@ class Batcher:
                 else:
                     outputs, run_s = await loop.run_in_executor(self._pool, self._timed_run, merged)
             except Exception as exc:  # the model raised: every request of the batch fails
+                stats.batch_ran(len(batch), rows, time.perf_counter() - started, failed=True)
                 err = exc if isinstance(exc, FlashpointError) else ModelFailed(
                     f"model raised {type(exc).__name__}: {exc}"[:500])
                 for b in batch:
+                    stats.queued(started - b.enqueued_s)
                     if not b.future.done():
                         b.future.set_exception(err)
                 continue
+            stats.batch_ran(len(batch), rows, run_s)
             self._ran(run_s)
             infer_s = time.perf_counter() - started
             offset = 0
             for b in batch:
                 part = {k: v[offset: offset + b.rows] for k, v in outputs.items()}
                 offset += b.rows
+                wait_s = started - b.enqueued_s
+                stats.queued(wait_s)
                 if not b.future.done():
                     b.future.set_result((part, {
-                        "batch_wait": started - b.enqueued_s, "inference": infer_s,
+                        "batch_wait": wait_s, "inference": infer_s,
                         "batch_rows": float(rows),
                     }))
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from flashpoint import heap
 from flashpoint.actors.host_gpu import HostGpu
+from flashpoint.actors.replica_metrics import replica_collectors
 from flashpoint.actors.stage_hold import StageHolds
 from flashpoint.config import ClusterConfig, check_secret
 from flashpoint.errors import BadRequest, FlashpointError, ModelNotFound, NoCapacity, NotFound
@@ -175,7 +176,9 @@ class HostManager:
             self._spawn_task(watch(watchers, self.on_eviction_notice,
                                    interval_s=self.hc.spot_poll_interval_s), "spot-watch")
         if self.hc.metrics_listen:
-            self.metrics = MetricsEndpoint(self.hc.metrics_listen)
+            self.metrics = MetricsEndpoint(  # + its replicas' counters, asked at each scrape
+                self.hc.metrics_listen,
+                extra=lambda: replica_collectors(self.workers.values(), self.host_id))
             await self.metrics.start()
         log.info("host_started", devices=[d.device_id for d in self.devices], url=self._local_url,
                  data_endpoint=str(self.data_endpoint),

@@ -116,7 +116,8 @@ class Worker:
                             "load_kaas": self._load_kaas,
                             "complete_replica": self._complete_replica,
                             "dissolve_stage": self._dissolve_stage,
-                            "set_next_hop": self._set_next_hop},
+                            "set_next_hop": self._set_next_hop,
+                            "replica_stats": self._replica_stats},
             secret=self.secret, connect_timeout_s=10.0,
         )
         self._host_conn.add_close_callback(lambda *_: self._done.set())
@@ -480,6 +481,16 @@ class Worker:
                     w.cancel()
             raise
         return {"replies": replies}
+
+    async def _replica_stats(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """The host's ``/metrics`` scrape: this replica's inference counters (see
+        actors/replica_stats.py); ``stats`` is empty while no whole replica is served
+        (idle, loading, a pipeline stage, a KaaS executor)."""
+        rep, batcher = self.replica, self.batcher
+        if rep is None or batcher is None:
+            return {"replica_id": "", "function": "", "stats": {}}
+        return {"replica_id": rep.replica_id, "function": rep.spec.name,
+                "stats": batcher.stats.snapshot()}
 
     async def _status(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         return {"depth": self.batcher.depth if self.batcher else 0,

@@ -8,6 +8,7 @@ import asyncio
 import aiohttp
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from flashpoint.cli import make_store
 from flashpoint.cluster import LocalCluster
@@ -59,6 +60,59 @@ async def test_controller_and_host_metrics_are_scrapeable(tmp_path) -> None:
     async with aiohttp.ClientSession() as s:
         with pytest.raises(aiohttp.ClientConnectionError):
             await s.get(f"{host.metrics.url}/metrics", timeout=aiohttp.ClientTimeout(total=5))
+
+
+def _replica_samples(text: str, host_id: str) -> dict[str, dict[tuple[str, str], float]]:
+    """Every flashpoint_replica_* sample by replica id: (name, le) -> value."""
+    out: dict[str, dict[tuple[str, str], float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith("flashpoint_replica_"):
+                assert s.labels["function"] == "served" and s.labels["host"] == host_id, s.labels
+                out.setdefault(s.labels["replica_id"], {})[(s.name, s.labels.get("le", ""))] = s.value
+    return out
+
+
+async def test_host_metrics_show_each_replicas_inference_counters(tmp_path) -> None:
+    cfg = cluster_config(tmp_path, metrics_listen="127.0.0.1:0")
+    store = make_store(cfg)
+    await publish(store, "noop", "tiny", "1", model_name="noop")
+    cluster = LocalCluster(cfg, hosts=1, store=store)
+    await asyncio.wait_for(cluster.start(), 90)
+    try:
+        ctl = cluster.controller
+        await ctl.register_function(FunctionSpec(
+            name="served", model="noop", min_replicas=1, max_replicas=1, batch_wait_ms=5.0))
+        await wait_for("a warm replica", lambda: ctl.get_function("served").replicas_warm == 1)
+        host = cluster.hosts[0]
+        assert host.metrics is not None
+        (replica_id,) = [r.replica_id for r in host.replicas.values() if r.function == "served"]
+        x = {"x": np.ones((1, 2), np.float32)}
+        n = 0
+        for i in range(8):  # one by one ...
+            await asyncio.wait_for(ctl.invoke("served", x, request_id=f"s{i}"), 10)
+            n += 1
+        # ... and twelve at once, which the worker may batch
+        await asyncio.wait_for(asyncio.gather(
+            *(ctl.invoke("served", x, request_id=f"c{i}") for i in range(12))), 20)
+        n += 12
+        async with aiohttp.ClientSession() as s:
+            by_replica = _replica_samples(await _scrape(s, host.metrics.url), host.host_id)
+        # only the worker holding the replica shows up (not the warm pool's idle one)
+        assert list(by_replica) == [replica_id]
+        got = by_replica[replica_id]
+        assert got[("flashpoint_replica_requests_total", "")] == n == 20
+        assert got[("flashpoint_replica_failed_requests_total", "")] == 0
+        batches = got[("flashpoint_replica_batches_total", "")]
+        assert 1 <= batches <= n
+        assert got[("flashpoint_replica_batch_size_sum", "")] == n  # one row per request
+        assert got[("flashpoint_replica_batch_size_count", "")] == batches
+        assert got[("flashpoint_replica_batch_size_bucket", "+Inf")] == batches
+        assert got[("flashpoint_replica_run_seconds_count", "")] == batches
+        assert got[("flashpoint_replica_run_seconds_sum", "")] > 0
+        assert got[("flashpoint_replica_queue_seconds_count", "")] == n
+    finally:
+        await asyncio.wait_for(cluster.stop(), 60)
 
 
 @pytest.mark.parametrize("value", ["9101", "host:", ":9101", "h:99999", "h:port"])
