@@ -29,7 +29,8 @@ async def _scrape(session: aiohttp.ClientSession, url: str) -> str:
         return await r.text()
 
 
-async def test_controller_and_host_metrics_are_scrapeable(tmp_path) -> None:
+async def _started(tmp_path, spec: FunctionSpec) -> LocalCluster:
+    """One host with its metrics endpoint, ``spec`` registered on the no-op model and warm."""
     cfg = cluster_config(tmp_path, metrics_listen="127.0.0.1:0")
     store = make_store(cfg)
     await publish(store, "noop", "tiny", "1", model_name="noop")
@@ -37,8 +38,19 @@ async def test_controller_and_host_metrics_are_scrapeable(tmp_path) -> None:
     await asyncio.wait_for(cluster.start(), 90)
     try:
         ctl = cluster.controller
-        await ctl.register_function(FunctionSpec(name="counted", model="noop", min_replicas=1))
-        await wait_for("a warm replica", lambda: ctl.get_function("counted").replicas_warm == 1)
+        await ctl.register_function(spec)
+        await wait_for("a warm replica", lambda: ctl.get_function(spec.name).replicas_warm == 1)
+    except BaseException:
+        await asyncio.wait_for(cluster.stop(), 60)
+        raise
+    return cluster
+
+
+async def test_controller_and_host_metrics_are_scrapeable(tmp_path) -> None:
+    cluster = await _started(tmp_path, FunctionSpec(name="counted", model="noop",
+                                                    min_replicas=1))
+    try:
+        ctl = cluster.controller
         x = {"x": np.ones((1, 2), np.float32)}
         for i in range(3):
             await asyncio.wait_for(ctl.invoke("counted", x, request_id=f"m{i}"), 10)
@@ -74,16 +86,10 @@ def _replica_samples(text: str, host_id: str) -> dict[str, dict[tuple[str, str],
 
 
 async def test_host_metrics_show_each_replicas_inference_counters(tmp_path) -> None:
-    cfg = cluster_config(tmp_path, metrics_listen="127.0.0.1:0")
-    store = make_store(cfg)
-    await publish(store, "noop", "tiny", "1", model_name="noop")
-    cluster = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(cluster.start(), 90)
+    cluster = await _started(tmp_path, FunctionSpec(
+        name="served", model="noop", min_replicas=1, max_replicas=1, batch_wait_ms=5.0))
     try:
         ctl = cluster.controller
-        await ctl.register_function(FunctionSpec(
-            name="served", model="noop", min_replicas=1, max_replicas=1, batch_wait_ms=5.0))
-        await wait_for("a warm replica", lambda: ctl.get_function("served").replicas_warm == 1)
         host = cluster.hosts[0]
         assert host.metrics is not None
         (replica_id,) = [r.replica_id for r in host.replicas.values() if r.function == "served"]

@@ -140,15 +140,21 @@ async def test_queued_request_past_its_deadline_or_cancelled_is_never_sent(clust
     np.testing.assert_allclose(res.outputs["y"], x["x"])
 
 
+async def _one_replica(ctl, name: str, concurrency: int) -> tuple[str, object]:
+    """Register ``name`` (no-op model, one replica) and return its warm replica's id and the
+    controller's handle on its worker."""
+    await ctl.register_function(FunctionSpec(name=name, model="noop", min_replicas=1,
+                                             max_replicas=1, replica_concurrency=concurrency))
+    await wait_for("a warm replica", lambda: ctl.get_function(name).replicas_warm == 1)
+    rid = ctl.state.replicas_of(name)[0].replica_id
+    return rid, ctl.workers[rid]
+
+
 async def test_a_caller_cancelled_in_flight_frees_its_replica(cluster) -> None:
     # A lone request is sent from its caller's own task: cancelling the caller mid-flight
     # must still give the replica's credit back, or a replica_concurrency=1 function wedges.
     ctl = cluster.controller
-    await ctl.register_function(FunctionSpec(name="solo", model="noop", min_replicas=1,
-                                             max_replicas=1, replica_concurrency=1))
-    await wait_for("a warm replica", lambda: ctl.get_function("solo").replicas_warm == 1)
-    rid = ctl.state.replicas_of("solo")[0].replica_id
-    handle = ctl.workers[rid]
+    rid, handle = await _one_replica(ctl, "solo", 1)
     real, gate = handle.infer, asyncio.Event()
 
     async def held(ps, timeout_s):
@@ -173,11 +179,7 @@ async def test_requests_arriving_while_others_are_in_flight_share_one_frame(clus
     # requests that arrive while it is busy wait for the end of the loop iteration and
     # travel to the replica together: one frame (and one reply frame) for all of them.
     ctl = cluster.controller
-    await ctl.register_function(FunctionSpec(name="busy", model="noop", min_replicas=1,
-                                             max_replicas=1, replica_concurrency=16))
-    await wait_for("a warm replica", lambda: ctl.get_function("busy").replicas_warm == 1)
-    rid = ctl.state.replicas_of("busy")[0].replica_id
-    handle = ctl.workers[rid]
+    rid, handle = await _one_replica(ctl, "busy", 16)
     real, frames = handle.infer, []
 
     async def recorded(ps, timeout_s):
