@@ -473,6 +473,7 @@ class HostManager:
                                     hold=lambda: self.stage_holds.wait(key))
         except Exception as exc:  # waiters on the segment see it; this is the log line
             log.warning("fill_failed", model=f"{manifest.name}@{manifest.version}", error=repr(exc))
+            self.stage_holds.release(key, "fill failed")  # nothing left to hold back
 
     async def _obtain(self, spec: FunctionSpec, source: dict[str, Any] | None,
                       manifest: Manifest | None, stage: Any = None) -> tuple[CacheEntry, str]:
