@@ -40,6 +40,16 @@ async def wait_for(what: str, cond: Callable[[], bool], timeout_s: float = 30.0,
                          + (f"; state: {state()}" if state is not None else ""))
 
 
+async def start_noop_cluster(cfg: ClusterConfig, hosts: int = 1) -> LocalCluster:
+    """A started LocalCluster of ``hosts`` hosts over ``cfg``'s registry, with the tiny
+    no-op model published as ``noop@1``; the caller stops it."""
+    store = make_store(cfg)
+    await publish(store, "noop", "tiny", "1", model_name="noop")
+    c = LocalCluster(cfg, hosts=hosts, store=store)
+    await asyncio.wait_for(c.start(), 90)
+    return c
+
+
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
     cfg = cluster_config(tmp_path)

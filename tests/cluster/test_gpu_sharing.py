@@ -18,12 +18,9 @@ import numpy as np
 import pytest
 from unit.fake_mps import install_fake_mps
 
-from flashpoint.cli import make_store
-from flashpoint.cluster import LocalCluster
-from flashpoint.models.publish import publish
 from flashpoint.procs import pid_alive
 
-from .conftest import cluster_config, wait_for
+from .conftest import cluster_config, start_noop_cluster, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -44,10 +41,7 @@ async def test_two_replicas_share_one_gpu_with_chosen_shares(tmp_path, fake_mps_
                          sharing_dir=str(run_dir), warm_pool_size=2)
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(cfg.controller,
                                                                   share_policy=policy))
-    store = make_store(cfg)
-    await publish(store, "noop", "tiny", "1", model_name="noop")
-    c = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(c.start(), 90)
+    c = await start_noop_cluster(cfg)
     host = c.hosts[0]
     pids = [w.proc.pid for w in host.workers.values()]
     try:

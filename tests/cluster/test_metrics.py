@@ -10,14 +10,12 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flashpoint.cli import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.config import load_config
 from flashpoint.errors import BadRequest
-from flashpoint.models.publish import publish
 from flashpoint.spec import FunctionSpec
 
-from .conftest import cluster_config, wait_for
+from .conftest import cluster_config, start_noop_cluster, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -31,11 +29,7 @@ async def _scrape(session: aiohttp.ClientSession, url: str) -> str:
 
 async def _started(tmp_path, spec: FunctionSpec) -> LocalCluster:
     """One host with its metrics endpoint, ``spec`` registered on the no-op model and warm."""
-    cfg = cluster_config(tmp_path, metrics_listen="127.0.0.1:0")
-    store = make_store(cfg)
-    await publish(store, "noop", "tiny", "1", model_name="noop")
-    cluster = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(cluster.start(), 90)
+    cluster = await start_noop_cluster(cluster_config(tmp_path, metrics_listen="127.0.0.1:0"))
     try:
         ctl = cluster.controller
         await ctl.register_function(spec)

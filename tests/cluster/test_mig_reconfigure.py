@@ -27,11 +27,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from flashpoint.cli import make_store
-from flashpoint.cluster import LocalCluster
-from flashpoint.models.publish import publish
-
-from .conftest import cluster_config, wait_for
+from .conftest import cluster_config, start_noop_cluster, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 BODY = {"inputs": {"x": {"data": [1.0, 2.0], "shape": [1, 2], "datatype": "FP32"}}}
@@ -86,10 +82,7 @@ async def test_be_model_switch_reconfigures_gpus_to_4g_3g_without_failures(tmp_p
                          sharing_dir=str(run_dir), warm_pool_size=3)
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(
         cfg.controller, mig_reconfigure=True, mig_interval_s=0.5, mig_wait_limit=3))
-    store = make_store(cfg)
-    await publish(store, "noop", "tiny", "1", model_name="noop")
-    c = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(c.start(), 90)
+    c = await start_noop_cluster(cfg)
     host = c.hosts[0]
     pids = [w.proc.pid for w in host.workers.values()]
     strict = be = None

@@ -10,11 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from flashpoint.cluster import LocalCluster
-from flashpoint.models.publish import publish
-from flashpoint.registry.local import LocalStore
-
-from .conftest import cluster_config
+from .conftest import cluster_config, start_noop_cluster
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -26,10 +22,7 @@ async def test_each_key_has_its_own_bucket(tmp_path: Path) -> None:
     cfg = dataclasses.replace(cfg, gateway=dataclasses.replace(
         cfg.gateway, api_keys={ADMIN: "admin", ALICE: "invoke", BOB: "invoke"},
         rate_limit_rps=0.5, rate_limit_burst=2))
-    store = LocalStore(cfg.registry.root)
-    await publish(store, "noop", "tiny", "1", model_name="noop")
-    c = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(c.start(), 60)
+    c = await start_noop_cluster(cfg)
     try:
         url = c.controller.url
         async with aiohttp.ClientSession() as s:

@@ -18,12 +18,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from flashpoint.cluster import LocalCluster
-from flashpoint.models.publish import publish
-from flashpoint.registry.local import LocalStore
 from flashpoint.rpc.client import TLS_CA_ENV
 
-from .conftest import cluster_config
+from .conftest import cluster_config, start_noop_cluster
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -55,10 +52,7 @@ async def test_gateway_and_rpc_over_tls(tmp_path: Path, monkeypatch: pytest.Monk
     cfg = cluster_config(tmp_path, tls_ca_path=str(cert))
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(
         cfg.controller, tls_cert_path=str(cert), tls_key_path=str(key)))
-    store = LocalStore(cfg.registry.root)
-    await publish(store, "noop", "tiny", "1", model_name="noop")
-    c = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(c.start(), 60)  # the host registered over wss://
+    c = await start_noop_cluster(cfg)  # the host registered over wss://
     try:
         url = c.controller.url
         assert url.startswith("https://") and c.controller.rpc_url.startswith("wss://")
