@@ -79,12 +79,18 @@ def body_if_complete(request: web.Request, config: GatewayConfig) -> bytes | Non
     content = request.content
     if not content.is_eof():
         return None
+    return _take_buffered(content, config.max_body_bytes)
+
+
+def _take_buffered(content: Any, cap: int) -> bytes:
+    """A body that came whole with the headers, from aiohttp's buffer: no wait, so no timer
+    to arm on the hot path."""
     try:
         data = content.read_nowait(-1)
-    except Exception as e:  # aiohttp payload errors
+    except Exception as e:  # aiohttp payload / content-encoding errors
         raise BadRequest(f"could not read the request body: {type(e).__name__}") from None
-    if len(data) > config.max_body_bytes:
-        raise PayloadTooLarge(f"request body is over the {config.max_body_bytes}-byte limit")
+    if len(data) > cap:
+        raise PayloadTooLarge(f"request body is over the {cap}-byte limit")
     return data
 
 
@@ -109,11 +115,7 @@ async def read_body(request: web.Request, config: GatewayConfig) -> bytes:
     try:
         content = request.content
         if content.is_eof():
-            # The whole body came with the headers (any small request): take it from the
-            # buffer; no wait, so no timer to arm on the hot path.
-            data = content.read_nowait(-1)
-            if len(data) > cap:
-                raise PayloadTooLarge(f"request body is over the {cap}-byte limit")
+            data = _take_buffered(content, cap)
         else:
             data = await _read_stream(content, cap, config.body_read_timeout_s)
     except TimeoutError:
