@@ -58,8 +58,10 @@ class StageHolds:
         """Return when ``key``'s hold is released, or after ``hold_s`` (then release it).
         Returns at once when the hold is off (``hold_s <= 0``) or nothing holds ``key``."""
         event = self._events.get(key)
-        if event is None or self.hold_s <= 0:
-            self.release(key, "no hold")
+        if event is None:
+            return
+        if self.hold_s <= 0:
+            self.release(key, "hold off")
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), self.hold_s)
