@@ -202,15 +202,34 @@ def _inline(name: str, d: dict[str, Any], dtype: str, shape: tuple[int, ...],
         arr = np.asarray(d["data"], dtype=np.float64 if dtype.startswith("float") else None)
         if arr.dtype == object or arr.dtype.kind not in "biuf":
             raise ValueError("not numeric")
-        arr = arr.astype(dtype, casting="unsafe")
     except (ValueError, TypeError, OverflowError):
         raise BufferMismatch(f"input {name!r}: data must be a (nested) list of numbers",
                              buffer=name) from None
+    arr = _cast_values(name, arr, dtype)
     if arr.size != math.prod(shape):
         raise BufferMismatch(f"input {name!r}: {arr.size} values for shape {list(shape)}",
                              buffer=name)
     # Executors read buffers in the host's byte order; every supported host is little-endian.
     return np.ascontiguousarray(arr.reshape(shape), dtype=dtype).tobytes()
+
+
+def _cast_values(name: str, arr: np.ndarray, dtype: str) -> np.ndarray:
+    """Cast inline values to the buffer's dtype with the gateway's rules for tensors.
+
+    Integer buffers take integers within the type's range, never a float (it would be
+    truncated) or a value that would wrap. Float buffers round as IEEE does, so a value past
+    the type's largest finite one becomes an infinity, as it does at the OIP gateway.
+    """
+    if dtype.startswith("float"):
+        with np.errstate(over="ignore"):
+            return arr.astype(dtype)
+    if arr.dtype.kind not in "iu":
+        raise BufferMismatch(f"input {name!r}: {dtype} data must be integers", buffer=name)
+    info = np.iinfo(dtype)
+    if arr.size and (int(arr.min()) < info.min or int(arr.max()) > info.max):
+        raise BufferMismatch(f"input {name!r}: data does not fit {dtype} "
+                             f"[{info.min}, {info.max}]", buffer=name)
+    return arr.astype(dtype)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,32 @@ def test_inline_b64_and_size_only_intermediate():
     assert p.buffers["x"].array().tolist() == [[1, 1], [1, 1]]
 
 
+def _one_input(dtype: str, data: list) -> dict:
+    return {"kernels": [kern("copy", ["x"], ["y"])],
+            "buffers": [buf("x", "input", [len(data)], dtype=dtype, data=data),
+                        buf("y", "output", [len(data)], dtype=dtype)]}
+
+
+@pytest.mark.parametrize("dtype,data", [
+    ("int32", [2**31]), ("int32", [-(2**31) - 1]), ("uint8", [256]), ("uint8", [-1]),
+    ("int64", [2**63]), ("int32", [1.5]), ("uint8", [True, 2.0]),
+])
+def test_inline_data_that_does_not_fit_an_integer_buffer_is_refused(dtype, data):
+    with pytest.raises(errors.BufferMismatch) as e:
+        plan(_one_input(dtype, data))
+    assert e.value.code == "buffer_mismatch" and "'x'" in e.value.message
+
+
+def test_inline_data_casts_like_the_gateway():
+    p = plan(_one_input("uint8", [0, 255]))
+    assert p.buffers["x"].array().tolist() == [0, 255]
+    p = plan(_one_input("int32", [-(2**31), 2**31 - 1]))
+    assert p.buffers["x"].array().tolist() == [-(2**31), 2**31 - 1]
+    with np.errstate(over="raise"):  # the overflow to inf is IEEE rounding, not a warning
+        p = plan(_one_input("float32", [1e300, -1e300, 2]))
+    assert p.buffers["x"].array().tolist() == [np.inf, -np.inf, 2.0]
+
+
 def _mutate(**changes) -> dict:
     d = chain_request()
     for path, value in changes.items():
