@@ -168,7 +168,7 @@ class Controller:
             {"register_host": self._register_host, "heartbeat": self._heartbeat,
              "replica_ready": self._replica_ready, "replica_failed": self._replica_failed,
              "stage_ready": self._stage_ready, "host_draining": self._host_draining,
-             **GatewayService(self).handlers()},
+             **GatewayService(self, self.kaas).handlers()},
             secret=self.config.secret.encode(), on_disconnect=self._on_disconnect,
         )
         self._rpc.add_to_app(app, "/rpc")
@@ -856,7 +856,8 @@ class Controller:
             "mig": self.mig.status() if self.mig is not None else None,
             "kaas": {"executors_wanted": self.cc.kaas_workers,
                      "executors": len(self.kaas.pool.handles),
-                     "broken": self.state.kaas_broken, "unplaced": self.state.kaas_unplaced},
+                     "broken": self.state.kaas_broken, "unplaced": self.state.kaas_unplaced,
+                     "max_buffer_bytes": self.kaas.max_buffer_bytes},
         }
 
     def is_live(self) -> bool:

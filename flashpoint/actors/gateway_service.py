@@ -11,17 +11,29 @@ another version):
 - ``gw_functions`` {v} -> {v, functions: [FunctionInfo dict], ready, status}
 - ``gw_register`` {v, spec} -> {v, info}
 - ``gw_delete``   {v, name} -> {v}
+- ``gw_kaas_invoke`` {v, request (KaasRequest dict), client, request_id, timeout_s}
+                  -> {v, result (KaasResult wire dict)}
+- ``gw_kaas_status`` {v} -> {v, status}
+- ``gw_object_put`` {v, key, data (bytes)} -> {v}
+- ``gw_object_get`` {v, key} -> {v, data}
+
+The KaaS calls exist when the controller has a KaaS backend (it always does: its object
+store works even with ``kaas_workers = 0``, when invocations answer 503). The request is
+parsed and planned again here, store lookups included: a gateway only checks the graph.
 
 Errors travel as the controller's typed errors (the RPC layer re-raises them intact).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
-from flashpoint.errors import BadRequest
+from flashpoint.errors import BadRequest, KaasUnavailable, PayloadTooLarge
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult
 from flashpoint.gateway.remote import GATEWAY_RPC_VERSION, result_to_wire
+from flashpoint.kaas.backend import KaasBackend
+from flashpoint.kaas.spec import KaasRequest, check_key
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.spec import FunctionSpec
 from flashpoint.tensors import decode_tensors
@@ -44,6 +56,15 @@ def _check_version(payload: dict[str, Any]) -> None:
                          f"(this controller speaks {GATEWAY_RPC_VERSION})")
 
 
+def _timeout(payload: dict[str, Any]) -> float | None:
+    timeout_s = payload.get("timeout_s")
+    if timeout_s is None:
+        return None
+    if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or not timeout_s > 0:
+        raise BadRequest("timeout_s must be a positive number")
+    return float(timeout_s)
+
+
 def _text(payload: dict[str, Any], key: str) -> str:
     value = payload.get(key)
     if not isinstance(value, str) or not value:
@@ -54,26 +75,26 @@ def _text(payload: dict[str, Any], key: str) -> str:
 class GatewayService:
     """RPC handlers that serve gateways from the controller (its ``InvokeBackend``)."""
 
-    def __init__(self, backend: _Backend) -> None:
+    def __init__(self, backend: _Backend, kaas: KaasBackend | None = None) -> None:
         self._backend = backend
+        self._kaas = kaas
 
     def handlers(self) -> dict[str, Any]:
         return {"gw_invoke": self._invoke, "gw_functions": self._functions,
-                "gw_register": self._register, "gw_delete": self._delete}
+                "gw_register": self._register, "gw_delete": self._delete,
+                "gw_kaas_invoke": self._kaas_invoke, "gw_kaas_status": self._kaas_status,
+                "gw_object_put": self._object_put, "gw_object_get": self._object_get}
 
     async def _invoke(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         _check_version(payload)
-        timeout_s = payload.get("timeout_s")
-        if timeout_s is not None and (not isinstance(timeout_s, (int, float))
-                                      or isinstance(timeout_s, bool) or not timeout_s > 0):
-            raise BadRequest("timeout_s must be a positive number")
+        timeout_s = _timeout(payload)
         cls = payload.get("request_class", RequestClass.STRICT)
         if cls not in tuple(RequestClass):
             raise BadRequest(f"request_class must be one of {[c.value for c in RequestClass]}")
         result = await self._backend.invoke(
             _text(payload, "name"), decode_tensors(payload.get("inputs")),
             request_id=_text(payload, "request_id"),
-            timeout_s=float(timeout_s) if timeout_s is not None else None, request_class=cls)
+            timeout_s=timeout_s, request_class=cls)
         return result_to_wire(result)
 
     async def _functions(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
@@ -98,3 +119,43 @@ class GatewayService:
         _check_version(payload)
         await self._backend.delete_function(_text(payload, "name"))
         return {"v": GATEWAY_RPC_VERSION}
+
+    # -- KaaS and its object store (gateway/remote_kaas.py is the other side) --------------
+    def _kaas_backend(self, payload: dict[str, Any]) -> KaasBackend:
+        _check_version(payload)
+        if self._kaas is None:
+            raise KaasUnavailable("this controller serves no KaaS", retry_after_s=60.0)
+        return self._kaas
+
+    async def _kaas_invoke(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        kaas = self._kaas_backend(payload)
+        body = payload.get("request")
+        if not isinstance(body, dict):
+            raise BadRequest("'request' must be a KaaS request object")
+        timeout_s = _timeout(payload)
+        # Inline data is decoded here (base64, numpy casts): off the event loop.
+        req = await asyncio.to_thread(KaasRequest.from_dict, body,
+                                      max_buffer_bytes=kaas.max_buffer_bytes)
+        plan = kaas.plan(req)
+        result = await kaas.invoke(plan, client=_text(payload, "client"),
+                                   request_id=_text(payload, "request_id"), timeout_s=timeout_s)
+        return {"v": GATEWAY_RPC_VERSION, "result": result.to_wire()}
+
+    async def _kaas_status(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        kaas = self._kaas_backend(payload)
+        return {"v": GATEWAY_RPC_VERSION, "status": await kaas.fetch_status()}
+
+    async def _object_put(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        kaas = self._kaas_backend(payload)
+        key, data = check_key(payload.get("key")), payload.get("data")
+        if not isinstance(data, bytes) or not data:
+            raise BadRequest("an object needs at least one byte")
+        if len(data) > kaas.max_buffer_bytes:
+            raise PayloadTooLarge(f"objects are at most {kaas.max_buffer_bytes} bytes")
+        await kaas.put_object(key, data)
+        return {"v": GATEWAY_RPC_VERSION}
+
+    async def _object_get(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        kaas = self._kaas_backend(payload)
+        return {"v": GATEWAY_RPC_VERSION,
+                "data": await kaas.get_object(check_key(payload.get("key")))}

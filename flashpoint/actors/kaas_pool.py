@@ -97,5 +97,14 @@ class KaasPool:
                 "broken": self._broken(), "store": {"objects": len(self.store.keys()),
                                                    "used_bytes": self.store.used_bytes}}
 
+    async def fetch_status(self) -> dict[str, Any]:
+        return self.status()
+
+    async def put_object(self, key: str, data: bytes) -> None:
+        await self.service.put_object(key, data)
+
+    async def get_object(self, key: str) -> bytes:
+        return await self.service.get_object(key)
+
     async def close(self) -> None:
         await self.pool.close()

@@ -21,8 +21,8 @@ a label can never make a caller share another caller's fair share.
 
 The routes only see the ``KaasBackend`` protocol: the controller mounts them over its
 pool of executors on workers (``actors/kaas_pool.py``; ``[controller] kaas_workers``, 0 =
-invocations answer 503 ``kaas_unavailable``); tests mount an in-process
-``kaas.service.local_service``.
+invocations answer 503 ``kaas_unavailable``); a stand-alone gateway over RPC to that pool
+(``gateway/remote_kaas.py``); tests mount an in-process ``kaas.service.local_service``.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from flashpoint.gateway.context import (
 )
 from flashpoint.kaas.backend import KaasBackend
 from flashpoint.kaas.spec import DTYPE_BYTES, KaasRequest, check_key
-from flashpoint.kaas.store import ObjectStore
 
 _LABEL_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _EXTRA_KEYS = ("client", "timeout_s", "output_encoding")
@@ -68,9 +67,9 @@ def decode_store_outputs(body: Any) -> dict[str, str]:
     return dict(raw)
 
 
-def store_outputs(store: ObjectStore, outputs: dict[str, np.ndarray],
-                  keys: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Put the named outputs into ``store``; returns ``{name: {key, dtype, shape}}``."""
+async def store_outputs(kaas: KaasBackend, outputs: dict[str, np.ndarray],
+                        keys: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Put the named outputs into KaaS's object store; returns ``{name: {key, dtype, shape}}``."""
     missing = sorted(set(keys) - set(outputs))
     if missing:
         raise BadRequest(f"store_outputs names outputs the function did not produce: "
@@ -81,7 +80,7 @@ def store_outputs(store: ObjectStore, outputs: dict[str, np.ndarray],
         if arr.dtype.name not in DTYPE_BYTES:
             raise BadRequest(f"output {name!r} of dtype {arr.dtype} cannot be stored; "
                              f"storable: {sorted(DTYPE_BYTES)}")
-        store.put(key, arr.tobytes())  # ObjectExists (409) for other bytes
+        await kaas.put_object(key, arr.tobytes())  # ObjectExists (409) for other bytes
         stored[name] = {"key": key, "dtype": arr.dtype.name, "shape": list(arr.shape)}
     return stored
 
@@ -155,7 +154,7 @@ class KaasRoutes:
 
     async def status(self, request: web.Request) -> web.Response:
         self.ctx.require(request, Role.INVOKE)
-        return json_response(self.kaas.status())
+        return json_response(await self.kaas.fetch_status())
 
     async def put_object(self, request: web.Request) -> web.Response:
         self.ctx.require(request, Role.INVOKE)
@@ -165,11 +164,11 @@ class KaasRoutes:
             raise PayloadTooLarge(f"objects are at most {self.kaas.max_buffer_bytes} bytes")
         if not data:
             raise BadRequest("an object needs at least one byte")
-        self.kaas.store.put(key, data)
+        await self.kaas.put_object(key, data)
         return json_response({"key": key, "size_bytes": len(data)}, status=201)
 
     async def get_object(self, request: web.Request) -> web.Response:
         self.ctx.require(request, Role.INVOKE)
         key = check_key(request.match_info["key"])
-        return web.Response(body=self.kaas.store.get(key),
+        return web.Response(body=await self.kaas.get_object(key),
                             content_type="application/octet-stream")

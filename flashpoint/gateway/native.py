@@ -170,7 +170,7 @@ class NativeRoutes:
         outputs = result.outputs
         stored = {}
         if to_store:
-            stored = store_outputs(ctx.kaas.store, outputs, to_store)
+            stored = await store_outputs(ctx.kaas, outputs, to_store)
             outputs = {k: v for k, v in outputs.items() if k not in to_store}
         payload = {
             "outputs": encode_native_outputs(outputs, declared),

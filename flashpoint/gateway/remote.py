@@ -77,7 +77,7 @@ def _check_reply(reply: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-def _connection_lost(exc: BaseException) -> bool:
+def connection_lost(exc: BaseException) -> bool:
     """Failures that say nothing about the request itself: the controller was unreachable."""
     return isinstance(exc, (ConnectFailed, PeerLost))
 
@@ -165,9 +165,9 @@ class RemoteBackend:
 
     # -- calls ---------------------------------------------------------------------------
     async def register_function(self, spec: FunctionSpec) -> FunctionInfo:
-        reply = await self._retrying("gw_register", {"v": GATEWAY_RPC_VERSION,
-                                                     "spec": spec.to_dict()},
-                                     CALL_TIMEOUT_S, _connection_lost)
+        reply = await self.call_retrying(
+            "gw_register", {"v": GATEWAY_RPC_VERSION, "spec": spec.to_dict()},
+            CALL_TIMEOUT_S, connection_lost)
         info = info_from_wire(reply["info"])
         self._functions[info.spec.name] = info
         return info
@@ -175,8 +175,8 @@ class RemoteBackend:
     async def delete_function(self, name: str) -> None:
         # Not idempotent in its answer (a second delete is a 404): retried only if it never
         # reached the controller.
-        await self._retrying("gw_delete", {"v": GATEWAY_RPC_VERSION, "name": name},
-                             CALL_TIMEOUT_S, lambda e: isinstance(e, ConnectFailed))
+        await self.call_retrying("gw_delete", {"v": GATEWAY_RPC_VERSION, "name": name},
+                                 CALL_TIMEOUT_S, lambda e: isinstance(e, ConnectFailed))
         self._functions.pop(name, None)
 
     async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
@@ -186,13 +186,14 @@ class RemoteBackend:
         payload = {"v": GATEWAY_RPC_VERSION, "name": name, "inputs": encode_tensors(inputs),
                    "request_id": request_id, "timeout_s": timeout,
                    "request_class": request_class}
-        return result_from_wire(await self._retrying("gw_invoke", payload, timeout,
-                                                     _connection_lost, trace=request_id))
+        return result_from_wire(await self.call_retrying("gw_invoke", payload, timeout,
+                                                         connection_lost, trace=request_id))
 
-    async def _retrying(self, method: str, payload: dict[str, Any], timeout_s: float,
-                        retry_on: Any, trace: str | None = None) -> dict[str, Any]:
+    async def call_retrying(self, method: str, payload: dict[str, Any], timeout_s: float,
+                            retry_on: Any, trace: str | None = None) -> dict[str, Any]:
         """``method`` until it answers, re-sent after the failures ``retry_on`` accepts,
-        all within ``timeout_s`` (each attempt gets what is left)."""
+        all within ``timeout_s`` (each attempt gets what is left). Also the transport of
+        ``gateway/remote_kaas.py``."""
         deadline = time.monotonic() + timeout_s
         delays = RETRY.delays()
         last: FlashpointError | None = None

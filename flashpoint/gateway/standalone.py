@@ -1,6 +1,7 @@
 """``flashpoint gateway``: the HTTP API in its own process, in front of the controller.
 
-See :mod:`flashpoint.gateway.remote` for what it keeps and what it retries.
+See :mod:`flashpoint.gateway.remote` for what it keeps and what it retries, and
+:mod:`flashpoint.gateway.remote_kaas` for KaaS and the object store through it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from flashpoint.config import ClusterConfig, GatewaySettings, check_secret
 from flashpoint.gateway.app import RUNNER_KWARGS, make_app
 from flashpoint.gateway.config import GatewayConfig
 from flashpoint.gateway.remote import RemoteBackend
+from flashpoint.gateway.remote_kaas import RemoteKaas
 from flashpoint.log import get_logger
 
 log = get_logger(__name__)
@@ -54,7 +56,7 @@ class StandaloneGateway:
                                 # inputs travel in one frame: room for the largest body
                                 max_frame_bytes=max(gw.max_body_bytes * 2, 64 << 20))
         await backend.start()
-        runner = web.AppRunner(make_app(backend, gateway_config(gw),
+        runner = web.AppRunner(make_app(backend, gateway_config(gw), kaas=RemoteKaas(backend),
                                         process_registry=prometheus_client.REGISTRY),
                                access_log=None, **RUNNER_KWARGS)
         try:

@@ -13,7 +13,6 @@ import numpy as np
 
 from flashpoint.kaas.graph import GraphPlan
 from flashpoint.kaas.spec import KaasRequest
-from flashpoint.kaas.store import ObjectStore
 
 
 @dataclass
@@ -41,9 +40,14 @@ class KaasResult:
 
 
 class KaasBackend(Protocol):
-    """What the gateway needs for ``/v1/kaas`` and ``/v1/objects``."""
+    """What the gateway needs for ``/v1/kaas`` and ``/v1/objects``.
 
-    store: ObjectStore
+    In the controller's process the store and the pool are local
+    (:class:`~flashpoint.kaas.service.KaasService`, ``actors/kaas_pool.KaasPool``); a
+    stand-alone gateway reaches them over RPC (``gateway/remote_kaas.RemoteKaas``), hence the
+    object and status calls are coroutines.
+    """
+
     max_buffer_bytes: int
 
     def plan(self, req: KaasRequest) -> GraphPlan:
@@ -55,6 +59,14 @@ class KaasBackend(Protocol):
         """Run on the pool; DeadlineExceeded, KernelFailed, ObjectExists (409)."""
         ...
 
-    def status(self) -> dict[str, Any]:
+    async def fetch_status(self) -> dict[str, Any]:
         """Pool policy, queue, executors with their cache counters, registered kernels."""
+        ...
+
+    async def put_object(self, key: str, data: bytes) -> None:
+        """Store immutable bytes; ObjectExists (409) for other bytes under ``key``."""
+        ...
+
+    async def get_object(self, key: str) -> bytes:
+        """The bytes under ``key``; ObjectNotFound (404)."""
         ...

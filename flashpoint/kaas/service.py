@@ -65,6 +65,15 @@ class KaasService:
     def status(self) -> dict[str, Any]:
         return {**self.pool.status(), "kernels": self.library.names()}
 
+    async def fetch_status(self) -> dict[str, Any]:
+        return self.status()
+
+    async def put_object(self, key: str, data: bytes) -> None:
+        self.store.put(key, data)
+
+    async def get_object(self, key: str) -> bytes:
+        return self.store.get(key)
+
     async def close(self) -> None:
         await self.pool.close()
 

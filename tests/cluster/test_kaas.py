@@ -4,6 +4,7 @@ a worker process, /v1/kaas/invoke runs kernel graphs there, inputs ship only on 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,10 @@ from kaas.helpers import buf, chain_request, kern
 
 from flashpoint.cluster import LocalCluster
 from flashpoint.config import ClusterConfig, load_config
+from flashpoint.gateway.standalone import StandaloneGateway
 from flashpoint.kaas import KAAS_FUNCTION
 
-from .conftest import wait_for
+from .conftest import start_noop_cluster, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -38,8 +40,7 @@ def _config(tmp_path: Path, kaas_workers: int) -> ClusterConfig:
 
 @pytest.fixture
 async def kaas_cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    c = LocalCluster(_config(tmp_path, 1), hosts=1)
-    await asyncio.wait_for(c.start(), 90)
+    c = await start_noop_cluster(_config(tmp_path, 1))  # noop: a host function to chain
     pids: set[int] = set()
     try:
         # Worker processes may be spawned later (the warm pool refills after the KaaS start).
@@ -130,7 +131,7 @@ async def test_kernel_graphs_run_on_a_worker_process(kaas_cluster: LocalCluster)
         async with s.get(f"{url}/v1/status") as r:
             cl = await r.json()
         assert cl["kaas"] == {"executors_wanted": 1, "executors": 1, "broken": None,
-                              "unplaced": ""}
+                              "unplaced": "", "max_buffer_bytes": 16 << 20}
         assert [x["phase"] for x in cl["replicas"] if x["function"] == KAAS_FUNCTION] == ["warm"]
 
 
@@ -156,6 +157,62 @@ async def test_a_dead_executor_worker_is_replaced(kaas_cluster: LocalCluster) ->
         assert body["cache"]["shipped_bytes"] == W.nbytes  # a fresh cache: w ships again
         y = np.asarray(body["outputs"]["y"]["data"], np.float32).reshape(N, N)
         assert np.allclose(y, _expected(W), rtol=1e-5, atol=1e-5)
+
+
+async def test_kaas_and_objects_through_a_standalone_gateway(kaas_cluster: LocalCluster) -> None:
+    ctl = kaas_cluster.controller
+    cfg = kaas_cluster.config
+    cfg = dataclasses.replace(cfg, gateway=dataclasses.replace(
+        cfg.gateway, controller_url=ctl.rpc_url, refresh_s=0.1))
+    gw = await asyncio.wait_for(StandaloneGateway.start(cfg, port=0), 30)
+    url = gw.url
+    x = np.random.default_rng(3).standard_normal((N, N)).astype(np.float32)
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.put(f"{url}/v1/objects/w", data=W.tobytes()) as r:
+                assert r.status == 201, await r.text()
+            assert ctl.kaas.store.get("w") == W.tobytes()  # in the controller's store
+            async with s.put(f"{url}/v1/objects/w", data=b"\x01" * 8) as r:
+                assert (r.status, (await r.json())["code"]) == (409, "object_exists")
+
+            # A host function's output goes to the store under a key (native store_outputs)
+            async with s.post(f"{url}/v1/functions", json={"name": "nf", "model": "noop"}) as r:
+                assert r.status == 201, await r.text()
+            body = {"inputs": {"x": {"data": x.ravel().tolist(), "shape": [N, N],
+                                     "datatype": "FP32"}}, "store_outputs": {"y": "from-fn"}}
+            async with s.post(f"{url}/v1/functions/nf/invoke", json=body) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["stored"]["y"]["key"] == "from-fn"
+
+            # ... and a kernel graph reads it there, with w, on the controller's executor.
+            graph = {**chain_request(N, out_key="via-gw"), "client": "a"}
+            graph["buffers"] = [buf("x", "input", [N, N], key="from-fn")
+                                if b["name"] == "x" else b for b in graph["buffers"]]
+            status, out = await _invoke(s, url, graph)
+            assert status == 200, out
+            assert out["outputs"]["y"] == {"key": "via-gw"}
+            assert out["executor_id"] == ctl.kaas.pool.handles[0].executor_id
+            async with s.get(f"{url}/v1/objects/via-gw") as r:
+                assert r.status == 200
+                y = np.frombuffer(await r.read(), np.float32).reshape(N, N)
+            assert np.allclose(y, _expected(x), rtol=1e-5, atol=1e-5)
+
+            # Errors keep their codes, wherever they are decided.
+            before = ctl.kaas.pool.handles[0].requests
+            status, err = await _invoke(s, url, {"kernels": [kern("nope", ["w"], ["z"])],
+                                                 "buffers": [buf("w", "input", [N, N], key="w"),
+                                                             buf("z", "output", [N, N])]})
+            assert (status, err["code"]) == (400, "unknown_kernel")  # at the gateway
+            status, err = await _invoke(s, url, chain_request(N, x=x, w_key="missing"))
+            assert (status, err["code"]) == (404, "object_not_found")  # at the controller
+            assert ctl.kaas.pool.handles[0].requests == before
+            async with s.get(f"{url}/v1/objects/missing") as r:
+                assert (r.status, (await r.json())["code"]) == (404, "object_not_found")
+            async with s.get(f"{url}/v1/kaas/status") as r:
+                st = await r.json()
+            assert st["executors_wanted"] == 1 and len(st["executors"]) == 1
+    finally:
+        await asyncio.wait_for(gw.stop(), 30)
 
 
 async def test_without_kaas_workers_invoke_is_503(tmp_path: Path) -> None:
