@@ -33,6 +33,7 @@ from flashpoint.errors import BadRequest, KaasUnavailable, PayloadTooLarge
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult
 from flashpoint.gateway.remote import GATEWAY_RPC_VERSION, result_to_wire
 from flashpoint.kaas.backend import KaasBackend
+from flashpoint.kaas.remote import FRAME_BUDGET_BYTES
 from flashpoint.kaas.spec import KaasRequest, check_key
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.spec import FunctionSpec
@@ -157,5 +158,10 @@ class GatewayService:
 
     async def _object_get(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         kaas = self._kaas_backend(payload)
-        return {"v": GATEWAY_RPC_VERSION,
-                "data": await kaas.get_object(check_key(payload.get("key")))}
+        key = check_key(payload.get("key"))
+        data = await kaas.get_object(key)
+        if len(data) > FRAME_BUDGET_BYTES:  # put through the controller's own API
+            raise PayloadTooLarge(f"object {key!r} has {len(data)} bytes; a gateway carries "
+                                  f"at most {FRAME_BUDGET_BYTES} in one frame: read it from "
+                                  "the controller's API")
+        return {"v": GATEWAY_RPC_VERSION, "data": data}

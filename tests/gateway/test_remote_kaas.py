@@ -78,6 +78,14 @@ async def test_bad_forwarded_calls_fail_typed(handlers, method, payload, error) 
         await handlers[method](None, payload)
 
 
+async def test_an_object_over_one_frame_is_refused_by_name() -> None:
+    svc = local_service(1, capacity_bytes=64 << 20)
+    svc.store.put("big", b"\0" * (FRAME_BUDGET_BYTES + 1))  # through the controller's API
+    h = GatewayService(backend=None, kaas=svc).handlers()  # type: ignore[arg-type]
+    with pytest.raises(PayloadTooLarge, match="'big'.*controller's API"):
+        await h["gw_object_get"](None, {"v": V, "key": "big"})
+
+
 async def test_a_controller_without_kaas_answers_unavailable() -> None:
     h = GatewayService(backend=None).handlers()  # type: ignore[arg-type]
     with pytest.raises(KaasUnavailable):
