@@ -16,7 +16,7 @@ import hashlib
 import hmac
 import secrets
 
-from flashpoint.errors import AuthFailed, ConnectFailed, FlashpointError, ProtocolError, from_wire
+from flashpoint.errors import AuthFailed, ConnectFailed, FlashpointError, PeerLost, ProtocolError, from_wire
 from flashpoint.rpc import frames
 from flashpoint.rpc.channel import Channel
 
@@ -40,7 +40,8 @@ async def server_handshake(
     channel: Channel, secret: bytes, *, name: str, timeout_s: float = HANDSHAKE_TIMEOUT_S
 ) -> str:
     """Run the server side; returns the peer's name. On failure tells the peer, closes the
-    channel and raises AuthFailed."""
+    channel and raises AuthFailed; PeerLost when the peer closed the channel first (a
+    client that gave up: its connect was cancelled or timed out on its side)."""
     nonce_s = secrets.token_bytes(NONCE_BYTES)
     try:
         async with asyncio.timeout(timeout_s):
@@ -57,7 +58,11 @@ async def server_handshake(
         err: FlashpointError = AuthFailed(f"handshake timed out after {timeout_s}s")
     except AuthFailed as exc:
         err = exc
-    except FlashpointError as exc:  # PeerLost, ProtocolError, FrameTooLarge
+    except PeerLost as exc:
+        await channel.close()
+        raise PeerLost(f"peer left during the handshake: {exc.message}",
+                       peer=channel.peer) from None
+    except FlashpointError as exc:  # ProtocolError, FrameTooLarge
         err = AuthFailed(f"handshake failed: {exc.message}")
     await _refuse(channel, err)
     raise err

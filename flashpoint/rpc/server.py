@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from flashpoint.errors import FlashpointError
+from flashpoint.errors import FlashpointError, PeerLost
 from flashpoint.log import get_logger
 from flashpoint.rpc import frames
 from flashpoint.rpc.auth import HANDSHAKE_TIMEOUT_S, check_secret, server_handshake
@@ -153,8 +153,14 @@ class RpcServer:
             peer_name = await server_handshake(
                 channel, self._secret, name=self.name, timeout_s=self._handshake_timeout_s
             )
+        except PeerLost as exc:
+            # Not a refusal: the client closed first (its connect was cancelled or timed out
+            # on its side, e.g. a worker stopped while connecting). Nothing to warn about.
+            log.info("rpc peer left during handshake", name=self.name, peer=channel.peer,
+                     error=exc.message)
+            return
         except FlashpointError as exc:
-            log.warning("rpc peer refused", peer=channel.peer, error=exc.message)
+            log.warning("rpc peer refused", name=self.name, peer=channel.peer, error=exc.message)
             return
         conn = RpcConnection(
             channel,

@@ -7,8 +7,9 @@ import time
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
-from flashpoint.errors import AuthFailed, ConnectFailed
+from flashpoint.errors import AuthFailed, ConnectFailed, PeerLost
 from flashpoint.rpc import RpcConnection, RpcServer, frames, memory_pair
 from flashpoint.rpc.auth import client_handshake, server_handshake
 
@@ -92,6 +93,34 @@ async def test_request_before_handshake_is_refused() -> None:
     await a.send(frames.encode(frames.Request(1, "count", {}, 1.0)))
     with pytest.raises(AuthFailed):
         await task
+
+
+async def test_a_client_that_leaves_mid_handshake_is_peer_lost_not_refused() -> None:
+    a, b = memory_pair("client", "server")
+    task = asyncio.create_task(server_handshake(b, SECRET, name="server", timeout_s=2.0))
+    await a.recv()  # hello; then the client gives up (its connect was cancelled)
+    await a.close()
+    with pytest.raises(PeerLost, match="left during the handshake"):
+        await task
+    assert b.closed
+
+
+async def test_server_logs_a_peer_that_left_as_info_and_a_bad_secret_as_warning(
+        rpc: Harness) -> None:
+    server, url = await rpc.serve({})
+    with capture_logs() as logs:
+        with pytest.raises(AuthFailed):
+            await rpc.connect(url, secret=b"not-the-cluster-secret")
+        a, b = memory_pair("client", "server")
+        server.accept_channel(b)
+        await a.recv()
+        await a.close()
+        for _ in range(100):  # bounded: the server task ends within a few loop steps
+            if any(e["event"] == "rpc peer left during handshake" for e in logs):
+                break
+            await asyncio.sleep(0.01)
+    levels = {e["event"]: e["log_level"] for e in logs if e["event"].startswith("rpc peer")}
+    assert levels == {"rpc peer refused": "warning", "rpc peer left during handshake": "info"}
 
 
 def test_short_secret_rejected() -> None:
