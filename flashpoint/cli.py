@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="measure each layer (bytes, exec time, output size) into the manifest")
     push.add_argument("--profile-device", default="cpu", help="device to profile on (cpu, cuda)")
     for name, helptext in (("deploy", "register a function"), ("invoke", "invoke a function"),
+                           ("functions", "list the registered functions"),
+                           ("delete", "delete a function (its replicas stop)"),
                            ("status", "cluster status")):
         sp = sub.add_parser(name, help=helptext)
         sp.add_argument("--url", default="http://127.0.0.1:8080")
@@ -179,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             sp.add_argument("--wait", action="store_true",
                             help="wait for min-replicas warm, drawing transfer progress bars")
             sp.add_argument("--wait-timeout-s", type=float, default=600.0)
+        if name == "delete":
+            sp.add_argument("function")
         if name == "invoke":
             sp.add_argument("function")
             sp.add_argument("--inputs", required=True,
@@ -201,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     from flashpoint.log import configure
 
     cfg = _config(args)
-    configure("WARNING" if args.cmd in ("demo", "deploy", "invoke", "status", "model") else cfg.log_level)
+    configure("WARNING" if args.cmd in ("demo", "deploy", "invoke", "functions", "delete", "status",
+                                        "model") else cfg.log_level)
     import uvloop
 
     if args.cmd == "up":
@@ -226,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         body = {"inputs": json.loads(args.inputs)}
         print(json.dumps(uvloop.run(_http("POST", f"{args.url}/v1/functions/{args.function}/invoke",
                                           body, args.api_key)), indent=2))
+    elif args.cmd == "functions":
+        print(json.dumps(uvloop.run(_http("GET", f"{args.url}/v1/functions", None, args.api_key)),
+                         indent=2))
+    elif args.cmd == "delete":
+        print(json.dumps(uvloop.run(_http("DELETE", f"{args.url}/v1/functions/{args.function}",
+                                          None, args.api_key)), indent=2))
     elif args.cmd == "status":
         print(json.dumps(uvloop.run(_http("GET", f"{args.url}/v1/status", None, args.api_key)), indent=2))
     elif args.cmd == "demo":
