@@ -105,12 +105,19 @@ async def _http(method: str, url: str, body: Any = None, key: str | None = None)
     import aiohttp
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
-        async with s.request(method, url, json=body, headers=headers) as r:
-            data = await r.json(content_type=None)
-            if r.status >= 400:
-                raise SystemExit(f"error {r.status}: {json.dumps(data)}")
-            return data
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+            async with s.request(method, url, json=body, headers=headers) as r:
+                text = await r.text()
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise SystemExit(f"cannot reach {url}: {e or type(e).__name__}") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = text  # not JSON (a proxy's error page, say): show it as it came
+    if r.status >= 400:
+        raise SystemExit(f"error {r.status}: {json.dumps(data)}")
+    return data
 
 
 async def _wait_deployed(args: argparse.Namespace) -> int:
@@ -228,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.wait and args.min_replicas > 0:
             return uvloop.run(_wait_deployed(args))
     elif args.cmd == "invoke":
-        body = {"inputs": json.loads(args.inputs)}
+        try:
+            body = {"inputs": json.loads(args.inputs)}
+        except ValueError as e:
+            raise SystemExit(f"--inputs is not JSON: {e}") from None
         print(json.dumps(uvloop.run(_http("POST", f"{args.url}/v1/functions/{args.function}/invoke",
                                           body, args.api_key)), indent=2))
     elif args.cmd == "functions":

@@ -52,5 +52,10 @@ async def test_deploy_invoke_list_status_delete(tmp_path: Path) -> None:
         assert r.stdout == "" and "Traceback" not in r.stderr
         r = await _cli("delete", "nf", "--url", url)
         assert r.returncode == 1 and "error 404" in r.stderr
+        r = await _cli("invoke", "nf", "--inputs", "{x: 1", "--url", url)
+        assert r.returncode == 1 and "--inputs is not JSON" in r.stderr
     finally:
         await asyncio.wait_for(c.stop(), 60)
+    r = await _cli("status", "--url", url)  # the cluster is gone: nothing listens there
+    assert r.returncode == 1 and f"cannot reach {url}" in r.stderr
+    assert "Traceback" not in r.stderr
