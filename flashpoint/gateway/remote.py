@@ -99,6 +99,7 @@ class RemoteBackend:
         self._refreshed_s = 0.0  # monotonic time of the last good refresh
         self._task: asyncio.Task[None] | None = None
         self.retries = 0  # calls that met an unreachable controller and were re-sent
+        self.held = 0  # calls that found no connection and waited for the controller
 
     async def start(self) -> None:
         await self._client.start()
@@ -153,9 +154,10 @@ class RemoteBackend:
 
     def cluster_status(self) -> dict[str, Any]:
         age = time.monotonic() - self._refreshed_s if self._refreshed_s else None
-        return {**self._status, "gateway": {"controller_connected": self.connected,
-                                            "table_age_s": round(age, 3) if age is not None
-                                            else None, "retries": self.retries}}
+        return {**self._status, "gateway": {
+            "controller_connected": self.connected,
+            "table_age_s": round(age, 3) if age is not None else None,
+            "retries": self.retries, "held": self.held}}
 
     def is_live(self) -> bool:
         return True
@@ -197,6 +199,8 @@ class RemoteBackend:
         deadline = time.monotonic() + timeout_s
         delays = RETRY.delays()
         last: FlashpointError | None = None
+        if self._client.connection is None:
+            self.held += 1  # the call below waits for the controller (within the deadline)
         for _ in range(MAX_ATTEMPTS):
             left = deadline - time.monotonic()
             if left <= 0:

@@ -1,6 +1,7 @@
 """KaaS through a stand-alone gateway, both halves without a network: the controller's
 ``gw_kaas_*`` / ``gw_object_*`` handlers over an in-process KaaS service, and what the
-gateway's ``RemoteKaas`` sends and retries. (tests/cluster/test_kaas.py runs them over RPC.)"""
+gateway's ``RemoteKaas`` sends and retries (tests/cluster/test_kaas.py runs them over RPC);
+and the gateway backend's count of calls held while no controller answers."""
 
 from __future__ import annotations
 
@@ -135,3 +136,23 @@ async def test_the_gateway_checks_the_graph_and_the_frame_bound() -> None:
     small = RemoteKaas(_Recorder({"kaas": {"max_buffer_bytes": 1024}}))  # type: ignore[arg-type]
     assert small.max_buffer_bytes == 1024
     assert await small.get_object("k") == b"d"
+
+
+async def test_a_call_with_no_controller_is_held_then_times_out() -> None:
+    import socket
+
+    from flashpoint.errors import DeadlineExceeded
+    from flashpoint.gateway.remote import RemoteBackend
+
+    with socket.socket() as sock:  # a port nothing listens on once this block ends
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    backend = RemoteBackend(f"ws://127.0.0.1:{port}/rpc", secret=b"s" * 32)
+    await backend.start()
+    try:
+        with pytest.raises(DeadlineExceeded):
+            await backend.call_retrying("gw_functions", {"v": V}, 0.3, lambda e: True)
+        status = backend.cluster_status()["gateway"]
+        assert status["held"] == 1 and status["controller_connected"] is False
+    finally:
+        await backend.stop()

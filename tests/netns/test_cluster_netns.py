@@ -370,7 +370,10 @@ async def test_clients_of_a_standalone_gateway_see_latency_not_errors_across_a_c
     assert before > 0 and any(t > killed_at + 1.0 for t in served), "no request served after"
     async with session.get(f"{c.gateway_url}/v1/status") as r:
         status = await r.json()
-    assert status["gateway"]["controller_connected"] and status["gateway"]["retries"] >= 1
+    gw = status["gateway"]
+    # The outage reached requests: in flight at the kill (re-sent) or arriving during it
+    # (held until the controller was back). Which of the two depends on the kill's timing.
+    assert gw["controller_connected"] and gw["retries"] + gw["held"] >= 1, gw
     print(f"\ncontroller killed under load through the gateway: {len(served)} requests served, "
-          f"{len(failures)} failed, {status['gateway']['retries']} re-sent by the gateway, "
+          f"{len(failures)} failed, {gw['retries']} re-sent and {gw['held']} held by the gateway, "
           f"max latency {max(latencies):.2f}s, p50 {sorted(latencies)[len(latencies) // 2]:.3f}s")
