@@ -82,6 +82,12 @@ def connection_lost(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectFailed, PeerLost))
 
 
+def never_reached(exc: BaseException) -> bool:
+    """The call cannot have reached the controller (no connection was made): safe to re-send
+    even what must not run twice."""
+    return isinstance(exc, ConnectFailed)
+
+
 class RemoteBackend:
     """``InvokeBackend`` over RPC to the controller at ``controller_url``."""
 
@@ -178,7 +184,7 @@ class RemoteBackend:
         # Not idempotent in its answer (a second delete is a 404): retried only if it never
         # reached the controller.
         await self.call_retrying("gw_delete", {"v": GATEWAY_RPC_VERSION, "name": name},
-                                 CALL_TIMEOUT_S, lambda e: isinstance(e, ConnectFailed))
+                                 CALL_TIMEOUT_S, never_reached)
         self._functions.pop(name, None)
 
     async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from flashpoint.errors import ConnectFailed, FlashpointError, PayloadTooLarge
+from flashpoint.errors import PayloadTooLarge
 from flashpoint.gateway.remote import (
     CALL_TIMEOUT_S,
     GATEWAY_RPC_VERSION,
     RemoteBackend,
     connection_lost,
+    never_reached,
 )
 from flashpoint.kaas.backend import KaasResult
 from flashpoint.kaas.graph import GraphPlan, plan_graph
@@ -70,7 +71,7 @@ class RemoteKaas:
                    "client": client, "request_id": request_id, "timeout_s": timeout}
         reply = await self._backend.call_retrying(
             "gw_kaas_invoke", payload, timeout,
-            _never_reached if stores else connection_lost, trace=request_id)
+            never_reached if stores else connection_lost, trace=request_id)
         return KaasResult.from_wire(reply["result"])
 
     async def fetch_status(self) -> dict[str, Any]:
@@ -91,7 +92,3 @@ class RemoteKaas:
             "gw_object_get", {"v": GATEWAY_RPC_VERSION, "key": key}, OBJECT_TIMEOUT_S,
             connection_lost)
         return bytes(reply["data"])
-
-
-def _never_reached(exc: FlashpointError) -> bool:
-    return isinstance(exc, ConnectFailed)
