@@ -34,7 +34,7 @@ from flashpoint.gateway.backend import FunctionInfo, InvokeResult
 from flashpoint.gateway.remote import GATEWAY_RPC_VERSION, result_to_wire
 from flashpoint.kaas.backend import KaasBackend
 from flashpoint.kaas.remote import FRAME_BUDGET_BYTES
-from flashpoint.kaas.spec import KaasRequest, check_key
+from flashpoint.kaas.spec import KaasRequest, check_key, check_object
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.spec import FunctionSpec
 from flashpoint.tensors import decode_tensors
@@ -148,12 +148,8 @@ class GatewayService:
 
     async def _object_put(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         kaas = self._kaas_backend(payload)
-        key, data = check_key(payload.get("key")), payload.get("data")
-        if not isinstance(data, bytes) or not data:
-            raise BadRequest("an object needs at least one byte")
-        if len(data) > kaas.max_buffer_bytes:
-            raise PayloadTooLarge(f"objects are at most {kaas.max_buffer_bytes} bytes")
-        await kaas.put_object(key, data)
+        key = check_key(payload.get("key"))
+        await kaas.put_object(key, check_object(payload.get("data"), kaas.max_buffer_bytes))
         return {"v": GATEWAY_RPC_VERSION}
 
     async def _object_get(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:

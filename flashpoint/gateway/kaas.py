@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from flashpoint.errors import BadRequest, PayloadTooLarge
+from flashpoint.errors import BadRequest
 from flashpoint.gateway.admission import effective_timeout_s
 from flashpoint.gateway.auth import Role
 from flashpoint.gateway.body import read_body
@@ -47,7 +47,7 @@ from flashpoint.gateway.context import (
     request_id,
 )
 from flashpoint.kaas.backend import KaasBackend
-from flashpoint.kaas.spec import DTYPE_BYTES, KaasRequest, check_key
+from flashpoint.kaas.spec import DTYPE_BYTES, KaasRequest, check_key, check_object
 
 _LABEL_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _EXTRA_KEYS = ("client", "timeout_s", "output_encoding")
@@ -159,11 +159,8 @@ class KaasRoutes:
     async def put_object(self, request: web.Request) -> web.Response:
         self.ctx.require(request, Role.INVOKE)
         key = check_key(request.match_info["key"])
-        data = await read_body(request, self.ctx.config)
-        if len(data) > self.kaas.max_buffer_bytes:
-            raise PayloadTooLarge(f"objects are at most {self.kaas.max_buffer_bytes} bytes")
-        if not data:
-            raise BadRequest("an object needs at least one byte")
+        data = check_object(await read_body(request, self.ctx.config),
+                            self.kaas.max_buffer_bytes)
         await self.kaas.put_object(key, data)
         return json_response({"key": key, "size_bytes": len(data)}, status=201)
 

@@ -68,6 +68,15 @@ def check_key(key: Any) -> str:
     return key
 
 
+def check_object(data: Any, max_bytes: int) -> bytes:
+    """An object's bytes as a writer sent them: 1 to ``max_bytes`` bytes."""
+    if not isinstance(data, bytes) or not data:
+        raise BadRequest("an object needs at least one byte")
+    if len(data) > max_bytes:
+        raise PayloadTooLarge(f"objects are at most {max_bytes} bytes")
+    return data
+
+
 def _name(value: Any, what: str) -> str:
     if not isinstance(value, str) or not NAME_RE.match(value):
         raise InvalidKernelGraph(f"{what} {str(value)[:64]!r} must be 1-128 characters of "
