@@ -147,6 +147,9 @@ class HostConfig:
     heartbeat_interval_s: float = 1.0
     warm_pool_size: int = 2  # pre-started worker processes with torch imported
     torch_threads: int = 1  # intra-op threads per CPU worker
+    # Idle warm-pool workers import transformers too (~2 s of CPU each), so a Hugging Face
+    # model's cold start pays for bytes, not imports. Off: its first cold start imports it.
+    preload_transformers: bool = True
     worker_start_timeout_s: float = 60.0
     # Data plane (model bytes between hosts): where this host's chain/peer server listens, and
     # the address peers should dial (empty = the listen address).

@@ -10,6 +10,10 @@ as ``{"code", "message", "details"}`` and are rebuilt as the same class on the o
     │   ├── InvalidName                 invalid_name, 400
     │   ├── PayloadTooLarge             too_large, 413
     │   ├── InvalidGeometry             invalid_geometry, 400 (a MIG geometry that cannot exist)
+    │   ├── InvalidInput                invalid_input, 400 (a value the model cannot take: a token
+    │   │                               id past the vocabulary, undecodable text or image)
+    │   ├── InputTooLong                input_too_long, 400 (past the model's positions)
+    │   ├── UnsupportedModel            unsupported_model, 400 (a push that cannot be served)
     │   ├── InvalidKernelGraph          invalid_kernel_graph, 400 (a KaaS request that cannot run)
     │   │   ├── UnknownKernel           unknown_kernel, 400 (not in the kernel library)
     │   │   ├── UndefinedBuffer         undefined_buffer, 400 (a kernel names an undeclared buffer)
@@ -95,6 +99,26 @@ class InvalidGeometry(BadRequest):
     """A MIG geometry that cannot exist on a GPU; ``details["reason"]`` says why."""
 
     code = "invalid_geometry"
+
+
+class InvalidInput(BadRequest):
+    """An input the model cannot take (its value, not its shape): a token id past the
+    vocabulary, text that is not UTF-8, bytes that are no image."""
+
+    code = "invalid_input"
+
+
+class InputTooLong(BadRequest):
+    """A sequence longer than the model's positions, with no truncation asked."""
+
+    code = "input_too_long"
+
+
+class UnsupportedModel(BadRequest):
+    """A model source that cannot be published: a missing or inconsistent file, an
+    architecture not served, code nobody trusted; the message names the file."""
+
+    code = "unsupported_model"
 
 
 class Unauthorized(FlashpointError):

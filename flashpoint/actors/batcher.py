@@ -1,8 +1,10 @@
 """Dynamic batching inside a worker: gather requests up to a row limit or a wait limit.
 
 Requests are concatenated along their first (batch) dimension when their inputs agree in
-names, dtypes and trailing shapes; a request that does not fit the current batch waits for
-the next one. Strict requests go before best-effort ones (FIFO within each class).
+names, dtypes and trailing shapes (inputs in ``pad_values``, such as token ids, may differ
+in length along their second axis: they are padded to the batch's longest with that
+value); a request that does not fit the current batch waits for the next one. Strict
+requests go before best-effort ones (FIFO within each class).
 The model runs on one dedicated thread so the event loop stays responsive.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -34,15 +36,40 @@ class _Item:
     enqueued_s: float = field(default_factory=time.perf_counter)
 
 
-def _signature(inputs: dict[str, np.ndarray]) -> tuple:
-    return tuple(sorted((k, v.dtype.str, v.shape[1:]) for k, v in inputs.items()))
+def _signature(inputs: dict[str, np.ndarray], padded: Mapping[str, int]) -> tuple:
+    if not padded:
+        return tuple(sorted((k, v.dtype.str, v.shape[1:]) for k, v in inputs.items()))
+    return tuple(sorted((k, v.dtype.str, v.shape[2:] if k in padded else v.shape[1:], v.ndim)
+                        for k, v in inputs.items()))
+
+
+def _merge(items: list[_Item], padded: Mapping[str, int]) -> dict[str, np.ndarray]:
+    """One batch of several requests' inputs, padded along axis 1 where ``padded`` says."""
+    out: dict[str, np.ndarray] = {}
+    for k in items[0].inputs:
+        parts = [b.inputs[k] for b in items]
+        value = padded.get(k)
+        if value is None or parts[0].ndim < 2:
+            out[k] = np.concatenate(parts)
+            continue
+        length = max(p.shape[1] for p in parts)
+        rows = sum(p.shape[0] for p in parts)
+        merged = np.full((rows, length, *parts[0].shape[2:]), value, dtype=parts[0].dtype)
+        r = 0
+        for p in parts:
+            merged[r:r + p.shape[0], :p.shape[1]] = p
+            r += p.shape[0]
+        out[k] = merged
+    return out
 
 
 class Batcher:
     """Runs ``run_batch`` over batches of queued requests."""
 
-    def __init__(self, run_batch: RunBatch, max_batch_size: int, max_wait_s: float) -> None:
+    def __init__(self, run_batch: RunBatch, max_batch_size: int, max_wait_s: float,
+                 *, pad_values: Mapping[str, int] | None = None) -> None:
         self._run = run_batch
+        self._pad = dict(pad_values or {})
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         # (class, sequence, item): strict before best-effort, FIFO within a class. A request
@@ -107,7 +134,8 @@ class Batcher:
                  best_effort: bool) -> asyncio.Future:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._seq += 1
-        item = _Item(inputs, rows, _signature(inputs), fut, (int(best_effort), self._seq))
+        item = _Item(inputs, rows, _signature(inputs, self._pad), fut,
+                     (int(best_effort), self._seq))
         self._queue.put_nowait((*item.order, item))
         return fut
 
@@ -180,10 +208,7 @@ class Batcher:
                 batch.append(nxt)
                 rows += nxt.rows
             started = time.perf_counter()
-            merged = (
-                batch[0].inputs if len(batch) == 1
-                else {k: np.concatenate([b.inputs[k] for b in batch]) for k in first.inputs}
-            )
+            merged = batch[0].inputs if len(batch) == 1 else _merge(batch, self._pad)
             try:
                 if self._ewma_run_s < INLINE_BELOW_S:
                     outputs, run_s = self._timed_run(merged)

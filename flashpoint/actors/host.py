@@ -35,7 +35,7 @@ from flashpoint import heap
 from flashpoint.actors.host_gpu import HostGpu
 from flashpoint.actors.replica_metrics import replica_collectors
 from flashpoint.actors.stage_hold import StageHolds
-from flashpoint.config import ClusterConfig, check_secret
+from flashpoint.config import ClusterConfig, HostConfig, check_secret
 from flashpoint.errors import BadRequest, FlashpointError, ModelNotFound, NoCapacity, NotFound
 from flashpoint.exposition import MetricsEndpoint
 from flashpoint.gpu.host_sharing import GpuShare
@@ -744,6 +744,7 @@ class HostManager:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "flashpoint.actors.worker", "--host-url", self._local_url,
             "--worker-id", worker_id, "--torch-threads", str(self.hc.torch_threads),
+            *(["--preload-transformers"] if _preload(self.hc) else []),
             env=env, stdin=asyncio.subprocess.DEVNULL,
         )
         w = WorkerProcess(worker_id, proc, asyncio.get_running_loop().create_future())
@@ -799,3 +800,10 @@ class HostManager:
             with contextlib.suppress(ProcessLookupError):
                 w.proc.kill()  # by PID, through the process handle we started
             await w.proc.wait()
+
+
+def _preload(hc: HostConfig) -> bool:
+    """Whether idle workers import transformers: the config, unless the environment says
+    ``FLASHPOINT_PRELOAD_TRANSFORMERS=0`` (the test suite does: its clusters start hundreds
+    of workers, few of which serve a Hugging Face model)."""
+    return hc.preload_transformers and os.environ.get("FLASHPOINT_PRELOAD_TRANSFORMERS") != "0"

@@ -43,12 +43,12 @@ from typing import Any
 
 import numpy as np
 
-from flashpoint.errors import BadRequest, FlashpointError, Unavailable
+from flashpoint.errors import BadRequest, FlashpointError, InvalidInput, Unavailable
 from flashpoint.gpu.worker_env import apply_env
 from flashpoint.log import bind_ids, configure, get_logger
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.spec import FunctionSpec
-from flashpoint.tensors import DECODED_DTYPE, decode_tensors, encode_tensors
+from flashpoint.tensors import decode_tensors, encode_tensors
 
 log = get_logger("flashpoint.worker")
 
@@ -65,20 +65,17 @@ class LoadedReplica:
     mapping: mmap.mmap
     manifest: Any = None  # the model's Manifest (a stage builds the whole module from it)
     stage: Any = None  # [first, last] while this is a partition stage; None once whole
-
-
-def _example_inputs(io_inputs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-    out = {}
-    for t in io_inputs:
-        shape = [1] + [8 if s < 0 else s for s in t["shape"][1:]]
-        out[t["name"]] = np.zeros(shape, dtype=DECODED_DTYPE[t["datatype"]])
-    return out
+    # How requests become module inputs and outputs answers (models/serving); None for a stage.
+    served: Any = None
+    request_inputs: tuple[str, ...] = ()  # what a request must carry (the manifest's io)
 
 
 class Worker:
     """The worker process's actor."""
 
-    def __init__(self, worker_id: str, host_url: str, secret: bytes, torch_threads: int) -> None:
+    def __init__(self, worker_id: str, host_url: str, secret: bytes, torch_threads: int,
+                 *, preload_transformers: bool = False) -> None:
+        self.preload_transformers = preload_transformers
         self.worker_id = worker_id
         self.host_url = host_url
         self.secret = secret
@@ -106,6 +103,8 @@ class Worker:
         # them, seconds of imports); do it once per built-in model while the worker is idle.
         for name in zoo.MODELS:
             zoo.build_empty(name, zoo.resolve_config(name, "tiny"))
+        if self.preload_transformers:
+            await asyncio.to_thread(_preload_transformers)
         from flashpoint import heap
 
         heap.settle()  # torch and the model code out of the collector's scans
@@ -177,7 +176,9 @@ class Worker:
         from flashpoint.actors.batcher import Batcher
         from flashpoint.rpc import ReconnectingClient
 
-        self.batcher = Batcher(self._run_batch, spec.max_batch_size, spec.batch_wait_ms / 1000.0)
+        served = self.replica.served if self.replica is not None else None
+        self.batcher = Batcher(self._run_batch, spec.max_batch_size, spec.batch_wait_ms / 1000.0,
+                               pad_values=served.pad_values if served is not None else None)
         self.batcher.start()
         self._controller = ReconnectingClient(
             self._controller_url, {"infer": self._infer, "infer_many": self._infer_many,
@@ -307,12 +308,9 @@ class Worker:
             module = module.to(rep.device)
             torch.cuda.synchronize(rep.device)
         t2 = time.perf_counter()
-        io = rep.manifest.io.to_dict()
-        whole = LoadedReplica(rep.replica_id, rep.spec, module, rep.device,
-                              [t["name"] for t in io.get("inputs", [])],
-                              [t["name"] for t in io.get("outputs", [])], rep.mapping,
-                              rep.manifest, None)
-        self._run_batch(_example_inputs(io.get("inputs", [])), whole)
+        whole = _whole_replica(rep.replica_id, rep.spec, module, rep.device, rep.mapping,
+                               rep.manifest)
+        self._warm_up(whole)
         return whole, {"complete_load": t1 - t0, "complete_to_device": t2 - t1,
                        "complete_first_inference": time.perf_counter() - t2}
 
@@ -380,9 +378,6 @@ class Worker:
         if device.startswith("cuda"):
             torch.cuda.synchronize(device)
         t2 = time.perf_counter()
-        io = manifest.io.to_dict()
-        inputs = [t["name"] for t in io.get("inputs", [])]
-        outputs = [t["name"] for t in io.get("outputs", [])]
         if stage is not None:
             # A stage's input is the previous stage's activation; there is no example of it
             # here, so it is warmed by its first real request instead.
@@ -390,9 +385,9 @@ class Worker:
                                          ["activation"], ["activation"], mapping, manifest,
                                          list(stage))
             return {"load": t1 - t0, "to_device": t2 - t1, "first_inference": 0.0}
-        self.replica = LoadedReplica(payload["replica_id"], spec, module, device, inputs, outputs,
-                                     mapping, manifest)
-        self._run_batch(_example_inputs(io.get("inputs", [])))
+        self.replica = _whole_replica(payload["replica_id"], spec, module, device, mapping,
+                                      manifest)
+        self._warm_up(self.replica)
         t3 = time.perf_counter()
         if self.weights_role:
             log.info("weights_shared", role=self.weights_role)
@@ -410,6 +405,11 @@ class Worker:
             float(slot.get("timeout_s", 60.0)),
             lambda: load_module(manifest, memoryview(mapping), device=device))
         return module, role.name.lower()
+
+    def _warm_up(self, rep: LoadedReplica) -> None:
+        """The replica's first inference, on its serving task's own valid request."""
+        served = rep.served
+        self._run_batch(served.prepare(served.warmup_request()), rep)
 
     def _run_batch(self, inputs: dict[str, np.ndarray],
                    rep: LoadedReplica | None = None) -> dict[str, np.ndarray]:
@@ -434,16 +434,28 @@ class Worker:
         if self.replica is None or self.batcher is None:
             raise Unavailable("replica not loaded", retry_after_s=0.1)
         inputs = decode_tensors(payload.get("inputs"))
-        missing = set(self.replica.input_names) - set(inputs)
+        missing = set(self.replica.request_inputs) - set(inputs)
         if missing:
             raise BadRequest(f"missing inputs: {sorted(missing)}")
-        return inputs, payload.get("class") == RequestClass.BEST_EFFORT
+        try:
+            prepared = self.replica.served.prepare(inputs)
+        except FlashpointError:
+            raise
+        except Exception as exc:  # the tokenizer or decoder raised on this request's values
+            raise InvalidInput(f"inputs could not be prepared: {type(exc).__name__}: "
+                               f"{exc}"[:500]) from None
+        return prepared, payload.get("class") == RequestClass.BEST_EFFORT
 
     async def _infer(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         inputs, best_effort = self._request(payload)
         assert self.batcher is not None
         outputs, timings = await self.batcher.submit(inputs, best_effort=best_effort)
-        return {"outputs": encode_tensors(outputs), "timings_s": timings}
+        return {"outputs": encode_tensors(self._finish(outputs)), "timings_s": timings}
+
+    def _finish(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One request's module outputs as its answer (the serving task's ``finish``)."""
+        served = self.replica.served if self.replica is not None else None
+        return served.finish(outputs) if served is not None else outputs
 
     async def _infer_many(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         """Several requests in one frame; each gets its outputs or its own error.
@@ -470,7 +482,8 @@ class Worker:
                     continue
                 try:
                     outputs, timings = await w
-                    replies.append({"outputs": encode_tensors(outputs), "timings_s": timings})
+                    replies.append({"outputs": encode_tensors(self._finish(outputs)),
+                                    "timings_s": timings})
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -497,6 +510,32 @@ class Worker:
                 "batches": self.batcher.batches_run if self.batcher else 0}
 
 
+def _preload_transformers() -> None:
+    """Import what a Hugging Face model's cold start needs (tokenizers, the common model
+    families), so that it is not paid by the first request; absent transformers, nothing."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a worker never downloads
+    try:
+        import transformers
+        from transformers import AutoTokenizer  # noqa: F401
+    except ImportError:
+        return
+    for cls in ("BertForSequenceClassification", "RobertaForSequenceClassification",
+                "DistilBertForSequenceClassification", "ViTForImageClassification"):
+        getattr(transformers, cls, None)  # lazy modules: attribute access imports them
+
+
+def _whole_replica(replica_id: str, spec: FunctionSpec, module: Any, device: str,
+                   mapping: mmap.mmap, manifest: Any) -> LoadedReplica:
+    """A whole replica with its serving task, built from the files its model carries."""
+    from flashpoint.models import serving
+    from flashpoint.models.publish import read_files
+
+    served = serving.for_manifest(manifest, read_files(manifest, memoryview(mapping)))
+    return LoadedReplica(replica_id, spec, module, device, list(served.module_inputs),
+                         list(served.module_outputs), mapping, manifest, None, served,
+                         tuple(t.name for t in manifest.io.inputs))
+
+
 def _error_reply(exc: Exception) -> dict[str, Any]:
     """One request's failure inside an infer_many reply, in wire form."""
     if isinstance(exc, FlashpointError):
@@ -509,11 +548,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-url", required=True)
     parser.add_argument("--worker-id", required=True)
     parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--preload-transformers", action="store_true")
     args = parser.parse_args(argv)
     configure(os.environ.get("FLASHPOINT_WORKER_LOG_LEVEL", "WARNING"))
     secret = os.environ.get("FLASHPOINT_SECRET", "").encode()
     bind_ids(worker_id=args.worker_id)
-    worker = Worker(args.worker_id, args.host_url, secret, args.torch_threads)
+    worker = Worker(args.worker_id, args.host_url, secret, args.torch_threads,
+                    preload_transformers=args.preload_transformers)
     try:
         import uvloop
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from flashpoint.errors import BadRequest
+from flashpoint.errors import BadRequest, PayloadTooLarge
 from flashpoint.gateway import oip
 from flashpoint.gateway.admission import effective_timeout_s
 from flashpoint.gateway.auth import Role
@@ -37,7 +37,10 @@ from flashpoint.gateway.context import (
 from flashpoint.gateway.kaas import decode_store_outputs, store_outputs
 from flashpoint.spec import FunctionSpec
 
-_INVOKE_KEYS = frozenset(("inputs", "timeout_s", "store_outputs", "request_class"))
+_INVOKE_KEYS = frozenset(("inputs", "text", "image", "timeout_s", "store_outputs",
+                          "request_class"))
+_CONVENIENCE_KEYS = ("text", "image")  # {"text": ...} / {"image": base64}: one BYTES input
+MAX_CONVENIENCE_ITEMS = 1024
 _TENSOR_KEYS = frozenset(("data", "shape", "datatype"))
 
 
@@ -56,6 +59,12 @@ def decode_native_inputs(body: Any, limits: oip.CodecLimits) -> tuple[dict[str, 
         or not 0 < timeout_s <= 86400
     ):
         raise BadRequest("timeout_s must be a number in (0, 86400]")
+    given = [k for k in ("inputs", *_CONVENIENCE_KEYS) if k in body]
+    if len(given) != 1:
+        raise BadRequest("give exactly one of 'inputs' (tensors), 'text' or 'image'")
+    if given[0] != "inputs":
+        return ({given[0]: _convenience(given[0], body[given[0]], limits)},
+                float(timeout_s) if timeout_s is not None else None)
     raw = body.get("inputs")
     if not isinstance(raw, dict) or not raw:
         raise BadRequest("'inputs' must be a non-empty object of name -> tensor")
@@ -74,6 +83,31 @@ def decode_native_inputs(body: Any, limits: oip.CodecLimits) -> tuple[dict[str, 
         shape = oip.check_shape(name, t.get("shape"), limits)
         inputs[name] = oip.tensor_from_json(name, datatype, shape, t["data"], limits, budget)
     return inputs, (float(timeout_s) if timeout_s is not None else None)
+
+
+def _convenience(key: str, value: Any, limits: oip.CodecLimits) -> np.ndarray:
+    """``"text": str | [str]`` (UTF-8) or ``"image": base64 | [base64]`` as the model's
+    one ``BYTES [n]`` input of that name."""
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(v, str) for v in items):
+        raise BadRequest(f"'{key}' must be a string or a non-empty list of strings")
+    if len(items) > MAX_CONVENIENCE_ITEMS:
+        raise BadRequest(f"'{key}': at most {MAX_CONVENIENCE_ITEMS} items")
+    out = np.empty(len(items), dtype=object)
+    total = 0
+    for i, v in enumerate(items):
+        if key == "text":
+            b = v.encode("utf-8", "surrogatepass")
+        else:
+            try:
+                b = base64.b64decode(v, validate=True)
+            except (ValueError, TypeError):
+                raise BadRequest(f"'image' item {i} is not base64") from None
+        total += len(b)
+        if total > limits.max_tensor_bytes:
+            raise PayloadTooLarge(f"'{key}' is over {limits.max_tensor_bytes} bytes")
+        out[i] = b
+    return out
 
 
 def encode_native_outputs(outputs: dict[str, np.ndarray],

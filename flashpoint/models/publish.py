@@ -12,12 +12,13 @@ stand-in for ``.to(device)``) while the module is being built, then views that c
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
 import mmap
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,16 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from flashpoint.errors import BadRequest, RegistryError
+from flashpoint.errors import BadRequest, IntegrityError, RegistryError
 from flashpoint.ids import validate_name, validate_version
 from flashpoint.models import zoo
 from flashpoint.registry.format import LayerTensors, build_blob, from_state_dict, tensor_views
 from flashpoint.registry.local import TMP_DIR, LocalStore
 from flashpoint.registry.manifest import (
     DEFAULT_CHUNK_SIZE,
+    FILE_TENSOR_PREFIX,
     BlobLayout,
+    FileInfo,
     IoSignature,
     Manifest,
     layer_range,
@@ -43,26 +46,73 @@ from flashpoint.registry.store import ModelStore
 
 Profiler = Callable[[nn.Module, BlobLayout], Mapping[str, Mapping[str, float]]]
 """Per-layer profiles of a module whose blob has the given layout (see ``profile.py``)."""
+LayerPlan = Callable[[nn.Module], tuple[Sequence[str] | None, Callable[[str], str] | None]]
+"""A built module's layers in execution order and the function naming a tensor's layer."""
 
 
-def module_layers(module: nn.Module) -> LayerTensors:
-    """A module's state dict grouped by layer, for :func:`build_blob`.
+def nonpersistent_buffers(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Buffers a module registered with ``persistent=False``: not in its state dict, yet
+    needed to run it (Hugging Face's ``position_ids``, say). They travel in the blob too:
+    a module built on ``meta`` would otherwise have no values for them."""
+    persistent = module.state_dict(keep_vars=True).keys()
+    return {n: b for n, b in module.named_buffers() if n not in persistent and b is not None}
 
-    Layers are ``module.layer_names()`` when it has one, else its top-level children.
+
+def module_layers(
+    module: nn.Module,
+    layer_order: Sequence[str] | None = None,
+    layer_of: Callable[[str], str] | None = None,
+    files: Mapping[str, bytes] | None = None,
+) -> LayerTensors:
+    """A module's state dict and non-persistent buffers grouped by layer, for
+    :func:`build_blob`; ``files`` become ``U8`` tensors at the front of the first layer.
+
+    Layers are ``layer_order`` (tensors mapped by ``layer_of``, default: longest module-path
+    prefix), else ``module.layer_names()`` when it has one, else its top-level children.
     """
-    if hasattr(module, "layer_names"):
+    if layer_order is not None:
+        names = list(layer_order)
+    elif hasattr(module, "layer_names"):
         names = list(module.layer_names())
     else:
         names = [n for n, _ in module.named_children()]
-    return from_state_dict(module.state_dict(), names)
+    tensors = {**module.state_dict(), **nonpersistent_buffers(module)}
+    layers = from_state_dict(tensors, names, layer_of=layer_of)
+    if files:
+        first_name, first = layers[0]
+        carried = [(file_tensor_name(p), torch.frombuffer(bytearray(b), dtype=torch.uint8)
+                    if b else torch.empty(0, dtype=torch.uint8)) for p, b in files.items()]
+        layers[0] = (first_name, [*carried, *first])
+    return layers
+
+
+def file_tensor_name(path: str) -> str:
+    return FILE_TENSOR_PREFIX + path
 
 
 def write_module_blob(
-    module: nn.Module, path: str | Path, *, chunk_size: int = DEFAULT_CHUNK_SIZE
+    module: nn.Module, path: str | Path, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
+    layer_order: Sequence[str] | None = None, layer_of: Callable[[str], str] | None = None,
+    files: Mapping[str, bytes] | None = None,
 ) -> BlobLayout:
-    """Stream a module's weights, in layer order, into a blob file."""
-    _, layout = build_blob(module_layers(module), chunk_size=chunk_size, path=path)
+    """Stream a module's weights (and carried files), in layer order, into a blob file."""
+    _, layout = build_blob(module_layers(module, layer_order, layer_of, files),
+                           chunk_size=chunk_size, path=path)
     return layout
+
+
+def read_files(manifest: Manifest, buffer: Any, *, buffer_offset: int = 0) -> dict[str, bytes]:
+    """The files a model version carries, read out of its blob bytes and checked against
+    their sha256 (IntegrityError on a mismatch)."""
+    out: dict[str, bytes] = {}
+    views = tensor_views(manifest, buffer, buffer_offset=buffer_offset,
+                         names=[f.tensor for f in manifest.files.values()])
+    for path, info in manifest.files.items():
+        data = views[info.tensor].numpy().tobytes()
+        if hashlib.sha256(data).hexdigest() != info.sha256:
+            raise IntegrityError(f"{manifest.name}:{manifest.version} file {path!r}: sha256 mismatch")
+        out[path] = data
+    return out
 
 
 def _staging_dir(store: ModelStore, tmp_dir: str | Path | None) -> Path | None:
@@ -88,35 +138,59 @@ async def publish_module(
     profiles: Mapping[str, Mapping[str, float]] | None = None,
     tmp_dir: str | Path | None = None,
     profiler: Profiler | None = None,
+    files: Mapping[str, bytes] | None = None,
+    layer_plan: LayerPlan | None = None,
+    task: str = "tensor",
+    source_format: str = "zoo",
+    trusted_code: bool = False,
+    verify: Callable[[Manifest, Path], object] | None = None,
+    on_put: Callable[[int, int], None] | None = None,
 ) -> Manifest:
     """Build a module (in a thread), write its blob to a temp file and put it in ``store``.
 
     ``build`` is called off the event loop and its module dropped once the blob is written
     (and, with a ``profiler``, profiled: ``profiler(module, layout)`` runs in the same
     thread and its per-layer profiles go into the manifest before it is put; a key also
-    given in ``profiles`` keeps the given value).
+    given in ``profiles`` keeps the given value). ``files`` (path -> bytes) travel in the
+    blob; ``layer_plan(module)`` gives its layers (default: ``module_layers``' rule);
+    ``task``, ``source_format`` and ``trusted_code`` go into the manifest as given.
+    ``verify(manifest, blob_path)`` runs in a thread before the put: what it raises stops
+    the publish with nothing uploaded.
     """
     validate_name(name, "model name")
     validate_version(version)
 
-    def write(path: Path) -> tuple[BlobLayout, Mapping[str, Mapping[str, float]] | None]:
+    def write(path: Path) -> tuple[BlobLayout, Mapping[str, Mapping[str, float]] | None,
+                                   list[str]]:
         module = build()
-        layout = write_module_blob(module, path, chunk_size=chunk_size)
-        return layout, (profiler(module, layout) if profiler is not None else None)
+        buffers = list(nonpersistent_buffers(module))
+        order, layer_of = layer_plan(module) if layer_plan is not None else (None, None)
+        layout = write_module_blob(module, path, chunk_size=chunk_size, layer_order=order,
+                                   layer_of=layer_of, files=files)
+        return layout, (profiler(module, layout) if profiler is not None else None), buffers
 
     staging = _staging_dir(store, tmp_dir)
     with tempfile.TemporaryDirectory(prefix="publish-", dir=staging) as td:
         path = Path(td) / "weights.safetensors"
-        layout, measured = await asyncio.to_thread(write, path)
+        layout, measured, buffers = await asyncio.to_thread(write, path)
         if measured is not None:
             given = profiles or {}
             profiles = {n: {**measured.get(n, {}), **given.get(n, {})}
                         for n in {*measured, *given}}
+        carried = {p: FileInfo(file_tensor_name(p), hashlib.sha256(b).hexdigest(), len(b))
+                   for p, b in (files or {}).items()}
         manifest = make_manifest(
             name=name, version=version, layout=layout, entry_point=entry_point,
-            config=config, io=io, profiles=profiles,
+            config=config, io=io, profiles=profiles, files=carried, buffers=buffers,
+            task=task, source_format=source_format, trusted_code=trusted_code,
         )
+        if verify is not None:
+            await asyncio.to_thread(verify, manifest, path)
+        if on_put is not None:
+            on_put(0, manifest.blob_size)
         await store.put(manifest, path)
+        if on_put is not None:
+            on_put(manifest.blob_size, manifest.blob_size)
     return manifest
 
 
@@ -141,39 +215,42 @@ async def publish(
     (``bert-tiny``) and ``name`` for a config dict. With ``profile=True`` every layer's
     ``bytes``, ``exec_time_s`` and ``output_bytes`` are measured on ``profile_device`` for
     a batch of ``profile_batch`` example inputs
-    (:func:`~flashpoint.models.profile.profile_layers`) and written into the manifest
-    before it is published; without it, publishing runs no model code at all.
+    (:func:`~flashpoint.models.profile.profile_layers`) and written into the manifest.
+    The built-in models are one format of :func:`~flashpoint.models.sources.publish_source`.
     """
-    model = zoo.get(name)
-    config = model.resolve(preset)
+    from flashpoint.models.sources import PushOptions, publish_source
+
+    zoo.get(name)
     if model_name is None:
         model_name = f"{name}-{preset}" if isinstance(preset, str) else name
-    profiler = _zoo_profiler(name, config, profile_device, profile_batch) if profile else None
-    return await publish_module(
-        store,
-        lambda: model.build_from_config(config, seed=seed),
-        name=model_name, version=version, entry_point=model.entry_point, config=config,
-        io=zoo.io_signature(name, config), chunk_size=chunk_size, profiles=profiles,
-        tmp_dir=tmp_dir, profiler=profiler,
-    )
+    options = PushOptions(
+        preset=preset if isinstance(preset, str) else "tiny",
+        extra=dict(preset) if not isinstance(preset, str) else {}, seed=seed, profile=profile,
+        profile_device=profile_device, profile_batch=profile_batch, profiles=profiles or {})
+    return await publish_source(store, model_name, name, version=version, fmt="zoo",
+                                options=options, chunk_size=chunk_size, tmp_dir=tmp_dir)
 
 
-def _zoo_profiler(name: str, config: Mapping[str, Any], device: str, batch: int) -> Profiler:
-    from flashpoint.models.profile import profile_layers
-
-    inputs = zoo.example_inputs(name, config, batch=batch)
-
-    def run(module: nn.Module, layout: BlobLayout) -> dict[str, dict[str, float]]:
-        return profile_layers(module, inputs, device, layout=layout)
-
-    return run
+BUILTIN_ENTRY_POINTS = frozenset({
+    "flashpoint.models.bert:build_empty",
+    "flashpoint.models.resnet:build_empty",
+    "flashpoint.models.noop:build_empty",
+    "flashpoint.models.hf:build_empty",
+})
+"""The only builders a worker calls: code that ships with Flashpoint. A manifest is data
+from the registry; naming any importable callable in it (``os:system``) must not run it.
+User code runs only from a bundle an admin trusted (its own loader is listed here)."""
 
 
 def resolve_entry_point(entry_point: str) -> Callable[[Mapping[str, Any]], nn.Module]:
-    """Import ``"package.module:function"``; RegistryError when it cannot be found."""
+    """Import ``"package.module:function"``, a built-in builder only; RegistryError when it
+    is not one or cannot be found."""
     module_name, _, attr = entry_point.partition(":")
     if not module_name or not attr:
         raise BadRequest(f"entry point {entry_point!r} must look like 'module:function'")
+    if entry_point not in BUILTIN_ENTRY_POINTS:
+        raise RegistryError(f"entry point {entry_point!r} is not a built-in model builder; "
+                            "refusing to run it")
     try:
         fn = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
@@ -188,6 +265,28 @@ def _empty_module(manifest: Manifest) -> nn.Module:
     if not isinstance(module, nn.Module):
         raise RegistryError(f"entry point {manifest.entry_point!r} returned no nn.Module")
     return module
+
+
+def _bind(module: nn.Module, views: Mapping[str, torch.Tensor], buffers: Sequence[str],
+          what: str) -> None:
+    """Assign the state dict's tensors and the carried non-persistent buffers."""
+    carried = set(buffers)
+    state = {n: t for n, t in views.items() if n not in carried}
+    try:
+        module.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        raise RegistryError(f"blob does not fit {what}: {e}") from e
+    for name in buffers:
+        if name not in views:
+            continue
+        owner_path, _, attr = name.rpartition(".")
+        try:
+            owner = module.get_submodule(owner_path)
+        except AttributeError as e:
+            raise RegistryError(f"carried buffer {name!r} has no module in {what}") from e
+        if attr not in owner._buffers:
+            raise RegistryError(f"carried buffer {name!r} is not a buffer of {what}")
+        owner._buffers[attr] = views[name]
 
 
 def _finish(module: nn.Module, device: str | torch.device) -> nn.Module:
@@ -272,11 +371,9 @@ def load_module(
     try:  # with a bulk copy, the module is built and bound while the bytes are copied
         with _SkipMetaInit():  # its initial values are replaced by the blob's anyway
             module = _empty_module(manifest)
-        views = tensor_views(manifest, bulk.view if bulk else buffer, buffer_offset=buffer_offset)
-        try:
-            module.load_state_dict(views, strict=True, assign=True)
-        except RuntimeError as e:
-            raise RegistryError(f"blob does not fit {manifest.entry_point}: {e}") from e
+        views = tensor_views(manifest, bulk.view if bulk else buffer, buffer_offset=buffer_offset,
+                             names=[*manifest.module_tensors(), *manifest.buffers])
+        _bind(module, views, manifest.buffers, manifest.entry_point)
     finally:
         if bulk is not None:
             bulk.join()  # never leave a copy running behind a raised error
@@ -366,16 +463,15 @@ def load_stage(
     stage = stage_skeleton(manifest, first, last) if skeleton is None else skeleton
     if len(stage) != len(layers):
         raise BadRequest(f"skeleton has {len(stage)} layers, the stage {len(layers)}")
+    files = {f.tensor for f in manifest.files.values()}
     views = tensor_views(
         manifest, buffer, buffer_offset=buffer_offset,
-        names=tensors_for_layers(manifest, i, j),
+        names=[n for n in tensors_for_layers(manifest, i, j) if n not in files],
     )
     for layer, sub in zip(layers, stage, strict=True):
         prefix = layer.name + "."
-        sub_state = {n[len(prefix):]: views[n] for n in layer.tensors}
-        try:
-            sub.load_state_dict(sub_state, strict=True, assign=True)
-        except RuntimeError as e:
-            raise RegistryError(f"layer {layer.name!r} does not fit the blob: {e}") from e
+        sub_state = {n[len(prefix):]: views[n] for n in layer.tensors if n not in files}
+        sub_buffers = [n[len(prefix):] for n in manifest.buffers if n in layer.tensors]
+        _bind(sub, sub_state, sub_buffers, f"layer {layer.name!r}")
     _finish(stage, device)
     return stage

@@ -133,10 +133,31 @@ class BlobLayout:
     layers: tuple[LayerInfo, ...]
 
 
+@dataclass(frozen=True)
+class FileInfo:
+    """A file of the model version (tokenizer, config, handler code...) carried in the blob
+    as one ``U8`` tensor, so it travels and is verified with the weights; ``sha256`` and
+    ``size`` are the file's own, checked again when a worker reads it out."""
+
+    tensor: str
+    sha256: str
+    size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tensor": self.tensor, "sha256": self.sha256, "size": self.size}
+
+
+FILE_TENSOR_PREFIX = "__fp_file__/"
+"""Tensor name prefix of a carried file: ``__fp_file__/tokenizer.json``."""
+
 _MANIFEST_KEYS = {
     "format_version", "name", "version", "blob_size", "data_offset", "chunk_size",
     "chunk_sha256", "tensors", "layers", "entry_point", "config", "io",
+    "files", "buffers", "task", "source_format", "trusted_code",
 }
+# Added after the first manifests were written: absent means the default.
+_OPTIONAL_KEYS = frozenset({"files", "buffers", "task", "source_format", "trusted_code"})
+_FILE_PATH_RE = re.compile(r"^(?!/)(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9_.\-/]{1,200}$")
 
 
 @dataclass(frozen=True)
@@ -155,6 +176,17 @@ class Manifest:
     config: dict[str, Any]
     io: IoSignature
     format_version: int = FORMAT_VERSION
+    # Files carried in the blob (path relative to the model directory -> where).
+    files: dict[str, FileInfo] = field(default_factory=dict)
+    # Non-persistent module buffers carried in the blob (not in the module's state dict).
+    buffers: tuple[str, ...] = ()
+    # How a worker serves it: "tensor" (tensors in, tensors out), "text-classification",
+    # "image-classification", "handler" (flashpoint/models/serving.py).
+    task: str = "tensor"
+    # What it was published from: "zoo", "hf", "torchscript", "export", "handler".
+    source_format: str = "zoo"
+    # An admin pushed it with --trust-code: its entry point may be code of its own bundle.
+    trusted_code: bool = False
 
     # -- derived ------------------------------------------------------------------------
 
@@ -217,6 +249,11 @@ class Manifest:
             "entry_point": self.entry_point,
             "config": self.config,
             "io": self.io.to_dict(),
+            "files": {p: f.to_dict() for p, f in self.files.items()},
+            "buffers": list(self.buffers),
+            "task": self.task,
+            "source_format": self.source_format,
+            "trusted_code": self.trusted_code,
         }
 
     def to_json(self) -> str:
@@ -233,7 +270,7 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: Any) -> Manifest:
-        d = _obj(data, "manifest", _MANIFEST_KEYS)
+        d = _obj(data, "manifest", _MANIFEST_KEYS, _OPTIONAL_KEYS)
         fv = _int(d["format_version"], "format_version")
         if fv != FORMAT_VERSION:
             raise BadRequest(f"unsupported manifest format_version {fv}")
@@ -263,12 +300,31 @@ class Manifest:
         config = d["config"]
         if not isinstance(config, dict):
             raise BadRequest("config must be an object")
+        files = _parse_files(d.get("files", {}), tensors)
+        buffers = d.get("buffers", [])
+        if not isinstance(buffers, list) or len(set(buffers)) != len(buffers) or not all(
+                isinstance(b, str) and b in tensors for b in buffers):
+            raise BadRequest("buffers must be a list of distinct tensor names")
+        task, source_format = d.get("task", "tensor"), d.get("source_format", "zoo")
+        for key, value in (("task", task), ("source_format", source_format)):
+            if not isinstance(value, str) or not re.fullmatch(r"[a-z][a-z0-9\-]{0,40}", value):
+                raise BadRequest(f"{key} must be a short lower-case name")
+        trusted = d.get("trusted_code", False)
+        if not isinstance(trusted, bool):
+            raise BadRequest("trusted_code must be a boolean")
         return cls(
             name=name, version=version, blob_size=blob_size, data_offset=data_offset,
             chunk_size=chunk_size, chunk_sha256=tuple(hashes), tensors=tensors,
             layers=layers, entry_point=entry_point, config=config,
-            io=IoSignature.from_dict(d["io"]), format_version=fv,
+            io=IoSignature.from_dict(d["io"]), format_version=fv, files=files,
+            buffers=tuple(buffers), task=task, source_format=source_format,
+            trusted_code=trusted,
         )
+
+    def module_tensors(self) -> list[str]:
+        """The tensors of the module's state dict: all but carried files and buffers."""
+        skip = {*self.buffers, *(f.tensor for f in self.files.values())}
+        return [n for n in self.tensors if n not in skip]
 
 
 def make_manifest(
@@ -280,6 +336,11 @@ def make_manifest(
     config: Mapping[str, Any],
     io: IoSignature,
     profiles: Mapping[str, Mapping[str, float]] | None = None,
+    files: Mapping[str, FileInfo] | None = None,
+    buffers: Sequence[str] = (),
+    task: str = "tensor",
+    source_format: str = "zoo",
+    trusted_code: bool = False,
 ) -> Manifest:
     """Assemble a manifest from a blob layout; validated by a JSON round trip."""
     manifest = Manifest(
@@ -287,6 +348,8 @@ def make_manifest(
         data_offset=layout.data_offset, chunk_size=layout.chunk_size,
         chunk_sha256=layout.chunk_sha256, tensors=dict(layout.tensors),
         layers=layout.layers, entry_point=entry_point, config=dict(config), io=io,
+        files=dict(files or {}), buffers=tuple(buffers), task=task,
+        source_format=source_format, trusted_code=trusted_code,
     )
     if profiles:
         manifest = manifest.with_profiles(profiles)
@@ -310,6 +373,26 @@ def _int(v: Any, what: str, minimum: int = 0) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise BadRequest(f"{what} must be an integer >= {minimum}, got {v!r:.80}")
     return v
+
+
+def _parse_files(raw: Any, tensors: Mapping[str, TensorInfo]) -> dict[str, FileInfo]:
+    if not isinstance(raw, dict):
+        raise BadRequest("files must be an object")
+    out: dict[str, FileInfo] = {}
+    for path, f in raw.items():
+        if not isinstance(path, str) or not _FILE_PATH_RE.match(path):
+            raise BadRequest(f"invalid file path {path!r:.80} (relative, no '..')")
+        f = _obj(f, f"file {path!r}", {"tensor", "sha256", "size"})
+        tensor, digest, size = f["tensor"], f["sha256"], _int(f["size"], f"file {path!r} size")
+        info = tensors.get(tensor) if isinstance(tensor, str) else None
+        if (info is None or not tensor.startswith(FILE_TENSOR_PREFIX) or info.dtype != "U8"
+                or info.shape != (size,)):
+            raise BadRequest(f"file {path!r}: tensor {tensor!r:.80} is not a U8 file tensor "
+                             f"of {size} bytes")
+        if not isinstance(digest, str) or not _SHA256_RE.match(digest):
+            raise BadRequest(f"file {path!r}: sha256 must be a lower-case hex digest")
+        out[path] = FileInfo(tensor, digest, size)
+    return out
 
 
 def _profile(p: Any, layer: str) -> dict[str, float]:

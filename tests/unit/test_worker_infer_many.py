@@ -14,9 +14,18 @@ from flashpoint.tensors import decode_tensors, encode_tensors
 T = 5.0  # bound on every await
 
 
+class _Identity:
+    def prepare(self, inputs):
+        return inputs
+
+    def finish(self, outputs):
+        return outputs
+
+
 def _worker(run_batch) -> Worker:
     w = Worker("w-test", "ws://unused", b"", 1)
-    w.replica = types.SimpleNamespace(input_names=["x"])  # all _infer_many reads of it
+    # all _infer_many reads of it: what a request carries, and how it becomes module inputs
+    w.replica = types.SimpleNamespace(request_inputs=("x",), served=_Identity())
     w.batcher = Batcher(run_batch, max_batch_size=16, max_wait_s=0.0)
     return w
 

@@ -1,0 +1,132 @@
+"""A Hugging Face model directory: ``config.json``, weights (``*.safetensors`` or
+``pytorch_model.bin``), and the tokenizer or image-processor files.
+
+Loaded with ``transformers`` from local files only, never the hub. The weights must cover
+the model: ``from_pretrained`` would fill missing ones with random values and serve
+nonsense, so a missing weight is refused here, naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from flashpoint.errors import BadRequest, UnsupportedModel
+from flashpoint.models import hf
+from flashpoint.models.sources.base import Prepared, PushOptions, carried_files, read_file
+from flashpoint.registry.manifest import IoSignature
+from flashpoint.spec import TensorSpec
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".ckpt")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+class HuggingFaceDirectory:
+    """The ``hf`` format (see the module docstring)."""
+
+    name = "hf"
+
+    def matches(self, source: Path) -> bool:
+        return source.is_dir() and (source / "config.json").is_file()
+
+    def prepare(self, source: Path, options: PushOptions) -> Prepared:
+        config_path = source / "config.json"
+        try:
+            raw = json.loads(read_file(config_path, "the model's config"))
+        except ValueError as e:
+            raise UnsupportedModel(f"{config_path}: not valid JSON: {e}") from None
+        if not isinstance(raw, dict):
+            raise UnsupportedModel(f"{config_path}: must hold a JSON object")
+        if "auto_map" in raw:
+            why = ("an admin must push it with --trust-code" if not options.trust_code else
+                   "custom modelling code in a Hugging Face directory is not loaded; wrap it "
+                   "in a handler bundle (--format handler --trust-code)")
+            raise UnsupportedModel(f"{config_path}: names custom code (auto_map): {why}")
+        archs = raw.get("architectures")
+        if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+            raise UnsupportedModel(f"{config_path}: needs 'architectures' naming the model class "
+                                   "(e.g. BertForSequenceClassification)")
+        architecture = archs[0]
+        try:
+            task = hf.task_of(architecture)
+            hf.model_class(architecture)
+            cfg = hf.hf_config(raw)
+        except BadRequest as e:
+            raise UnsupportedModel(f"{config_path}: {e.message}") from None
+        if not any((source / f).is_file() for f in WEIGHT_FILES) and not list(
+                source.glob("*.safetensors")):
+            raise UnsupportedModel(f"{source}: no weights (expected model.safetensors or "
+                                   "pytorch_model.bin)")
+        files = carried_files(source, skip=lambda p: p.name.endswith(WEIGHT_SUFFIXES)
+                              or p.name.endswith(".index.json"))
+        num_labels = int(cfg.num_labels)
+        config: dict[str, Any] = {"architecture": architecture, "hf_config": raw,
+                                  "num_labels": num_labels}
+        if task == "text-classification":
+            tokenizer = _check_tokenizer(source)
+            from flashpoint.models.serving.text import DEFAULT_TOP_K, max_length
+
+            config.update(truncate=options.truncate, max_length=max_length(raw, tokenizer),
+                          top_k=options.top_k or DEFAULT_TOP_K)
+            inputs = (TensorSpec("text", "BYTES", (-1,)),)
+        else:
+            from flashpoint.models.serving.image import check_image_processor
+
+            config.update(check_image_processor(source, files),
+                          top_k=options.top_k or 5)
+            inputs = (TensorSpec("image", "BYTES", (-1,)),)
+        io = IoSignature(inputs, (
+            TensorSpec("label", "BYTES", (-1, -1)),
+            TensorSpec("score", "FP32", (-1, -1)),
+            TensorSpec("logits", "FP32", (-1, num_labels)),
+        ))
+        return Prepared(
+            build=lambda: _load(source, architecture), entry_point=hf.ENTRY_POINT,
+            config=config, io=io, task=task, files=files, layer_plan=_layer_plan,
+        )
+
+
+def _layer_plan(module: nn.Module) -> tuple[list[str], Any]:
+    return hf.layer_plan(module)
+
+
+def _check_tokenizer(source: Path) -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    except Exception as e:  # transformers raises many types for a bad directory
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UnsupportedModel(f"{source}: the tokenizer does not load (expected "
+                               f"tokenizer.json or the tokenizer's vocabulary files): "
+                               f"{first}"[:400]) from None
+
+
+def _load(source: Path, architecture: str) -> nn.Module:
+    """The model with its weights, wrapped; UnsupportedModel for missing weights."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    cls = hf.model_class(architecture)
+    try:
+        model, info = cls.from_pretrained(str(source), local_files_only=True,
+                                          output_loading_info=True)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UnsupportedModel(f"{source}: the weights do not load: {first}"[:400]) from None
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise UnsupportedModel(f"{source}: the weights miss {shown} (a checkpoint of another "
+                               f"architecture than {architecture}?)")
+    mismatched = info.get("mismatched_keys") or []
+    if mismatched:
+        raise UnsupportedModel(f"{source}: weights of the wrong shape for {architecture}: "
+                               f"{mismatched[0]}")
+    model.eval()
+    task = hf.task_of(architecture)
+    return hf._WRAPPERS[task](model)

@@ -1,0 +1,107 @@
+"""Hugging Face model directories built here, with random weights: for the demo, the
+tests and the benchmarks (this machine reaches no model hub, and none is needed).
+
+Each is what a user's ``save_pretrained`` directory holds: ``config.json``,
+``model.safetensors`` and the tokenizer files (a WordPiece tokenizer trained with
+``tokenizers`` on a few sentences), built from a seed so the same call gives the same
+bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+SENTENCES = (
+    "flashpoint serves models from host memory",
+    "a cold start fetches bytes from a peer",
+    "the cluster scales replicas down to zero",
+    "this movie was great and the acting was wonderful",
+    "the food was terrible and the service slow",
+    "GPUs are shared between tenants with time tokens",
+    "a spot eviction drains the replicas on a host",
+)
+
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "intermediate_size": 64, "max_position_embeddings": 64},
+    "small": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+              "intermediate_size": 1024, "max_position_embeddings": 256},
+    # BERT-base's shape with its 30,522-word vocabulary: about 438 MB of float32.
+    "base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+             "intermediate_size": 3072, "max_position_embeddings": 512},
+}
+
+
+def build_tokenizer(directory: Path, vocab_size: int | None = None) -> Any:
+    """A BERT-style WordPiece tokenizer trained on :data:`SENTENCES`, saved to
+    ``directory`` as a ``transformers`` fast tokenizer; returns it."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=special)
+    tok.train_from_iterator(list(SENTENCES), trainer)
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]")
+    fast.save_pretrained(str(directory))
+    return fast
+
+
+def make_text_classifier(
+    directory: str | Path,
+    *,
+    size: str = "tiny",
+    family: str = "bert",
+    labels: tuple[str, ...] = ("negative", "positive"),
+    seed: int = 0,
+    vocab_size: int | None = None,
+) -> Path:
+    """A ``*ForSequenceClassification`` directory (``family``: bert, roberta, distilbert)
+    with random weights and a tokenizer; returns its path."""
+    import torch
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        DistilBertConfig,
+        DistilBertForSequenceClassification,
+        RobertaConfig,
+        RobertaForSequenceClassification,
+    )
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out)
+    dims = SIZES[size]
+    vocab = vocab_size or (30522 if size == "base" else max(len(tok), 64))
+    id2label = dict(enumerate(labels))
+    label2id = {v: k for k, v in id2label.items()}
+    common = {"vocab_size": vocab, "id2label": id2label, "label2id": label2id,
+              "pad_token_id": tok.pad_token_id}
+    if family == "bert":
+        config: Any = BertConfig(**dims, **common)
+        cls: Any = BertForSequenceClassification
+    elif family == "roberta":
+        config = RobertaConfig(**{**dims, "max_position_embeddings":
+                                  dims["max_position_embeddings"] + 2}, **common)
+        cls = RobertaForSequenceClassification
+    elif family == "distilbert":
+        config = DistilBertConfig(
+            dim=dims["hidden_size"], n_layers=dims["num_hidden_layers"],
+            n_heads=dims["num_attention_heads"], hidden_dim=dims["intermediate_size"],
+            max_position_embeddings=dims["max_position_embeddings"], **common)
+        cls = DistilBertForSequenceClassification
+    else:
+        raise ValueError(f"unknown family {family!r}")
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    model.save_pretrained(str(out))
+    return out
