@@ -285,7 +285,7 @@ class AsyncClient:
     # -- models ------------------------------------------------------------------------------
 
     async def push(self, name: str, source: str, *, version: str = "1",
-                   format: str | None = None, trust_code: bool = False,  # noqa: A002
+                   format: str | None = None, trust_code: bool = False,
                    store: Any = None, config: Any = None) -> Any:
         """Publish model ``source`` (a path or URI) to the registry as ``name``@``version``
         and return its :class:`~flashpoint.registry.manifest.Manifest`.
@@ -439,7 +439,7 @@ class Client:
                          deadline_s)
 
     def push(self, name: str, source: str, *, version: str = "1",
-             format: str | None = None, trust_code: bool = False,  # noqa: A002
+             format: str | None = None, trust_code: bool = False,
              store: Any = None, config: Any = None) -> Any:
         """:meth:`AsyncClient.push`, blocking (no deadline: publishing a large model takes as
         long as its bytes take to hash and write)."""
