@@ -92,7 +92,10 @@ async def test_rollout_and_push(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
                       "trust_code": trust_code})
         return await publish(store, source, "tiny", version, model_name=name)
 
-    monkeypatch.setattr(sys.modules["flashpoint.models.publish"], "publish_source", publish_source, raising=False)
+    # raising=False: the importer may not exist in this tree yet; the client's part (the
+    # store from config, the arguments, the lazy import) is what this checks.
+    monkeypatch.setattr(sys.modules["flashpoint.models.publish"], "publish_source",
+                        publish_source, raising=False)
     try:
         async with AsyncClient(c.controller.url) as fp:
             manifest = await fp.push("mine", "noop", version="2", format="zoo", config=cfg)
