@@ -299,10 +299,10 @@ class AsyncClient:
         from flashpoint.models.publish import publish_source
 
         if store is None:
-            from flashpoint.cli import make_store
             from flashpoint.config import load_config
+            from flashpoint.registry import open_store
 
-            store = make_store(config if config is not None else load_config())
+            store = open_store((config if config is not None else load_config()).registry)
         return await publish_source(store, name, source, version=version, fmt=format,
                                     trust_code=trust_code)
 
