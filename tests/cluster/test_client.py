@@ -194,3 +194,23 @@ async def test_api_keys(tmp_path: Path) -> None:
         await asyncio.wait_for(asyncio.to_thread(blocking), 60)
     finally:
         await asyncio.wait_for(c.stop(), 60)
+
+
+async def test_through_a_standalone_gateway(cluster: LocalCluster) -> None:
+    from flashpoint.gateway.standalone import StandaloneGateway
+
+    cfg = dataclasses.replace(cluster.config, gateway=dataclasses.replace(
+        cluster.config.gateway, controller_url=cluster.controller.rpc_url, refresh_s=0.1))
+    gw = await asyncio.wait_for(StandaloneGateway.start(cfg, port=0), 30)
+    try:
+        async with AsyncClient(gw.url) as fp:
+            await fp.deploy("gf", "noop")
+            x = np.arange(6, dtype=np.float32).reshape(2, 3)
+            r = await fp.invoke("gf", {"x": x})
+            np.testing.assert_array_equal(r.outputs["y"], x)
+            with pytest.raises(FunctionNotFound):  # the controller's error, forwarded
+                await fp.invoke("nope", {"x": x})
+            with pytest.raises(BadRequest):
+                await fp.invoke("gf", {"x": np.ones((1, 2), np.int64)})
+    finally:
+        await asyncio.wait_for(gw.stop(), 30)
