@@ -101,6 +101,69 @@ async def _push(cfg: ClusterConfig, args: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
+async def _model_list(cfg: ClusterConfig, as_json: bool) -> None:
+    store = make_store(cfg)
+    rows = []
+    for name, version in await store.list_models():
+        m = await store.get_manifest(name, version)
+        rows.append({"name": name, "version": version, "size_bytes": m.blob_size,
+                     "layers": len(m.layers), "entry_point": m.entry_point})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = [("NAME", "VERSION", "SIZE", "LAYERS", "ENTRY POINT")] + [
+        (r["name"], r["version"], _size(r["size_bytes"]), str(r["layers"]), r["entry_point"])
+        for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _size(size_bytes: int) -> str:
+    value = float(size_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+async def _model_delete(cfg: ClusterConfig, name: str, version: str | None) -> None:
+    """Delete one version, or every version of ``name``; a missing one is a one-line error."""
+    store = make_store(cfg)
+    if version is None:
+        versions = [v for n, v in await store.list_models() if n == name]
+        if not versions:
+            raise SystemExit(f"error: model {name} not found")
+    else:
+        versions = [version]
+    for v in versions:
+        await store.delete(name, v)
+        print(json.dumps({"deleted": name, "version": v}))
+
+
+async def _model_admin(cfg: ClusterConfig, args: argparse.Namespace) -> None:
+    """``model list`` and ``model delete``: registry errors exit 1 with their message."""
+    from flashpoint.errors import FlashpointError
+
+    try:
+        if args.model_cmd == "list":
+            await _model_list(cfg, args.json)
+        else:
+            await _model_delete(cfg, args.model, args.version)
+    except FlashpointError as e:
+        raise SystemExit(f"error: {e.message}") from None
+
+
+def _add_model_admin_parsers(msub: Any) -> None:
+    ls = msub.add_parser("list", help="the models in the registry (name, version, size)")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    rm = msub.add_parser("delete", help="delete a model's version (all versions without "
+                                        "--version) from the registry")
+    rm.add_argument("model", help="registry name")
+    rm.add_argument("--version", help="the version to delete (default: every version)")
+
+
 async def _http(method: str, url: str, body: Any = None, key: str | None = None) -> Any:
     import aiohttp
 
@@ -205,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     from flashpoint.sim.experiments import cli as sim_cli
 
     sim_arguments(ssub.add_parser("reproduce", help="the thesis's evaluation grid, as a report"))
+    _add_model_admin_parsers(msub)  # model list / model delete
     args = p.parse_args(argv)
     if args.cmd == "sim":  # pure and offline: no config, logging or event loop
         return sim_cli(args)
@@ -224,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.run(_run_gateway(cfg, args.port))
     elif args.cmd == "host":
         uvloop.run(_run_host(cfg, args.host_id))
+    elif args.cmd == "model" and args.model_cmd in ("list", "delete"):
+        uvloop.run(_model_admin(cfg, args))
     elif args.cmd == "model":
         uvloop.run(_push(cfg, args))
     elif args.cmd == "deploy":
