@@ -39,6 +39,12 @@ class ControllerConfig:
     heartbeat_timeout_s: float = 5.0
     loop_interval_s: float = 0.1
     cold_start_timeout_s: float = 120.0
+    # A function whose replicas fail to start max_start_failures times in a row starts none
+    # for start_backoff_s (doubled each further failure, at most start_backoff_max_s); what
+    # waits for it meanwhile fails with model_load_failed (actors/controller_state.py).
+    max_start_failures: int = 3
+    start_backoff_s: float = 10.0
+    start_backoff_max_s: float = 300.0
     max_queued_per_function: int = 10_000
     deploy_timeout_s: float = 180.0
     # Device memory a replica needs beyond its model bytes (activations, workspace); the
@@ -102,6 +108,10 @@ class ControllerConfig:
 
     def __post_init__(self) -> None:
         make_autoscaler(self.autoscaler, self.autoscaler_params)  # BadRequest names the fault
+        if not (self.max_start_failures >= 1
+                and 0 < self.start_backoff_s <= self.start_backoff_max_s):
+            raise BadRequest("controller: max_start_failures >= 1 and "
+                             "0 < start_backoff_s <= start_backoff_max_s")
         if not (self.mig_interval_s > 0 and self.mig_wait_limit >= 0
                 and 0 < self.mig_alpha <= 1 and 0 < self.mig_fleet_fraction <= 1
                 and 0 <= self.mig_drain_grace_s <= self.mig_drain_timeout_s

@@ -36,6 +36,8 @@ as ``{"code", "message", "details"}`` and are rebuilt as the same class on the o
     │   ├── Overloaded                  overloaded, 429 (Retry-After)
     │   ├── Unavailable                 unavailable, 503 (Retry-After)
     │   │   ├── NoCapacity              no_capacity, 503
+    │   │   ├── ModelLoadFailed         model_load_failed, 503 (its replicas keep failing to
+    │   │   │                           start; the controller backs off, Retry-After = its end)
     │   │   └── KaasUnavailable         kaas_unavailable, 503 (no KaaS executor pool configured)
     │   ├── PeerLost                    peer_lost, 503   (connection to a peer died)
     │   ├── ConnectFailed               connect_failed, 503
@@ -186,6 +188,15 @@ class Unavailable(RetryableError):
 
 class NoCapacity(Unavailable):
     code = "no_capacity"
+
+
+class ModelLoadFailed(Unavailable):
+    """A function's replicas failed to start ``details["failed_starts"]`` times in a row and
+    none is warm: the controller starts none for ``retry_after_s`` (its back-off). The message
+    carries the last start failure's; ``details["error_code"]`` is that failure's own code
+    (``registry_error`` for a blob that does not fit its entry point, ``worker_exited``, ...)."""
+
+    code = "model_load_failed"
 
 
 class KaasUnavailable(Unavailable):

@@ -37,6 +37,7 @@ from flashpoint.errors import (
     FlashpointError,
     FunctionNotFound,
     ModelFailed,
+    ModelLoadFailed,
     NoCapacity,
     Overloaded,
     PeerLost,
@@ -107,7 +108,10 @@ class Controller:
                                         drain_margin_s=self.cc.drain_margin_s,
                                         share_policy=self.cc.share_policy,
                                         kaas_replicas=self.cc.kaas_workers,
-                                        kaas_cache_bytes=self.cc.kaas_cache_bytes)
+                                        kaas_cache_bytes=self.cc.kaas_cache_bytes,
+                                        max_start_failures=self.cc.max_start_failures,
+                                        start_backoff_s=self.cc.start_backoff_s,
+                                        start_backoff_max_s=self.cc.start_backoff_max_s)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
         self.kaas = KaasPool(self.cc, lambda: self.state.kaas_broken)
@@ -292,8 +296,16 @@ class Controller:
                         self._conn_replica.pop(id(handle.conn), None)
                         self._spawn(handle.conn.close(), f"close:{cmd.replica_id}")
                 case cs.FailFunction():
-                    err = FunctionNotFound(cmd.reason) if cmd.code == "function_not_found" \
-                        else ModelFailed(cmd.reason)
+                    if cmd.failure is not None:
+                        log.warning("function_backing_off", function=cmd.name,
+                                    failed_starts=cmd.failure.failed_starts,
+                                    error_code=cmd.failure.code, reason=cmd.failure.message)
+                        err: FlashpointError = _load_failed(cmd.reason, cmd.failure,
+                                                            time.monotonic())
+                    elif cmd.code == "function_not_found":
+                        err = FunctionNotFound(cmd.reason)
+                    else:
+                        err = ModelFailed(cmd.reason)
                     self._fail_queue(cmd.name, err)
                 case cs.LinkGroup():
                     self._spawn(self._link_group(cmd), f"link:{cmd.group_id}")
@@ -336,7 +348,8 @@ class Controller:
             await host.deploy(cmd, self._resolve_source(cmd.source), self._manifests.get(key))
         except FlashpointError as exc:
             log.warning("deploy_failed", replica_id=cmd.replica_id, error=exc.to_wire())
-            self._apply(cs.ReplicaFailed(cmd.replica_id, exc.message, during_start=True))
+            self._apply(cs.ReplicaFailed(cmd.replica_id, exc.message, during_start=True,
+                                         code=exc.code, now_s=time.monotonic()))
 
     def _endpoints(self, host_ids: tuple[str, ...]) -> list[Any]:
         """Data-plane endpoints for host ids; ``registry`` stays a name; unknown hosts drop out."""
@@ -524,7 +537,9 @@ class Controller:
 
     async def _replica_failed(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
         self._apply(cs.ReplicaFailed(str(p["replica_id"]), str(p.get("reason", "")),
-                                     bool(p.get("during_start", False))))
+                                     bool(p.get("during_start", False)),
+                                     code=str(p.get("code") or "start_failed"),
+                                     now_s=time.monotonic()))
         return {"ok": True}
 
     def _on_disconnect(self, conn: Any) -> None:
@@ -533,7 +548,8 @@ class Controller:
             self.workers.pop(rid, None)
             self.kaas.replica_gone(rid)
             self.dispatcher.remove_replica(rid)
-            self._apply(cs.ReplicaFailed(rid, "worker connection lost", during_start=False))
+            self._apply(cs.ReplicaFailed(rid, "worker connection lost", during_start=False,
+                                         code="peer_lost", now_s=time.monotonic()))
 
     # requests ----------------------------------------------------------------------------
     def _pump(self, name: str) -> None:
@@ -659,8 +675,10 @@ class Controller:
         fn = self.state.functions.get(name)
         if fn is None:
             raise FunctionNotFound(f"function {name!r} is not registered")
-        if fn.broken is not None:
-            raise ModelFailed(f"function {name!r} is failing: {fn.broken}")
+        if (failure := self.state.backing_off(name, t0)) is not None \
+                and self.state.not_ready(name) is not None:
+            raise _load_failed(f"function {name!r} cannot start a replica: {failure.message}",
+                               failure, t0)
         self._validate_inputs(fn.spec, inputs)
         if self.dispatcher.queued(name) >= self.cc.max_queued_per_function:
             REQUESTS.labels(name, "overloaded").inc()
@@ -794,11 +812,13 @@ class Controller:
 
     def _info(self, fn: cs.FunctionRecord) -> FunctionInfo:
         reps = self.state.replicas_of(fn.spec.name)
+        failure = self.state.not_ready(fn.spec.name)
         return FunctionInfo(
-            fn.spec, ready=fn.broken is None,
+            fn.spec, ready=failure is None,
             replicas_warm=sum(r.phase == cs.ReplicaPhase.WARM for r in reps),
             replicas_starting=sum(r.phase == cs.ReplicaPhase.STARTING for r in reps),
             queued=self.dispatcher.queued(fn.spec.name),
+            reason=None if failure is None else _not_ready_reason(failure, time.monotonic()),
         )
 
     def list_functions(self) -> list[FunctionInfo]:
@@ -888,3 +908,23 @@ def _shares(wire: Any) -> dict[str, ReplicaShare]:
         with contextlib.suppress(BadRequest):
             out[str(rid)] = ReplicaShare.from_wire(share)
     return out
+
+
+def _load_failed(message: str, failure: cs.StartFailure, now_s: float) -> ModelLoadFailed:
+    """What a request to a function backing off from ``failure`` fails with."""
+    retry_s = max(0.0, (failure.retry_at_s or now_s) - now_s)
+    return ModelLoadFailed(message, retry_after_s=round(max(retry_s, 0.001), 3),
+                           failed_starts=failure.failed_starts, error_code=failure.code)
+
+
+def _not_ready_reason(failure: cs.StartFailure, now_s: float) -> dict[str, Any]:
+    """``reason`` of a function that cannot serve (``/v1/functions``, the OIP ready route):
+    the state's monotonic times as wall-clock seconds since the epoch."""
+    wall = time.time() - now_s
+    reason: dict[str, Any] = {
+        "code": ModelLoadFailed.code, "message": failure.message, "error_code": failure.code,
+        "failed_starts": failure.failed_starts, "since": round(wall + failure.since_s, 3),
+        "last_failure": round(wall + failure.last_s, 3)}
+    if failure.retry_at_s is not None:
+        reason["retry_in_s"] = round(max(0.0, failure.retry_at_s - now_s), 3)
+    return reason

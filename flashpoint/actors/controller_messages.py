@@ -95,6 +95,22 @@ class ReplicaFailed:
     replica_id: str
     reason: str
     during_start: bool
+    code: str = "start_failed"  # the failure's error code (registry_error, worker_exited, ...)
+    now_s: float | None = None  # None: the time of the last event that carried one
+
+
+@dataclass(frozen=True)
+class StartFailure:
+    """The last failed start of a function's replicas, and its streak: ``failed_starts``
+    in a row since ``since_s`` (reset when a replica of it warms). ``retry_at_s`` is when the
+    back-off that began after too many ends (None while starts are still being retried)."""
+
+    code: str  # the failure's own error code (registry_error, worker_exited, ...)
+    message: str
+    failed_starts: int
+    since_s: float  # the streak's first failure
+    last_s: float  # this failure
+    retry_at_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -230,11 +246,13 @@ class ForgetReplica:
 
 @dataclass(frozen=True)
 class FailFunction:
-    """Fail everything queued for a function (deleted, or broken after repeated crashes)."""
+    """Fail everything queued for a function (deleted, or backing off after its replicas
+    kept failing to start: ``failure`` says why and until when)."""
 
     name: str
     code: str
     reason: str
+    failure: StartFailure | None = None
 
 
 @dataclass(frozen=True)

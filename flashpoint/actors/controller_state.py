@@ -96,6 +96,9 @@ from flashpoint.actors.controller_messages import (
     StartChain as StartChain,
 )
 from flashpoint.actors.controller_messages import (
+    StartFailure as StartFailure,
+)
+from flashpoint.actors.controller_messages import (
     StopAccepting as StopAccepting,
 )
 from flashpoint.actors.controller_messages import (
@@ -134,8 +137,15 @@ from flashpoint.policy.snapshot import (
 from flashpoint.policy.sourcing import REGISTRY, plan_sourcing
 from flashpoint.spec import FunctionSpec
 
-# After this many consecutive failed starts a function is reported broken, not retried.
+# After this many consecutive failed starts a function backs off (no starts for a while; what
+# waits for it fails with ModelLoadFailed) instead of retrying at once; KaaS stops for good.
 MAX_CONSECUTIVE_START_FAILURES = 3
+
+
+def start_backoff_s(rounds: int, initial_s: float, max_s: float) -> float:
+    """The ``rounds``-th back-off (0 first) of a function whose starts keep failing:
+    ``min(max_s, initial_s * 2**rounds)``."""
+    return min(max_s, initial_s * 2.0 ** min(rounds, 62))
 
 
 class ReplicaPhase(StrEnum):
@@ -207,8 +217,9 @@ class FunctionRecord:
     spec: FunctionSpec
     model_bytes: int
     last_request_s: float | None = None
-    start_failures: int = 0
-    broken: str | None = None  # reason, once starts keep failing
+    start_failures: int = 0  # consecutive failed starts (reset when a replica warms)
+    start_failure: StartFailure | None = None  # the last of them, while the streak lasts
+    backoff_rounds: int = 0  # back-offs in this streak (the next one doubles)
     plans: PlanLookup | None = None  # the model's plan table, when it may be partitioned
     whole_cold_s: float = 0.0  # C(1): the cost model's whole-model cold start
     desired: int = 0  # the autoscaler's last decision (the planned replica count)
@@ -231,8 +242,17 @@ class ControllerState:
                  autoscaler: autoscale.Autoscaler | None = None,
                  max_chain_length: int = 8, drain_margin_s: float = 10.0,
                  kaas_replicas: int = 0, kaas_cache_bytes: int = 256 << 20,
-                 share_policy: str = "fastgshare", peer_sends: bool = True) -> None:
+                 share_policy: str = "fastgshare", peer_sends: bool = True,
+                 max_start_failures: int = MAX_CONSECUTIVE_START_FAILURES,
+                 start_backoff_s: float = 10.0, start_backoff_max_s: float = 300.0) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        # A function whose replicas failed to start this many times in a row stops starting
+        # them for start_backoff_s, doubled each time it happens again, at most
+        # start_backoff_max_s; a replica of it warming ends the streak.
+        self.max_start_failures = max_start_failures
+        self.start_backoff_s = start_backoff_s
+        self.start_backoff_max_s = start_backoff_max_s
+        self.now_s = 0.0  # the time of the last event that carried one
         self.share_policy = share_policy  # policy/share_placement.py: fastgshare | dilu
         self.stop_unknown_replicas = stop_unknown_replicas
         self.process_bytes = process_bytes  # host RAM of one worker process (placement)
@@ -275,6 +295,9 @@ class ControllerState:
 
     # ---------------------------------------------------------------------------------
     def handle(self, event: Event) -> list[Command]:
+        now_s = getattr(event, "now_s", None)
+        if now_s is not None:
+            self.now_s = max(self.now_s, now_s)
         cmds = self._handle(event)
         return cmds + self._settle_groups()
 
@@ -321,7 +344,7 @@ class ControllerState:
                     self.kaas_start_failures = 0
                 fn = self.functions.get(rep.function)
                 if fn is not None:
-                    fn.start_failures = 0
+                    fn.start_failures, fn.start_failure, fn.backoff_rounds = 0, None, 0
                     # A warm whole replica was built from its host's complete cached copy:
                     # that host is a holder now, not only from its next heartbeat on.
                     if (host := self.hosts.get(rep.host_id)) is not None:
@@ -409,16 +432,59 @@ class ControllerState:
         cmds: list[Command] = [ForgetReplica(rep.replica_id)]
         if rep.function == KAAS_FUNCTION and ev.during_start:
             self.kaas_start_failures += 1
-            if self.kaas_start_failures >= MAX_CONSECUTIVE_START_FAILURES:
+            if self.kaas_start_failures >= self.max_start_failures:
                 self.kaas_broken = ev.reason
         fn = self.functions.get(rep.function)
         if fn is not None and ev.during_start:
-            fn.start_failures += 1
-            if fn.start_failures >= MAX_CONSECUTIVE_START_FAILURES and fn.broken is None:
-                fn.broken = ev.reason
-                cmds.append(FailFunction(fn.spec.name, "model_failed",
-                                         f"replicas keep failing to start: {ev.reason}"))
+            cmds += self._start_failed(fn, ev)
         return cmds
+
+    def _start_failed(self, fn: FunctionRecord, ev: ReplicaFailed) -> list[Command]:
+        """Count a failed start of ``fn``; the ``max_start_failures``-th in a row (and every
+        one after it until a replica warms) begins a back-off, and when none of its replicas
+        is warm what waits for it fails at once (FailFunction carries the failure)."""
+        now_s = ev.now_s if ev.now_s is not None else self.now_s
+        fn.start_failures += 1
+        last = fn.start_failure
+        failure = StartFailure(ev.code, ev.reason, fn.start_failures,
+                               last.since_s if last is not None else now_s, now_s)
+        if fn.start_failures < self.max_start_failures:
+            fn.start_failure = failure
+            return []
+        delay_s = start_backoff_s(fn.backoff_rounds, self.start_backoff_s,
+                                  self.start_backoff_max_s)
+        fn.backoff_rounds += 1
+        fn.start_failure = dataclasses.replace(failure, retry_at_s=now_s + delay_s)
+        if self._serving(fn.spec.name):
+            return []  # its warm replicas keep serving what is queued
+        return [FailFunction(fn.spec.name, "model_load_failed",
+                             f"replicas of {fn.spec.name!r} failed to start "
+                             f"{fn.start_failures} times in a row (next try in "
+                             f"{delay_s:.0f}s): {ev.reason}", fn.start_failure)]
+
+    def _serving(self, function: str) -> bool:
+        """A replica of ``function`` is warm, or a group of it serves."""
+        return any(r.function == function and r.phase == ReplicaPhase.WARM
+                   for r in self.replicas.values()) or any(
+            g.function == function and g.phase == GroupPhase.SERVING
+            for g in self.groups.values())
+
+    def backing_off(self, function: str, now_s: float) -> StartFailure | None:
+        """The failure ``function`` backs off from at ``now_s`` (no replica is started for
+        it until ``retry_at_s``), or None."""
+        fn = self.functions.get(function)
+        failure = fn.start_failure if fn is not None else None
+        if failure is None or failure.retry_at_s is None or now_s >= failure.retry_at_s:
+            return None
+        return failure
+
+    def not_ready(self, function: str) -> StartFailure | None:
+        """Why ``function`` cannot serve now, or None when it can: a replica (or group) of it
+        serves, or it scales from zero and its last start did not fail."""
+        fn = self.functions.get(function)
+        if fn is None or fn.start_failure is None or self._serving(function):
+            return None
+        return fn.start_failure
 
     def _retire(self, reps: object) -> list[Command]:
         cmds: list[Command] = []
@@ -452,7 +518,8 @@ class ControllerState:
         for rep in [r for r in self.replicas.values() if r.phase == ReplicaPhase.STARTING
                     and ev.now_s - r.requested_s > self.cold_start_timeout_s]:
             cmds += self._replica_failed(ReplicaFailed(
-                rep.replica_id, f"cold start exceeded {self.cold_start_timeout_s}s", during_start=True))
+                rep.replica_id, f"cold start exceeded {self.cold_start_timeout_s}s",
+                during_start=True, code="deadline_exceeded", now_s=ev.now_s))
             cmds.append(StopReplica(rep.replica_id, rep.host_id))
         # Groups and replicas drained of work finish stopping (a group's stages first).
         for gid in ev.idle_replicas:
@@ -710,8 +777,6 @@ class ControllerState:
         return out + extra
 
     def _scale(self, fn: FunctionRecord, load: FunctionLoad, now_s: float) -> list[Command]:
-        if fn.broken is not None:
-            return []
         # Stages of a retired group are on their way out: they are not capacity any more.
         leaving = {r for g in self.groups.values() if g.function == fn.spec.name
                    and g.phase == GroupPhase.STOPPING and g.reason == "retired" for r in g.stages}
@@ -730,6 +795,8 @@ class ControllerState:
         current = len(warm) + len(starting)
         fn.desired, fn.reason = decision.desired, decision.reason
         if decision.desired > current:
+            if self.backing_off(spec.name, now_s) is not None:
+                return []  # its starts keep failing: no new one before retry_at_s
             return self._scale_up(fn, decision.desired - current, now_s, load)
         if decision.desired < current:
             excess = current - decision.desired

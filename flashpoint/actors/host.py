@@ -419,8 +419,10 @@ class HostManager:
         if rt.worker is not None:
             rt.worker.replica_id = None  # the watcher must not report it twice
             await self._stop_worker(rt.worker, 2.0)
+        code = exc.code if isinstance(exc, FlashpointError) else "start_failed"
         await self._report("replica_failed", {
-            "replica_id": rt.replica_id, "reason": reason[:500], "during_start": True})
+            "replica_id": rt.replica_id, "reason": reason[:500], "during_start": True,
+            "code": code})
 
     def _worker_device(self, rt: ReplicaTask) -> str:
         device = self.gpu.device(rt.device_id)
@@ -787,7 +789,7 @@ class HostManager:
             log.warning("worker_died", worker_id=w.worker_id, rc=rc, replica_id=rid)
             await self._report("replica_failed", {
                 "replica_id": rid, "reason": f"worker process exited with status {rc}",
-                "during_start": during_start})
+                "during_start": during_start, "code": "worker_exited"})
 
     async def _stop_worker(self, w: WorkerProcess, timeout_s: float) -> None:
         w.stopping = True

@@ -35,19 +35,27 @@ class InvokeResult:
 @dataclass
 class FunctionInfo:
     spec: FunctionSpec
-    ready: bool  # at least one warm replica
+    # It can serve: a replica of it is warm, or it scales from zero and its last replica
+    # start did not fail.
+    ready: bool
     replicas_warm: int
     replicas_starting: int
     queued: int
+    # Why not, when not ready: {"code": "model_load_failed", "message", "error_code",
+    # "failed_starts", "since", "last_failure" (wall-clock s), "retry_in_s" (backing off)}.
+    reason: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "spec": self.spec.to_dict(),
             "ready": self.ready,
             "replicas_warm": self.replicas_warm,
             "replicas_starting": self.replicas_starting,
             "queued": self.queued,
         }
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
 
 
 class InvokeBackend(Protocol):
@@ -87,7 +95,8 @@ class InvokeBackend(Protocol):
         strict request, never counted against the function's SLO).
 
         Raises FunctionNotFound, BadRequest (inputs do not match the function's signature),
-        Overloaded / Unavailable (with retry_after_s), DeadlineExceeded, ModelFailed.
+        Overloaded / Unavailable (with retry_after_s; ModelLoadFailed when its replicas keep
+        failing to start), DeadlineExceeded, ModelFailed.
         """
 
     def cluster_status(self) -> dict[str, Any]:

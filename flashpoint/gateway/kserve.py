@@ -4,12 +4,16 @@
     GET  /v2/health/live                              200 | 503
     GET  /v2/health/ready                             200 | 503
     GET  /v2/models/{name}[/versions/{v}]             model metadata | 404
-    GET  /v2/models/{name}[/versions/{v}]/ready       200 | 404 unknown | 503 cluster not ready
+    GET  /v2/models/{name}[/versions/{v}]/ready       200 | 400 model not ready | 404 unknown
+                                                      | 503 cluster not ready
     POST /v2/models/{name}[/versions/{v}]/infer       inference (JSON or binary tensors)
 
 A function is served as a model of the same name; its only version is the function's
-``model_version`` (any other version is 404). A function is "ready" as soon as it exists and
-the cluster can serve: scale-from-zero starts a replica on demand.
+``model_version`` (any other version is 404). A function is "ready" when the cluster can
+serve and so can it: a replica of it is warm, or it scales from zero (a replica starts on
+demand) and its last replica start did not fail. A model that is not ready answers 400, as
+Triton does (``HandleModelReady``: anything but ready is ``EVHTP_RES_BADREQ``; tritonclient's
+``is_model_ready`` is ``status == 200``), with ``{"name", "ready": false, "reason"}``.
 """
 
 from __future__ import annotations
@@ -92,6 +96,10 @@ class KServeRoutes:
         if not self.ctx.backend.is_ready():
             raise Unavailable(f"model {spec.name!r} is not ready: the cluster has no live "
                               f"host", retry_after_s=1.0)
+        info = self.ctx.backend.get_function(spec.name)
+        if not info.ready:
+            return json_response({"name": spec.name, "ready": False, "reason": info.reason},
+                                 status=400)
         return json_response({"name": spec.name, "ready": True})
 
     async def infer(self, request: web.Request) -> web.Response:

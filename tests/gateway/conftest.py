@@ -40,10 +40,12 @@ class FakeBackend:
         self.live = True
         self.ready = True
         self.calls: list[dict[str, Any]] = []
+        self.not_ready: dict[str, dict[str, Any]] = {}  # function -> its not-ready reason
 
     def _info(self, spec: FunctionSpec) -> FunctionInfo:
-        return FunctionInfo(spec=spec, ready=True, replicas_warm=1, replicas_starting=0,
-                            queued=0)
+        reason = self.not_ready.get(spec.name)
+        return FunctionInfo(spec=spec, ready=reason is None, replicas_warm=int(reason is None),
+                            replicas_starting=0, queued=0, reason=reason)
 
     async def register_function(self, spec: FunctionSpec) -> FunctionInfo:
         if spec.model == "missing":

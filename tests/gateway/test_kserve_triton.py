@@ -250,3 +250,27 @@ def test_inflight_cap_and_rate_limit(make_server: ServerFactory):
         assert ei.value.status() == "429"
     finally:
         c.close()
+
+
+def test_model_whose_starts_fail_is_not_ready(client, server: ThreadedServer,
+                                               backend: FakeBackend):
+    """A function that cannot serve (its replicas keep failing to start) answers its OIP
+    ready route with 400 and the reason, as Triton answers for a model that is not ready;
+    the others stay ready."""
+    import json
+    import urllib.request
+
+    reason = {"code": "model_load_failed", "message": "module tensor 'extra' has no weights",
+              "error_code": "registry_error", "failed_starts": 3, "since": 1.0}
+    backend.not_ready["double"] = reason
+    assert not client.is_model_ready("double")
+    assert not client.is_model_ready("double", model_version="3")
+    assert client.is_model_ready("identity")
+    try:
+        urllib.request.urlopen(f"{server.url}/v2/models/double/ready", timeout=5)
+        raise AssertionError("ready answered 2xx")
+    except urllib.error.HTTPError as e:
+        assert e.code == 400
+        assert json.loads(e.read()) == {"name": "double", "ready": False, "reason": reason}
+    backend.not_ready.clear()
+    assert client.is_model_ready("double")

@@ -293,3 +293,18 @@ async def test_request_class_from_body_header_or_kserve_parameters(server: Threa
                           json={**kx, "parameters": {"request_class": 7}}) as r:
             assert r.status == 400
         assert len(backend.calls) == calls  # refused before reaching the backend
+
+
+async def test_function_not_ready_shows_its_reason(server: ThreadedServer, backend: FakeBackend):
+    reason = {"code": "model_load_failed", "message": "boom", "error_code": "registry_error",
+              "failed_starts": 3, "since": 1.0, "last_failure": 2.0, "retry_in_s": 9.5}
+    backend.not_ready["double"] = reason
+    async with aiohttp.ClientSession(server.url) as s:
+        async with s.get("/v1/functions/double") as r:
+            info = await r.json()
+        assert info["ready"] is False and info["reason"] == reason
+        assert {"spec", "replicas_warm", "replicas_starting", "queued"} <= set(info)
+        async with s.get("/v1/functions") as r:
+            listed = {f["spec"]["name"]: f for f in await r.json()}
+        assert listed["double"]["reason"] == reason
+        assert listed["identity"]["ready"] is True and "reason" not in listed["identity"]

@@ -274,7 +274,9 @@ def test_repeated_start_failures_fail_function_and_stop_deploying():
         assert ForgetReplica(dep.replica_id) in cmds
         fails += of(cmds, FailFunction)
     assert len(fails) == 1
-    assert fails[0].name == "fn" and fails[0].code == "model_failed"
+    assert fails[0].name == "fn" and fails[0].code == "model_load_failed"
+    assert fails[0].failure is not None and "boom" in fails[0].reason
+    # Backing off (10 s from the third failure at t=2): no start before t=12.
     for t in (3.0, 4.0, 5.0):
         st.handle(HostHeartbeat("h1", frozenset(), t))
         assert of(st.handle(Tick(t, {"fn": load(queued=5, last=t)})), DeployReplica) == []
