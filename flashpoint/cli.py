@@ -8,6 +8,7 @@ import contextlib
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -89,16 +90,80 @@ async def _run_host(cfg: ClusterConfig, host_id: str | None) -> None:
 
 
 async def _push(cfg: ClusterConfig, args: argparse.Namespace) -> None:
-    from flashpoint.models.publish import publish
+    """``model push NAME [SOURCE]``: SOURCE a directory or archive the user brings, or a
+    built-in model; without SOURCE, NAME is a built-in model (``push bert --preset small``).
+    Any error is one line and exit 1, before anything is uploaded."""
+    from flashpoint.errors import FlashpointError
+    from flashpoint.models.sources import PushOptions, publish_source
 
-    manifest = await publish(make_store(cfg), args.model, preset=args.preset, version=args.version,
-                             model_name=args.name or args.model, profile=args.profile,
-                             profile_device=args.profile_device)
+    if args.source is None:
+        name, source = args.name or args.model, args.model
+    else:
+        name, source = args.model, args.source
+    options = PushOptions(trust_code=args.trust_code, truncate=args.truncate, top_k=args.top_k,
+                          preset=args.preset, profile=args.profile,
+                          profile_device=args.profile_device)
+    bar = _PushProgress(sys.stderr)
+    try:
+        manifest = await publish_source(make_store(cfg), name, source, version=args.version,
+                                        fmt=args.format, options=options, progress=bar)
+    except FlashpointError as e:
+        bar.done()
+        raise SystemExit(f"error: {e.message}") from None
+    bar.done()
     out: dict[str, Any] = {"model": manifest.name, "version": manifest.version,
-                           "bytes": manifest.blob_size, "layers": len(manifest.layers)}
+                           "format": manifest.source_format, "task": manifest.task,
+                           "bytes": manifest.blob_size, "layers": len(manifest.layers),
+                           "files": sorted(manifest.files)}
     if args.profile:
         out["profile"] = {layer.name: layer.profile for layer in manifest.layers}
     print(json.dumps(out))
+
+
+def _invoke_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The native invoke body of ``--inputs`` JSON, ``--text`` or ``--image`` files."""
+    import base64
+
+    if args.text:
+        return {"text": args.text if len(args.text) > 1 else args.text[0]}
+    if args.image:
+        try:
+            images = [base64.b64encode(p.read_bytes()).decode() for p in args.image]
+        except OSError as e:
+            raise SystemExit(f"error: cannot read {e.filename}: {e.strerror}") from None
+        return {"image": images if len(images) > 1 else images[0]}
+    try:
+        return {"inputs": json.loads(args.inputs)}
+    except ValueError as e:
+        raise SystemExit(f"--inputs is not JSON: {e}") from None
+
+
+class _PushProgress:
+    """One line on a terminal, redrawn per phase of a push (load, write, verify, upload)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.started = time.monotonic()
+        self.drawn = False
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        from flashpoint.progress import bar
+
+        line = f"{phase:<7} {bar(done, total)}  {time.monotonic() - self.started:6.1f}s"
+        if total > 1:
+            line += f"  {total / 1e6:.1f} MB"
+        if self.tty:
+            self.stream.write("\r" + line)
+            self.drawn = True
+        elif done >= total:  # not a terminal: one line per finished phase
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 async def _model_list(cfg: ClusterConfig, as_json: bool) -> None:
@@ -116,7 +181,7 @@ async def _model_list(cfg: ClusterConfig, as_json: bool) -> None:
         for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _size(size_bytes: int) -> str:
@@ -225,11 +290,22 @@ def main(argv: list[str] | None = None) -> int:
     host.add_argument("--host-id")
     model = sub.add_parser("model", help="model registry commands")
     msub = model.add_subparsers(dest="model_cmd", required=True)
-    push = msub.add_parser("push", help="publish a built-in model to the registry")
-    push.add_argument("model", help="bert | resnet | noop")
-    push.add_argument("--preset", default="tiny")
+    push = msub.add_parser(
+        "push", help="publish a model: a Hugging Face directory, a TorchScript / torch.export "
+        "archive, a handler bundle, or a built-in model (bert | resnet | noop)")
+    push.add_argument("model", help="registry name (or, with no SOURCE, a built-in model)")
+    push.add_argument("source", nargs="?",
+                      help="model directory or archive, or a built-in model name")
+    push.add_argument("--format", choices=["hf", "torchscript", "export", "handler", "zoo"],
+                      help="force the format instead of detecting it from the files")
+    push.add_argument("--trust-code", action="store_true",
+                      help="allow the model's own code (handler bundles); an admin's call")
+    push.add_argument("--truncate", action="store_true",
+                      help="text models: cut texts past the model's positions instead of a 400")
+    push.add_argument("--top-k", type=int, default=0, help="labels per answer (default 5)")
+    push.add_argument("--preset", default="tiny", help="built-in models: tiny|small|base|large")
     push.add_argument("--version", default="1")
-    push.add_argument("--name", help="registry name (default: the model kind)")
+    push.add_argument("--name", help="registry name of a built-in model pushed without SOURCE")
     push.add_argument("--profile", action="store_true",
                       help="measure each layer (bytes, exec time, output size) into the manifest")
     push.add_argument("--profile-device", default="cpu", help="device to profile on (cpu, cuda)")
@@ -255,8 +331,13 @@ def main(argv: list[str] | None = None) -> int:
             sp.add_argument("function")
         if name == "invoke":
             sp.add_argument("function")
-            sp.add_argument("--inputs", required=True,
-                            help='JSON: {"x": {"data": [...], "shape": [...], "datatype": "FP32"}}')
+            given = sp.add_mutually_exclusive_group(required=True)
+            given.add_argument("--inputs",
+                               help='tensors as JSON: {"x": {"data", "shape", "datatype"}}')
+            given.add_argument("--text", action="append",
+                               help="a text for a text model (repeat for several)")
+            given.add_argument("--image", action="append", type=Path,
+                               help="an image file (JPEG/PNG) for an image model (repeatable)")
     demo = sub.add_parser("demo", help="up, push, deploy, invoke, and print the timings")
     demo.add_argument("--hosts", type=int, default=2)
     demo.add_argument("--preset", default="small")
@@ -301,10 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.wait and args.min_replicas > 0:
             return uvloop.run(_wait_deployed(args))
     elif args.cmd == "invoke":
-        try:
-            body = {"inputs": json.loads(args.inputs)}
-        except ValueError as e:
-            raise SystemExit(f"--inputs is not JSON: {e}") from None
+        body = _invoke_body(args)
         print(json.dumps(uvloop.run(_http("POST", f"{args.url}/v1/functions/{args.function}/invoke",
                                           body, args.api_key)), indent=2))
     elif args.cmd == "functions":
