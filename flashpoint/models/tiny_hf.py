@@ -9,8 +9,11 @@ bytes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no bars in the demo's tables
 
 SENTENCES = (
     "flashpoint serves models from host memory",
