@@ -307,6 +307,10 @@ class Controller:
                     self._spawn(self._begin_completion(cmd), f"complete:{cmd.group_id}")
                 case cs.RequestHost():
                     self._spawn(self._replace_host(cmd.replacing), f"replace:{cmd.replacing}")
+                case cs.RouteCanary():
+                    self.dispatcher.set_canary(cmd.function, cmd.model_key, cmd.pct)
+                    log.info("canary_routed", function=cmd.function, model=cmd.model_key,
+                             pct=cmd.pct)
         self._sync_dispatch()
 
     def _sync_dispatch(self) -> None:
@@ -320,7 +324,8 @@ class Controller:
                     and not self.dispatcher.has_replica(rep.replica_id):
                 fn = self.state.functions.get(rep.function)
                 if fn is not None:
-                    self.dispatcher.add_replica(rep.replica_id, rep.function, fn.spec.replica_concurrency)
+                    self.dispatcher.add_replica(rep.replica_id, rep.function,
+                                                fn.spec.replica_concurrency, rep.model_key)
         for name in self.state.functions:
             self._pump(name)
 
@@ -799,6 +804,7 @@ class Controller:
             replicas_warm=sum(r.phase == cs.ReplicaPhase.WARM for r in reps),
             replicas_starting=sum(r.phase == cs.ReplicaPhase.STARTING for r in reps),
             queued=self.dispatcher.queued(fn.spec.name),
+            rollout=self.state.rollout(fn.spec.name),
         )
 
     def list_functions(self) -> list[FunctionInfo]:

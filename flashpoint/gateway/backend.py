@@ -39,6 +39,9 @@ class FunctionInfo:
     replicas_warm: int
     replicas_starting: int
     queued: int
+    # where a version roll-out stands (ControllerState.rollout): phase, version,
+    # previous_version, canary_pct, replicas per model version; {} when not known
+    rollout: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +50,7 @@ class FunctionInfo:
             "replicas_warm": self.replicas_warm,
             "replicas_starting": self.replicas_starting,
             "queued": self.queued,
+            "rollout": self.rollout,
         }
 
 

@@ -67,7 +67,8 @@ def result_from_wire(reply: dict[str, Any]) -> InvokeResult:
 
 def info_from_wire(d: dict[str, Any]) -> FunctionInfo:
     return FunctionInfo(FunctionSpec.from_dict(d["spec"]), bool(d["ready"]),
-                        int(d["replicas_warm"]), int(d["replicas_starting"]), int(d["queued"]))
+                        int(d["replicas_warm"]), int(d["replicas_starting"]), int(d["queued"]),
+                        dict(d.get("rollout") or {}))
 
 
 def _check_reply(reply: dict[str, Any]) -> dict[str, Any]:
