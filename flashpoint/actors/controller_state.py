@@ -235,6 +235,7 @@ class FunctionRecord:
     previous: FunctionSpec | None = None
     previous_bytes: int = 0
     rollout: RollPhase = RollPhase.STABLE
+    roll_failed: str | None = None  # why replicas of ``spec``'s version kept failing to start
 
     @property
     def model_key(self) -> str:
@@ -453,7 +454,14 @@ class ControllerState:
         fn = self.functions.get(rep.function)
         if fn is not None and ev.during_start:
             fn.start_failures += 1
-            if fn.start_failures >= MAX_CONSECUTIVE_START_FAILURES and fn.broken is None:
+            if fn.start_failures >= MAX_CONSECUTIVE_START_FAILURES and fn.broken is None \
+                    and fn.previous is not None and rep.model_key == fn.model_key and any(
+                        r.phase == ReplicaPhase.WARM and r.model_key != fn.model_key
+                        for r in self.replicas_of(fn.spec.name)):
+                # A roll-out to a version that does not start: the previous version keeps
+                # serving (and takes its replicas back) until the next deploy.
+                fn.roll_failed, fn.rollout, fn.start_failures = ev.reason, RollPhase.FAILED, 0
+            elif fn.start_failures >= MAX_CONSECUTIVE_START_FAILURES and fn.broken is None:
                 fn.broken = ev.reason
                 cmds.append(FailFunction(fn.spec.name, "model_failed",
                                          f"replicas keep failing to start: {ev.reason}"))
@@ -810,18 +818,21 @@ class ControllerState:
         """A function whose replicas run more than one model version, or that holds a canary:
         the pure roll-out plan (policy/rollout.py) says which versions to start and which
         replicas to retire; retired ones drain (no new work, stopped once idle)."""
-        decision = plan_roll(RollSnapshot(fn.model_key, fn.stable_key, fn.spec.canary_pct,
-                                          desired, tuple(
+        target, stable, pct = fn.model_key, fn.stable_key, fn.spec.canary_pct
+        if fn.roll_failed is not None and fn.previous is not None:
+            # The new version would not start: back to the previous one until the next deploy.
+            target, stable, pct = fn.previous.model_key, None, 100.0
+        decision = plan_roll(RollSnapshot(target, stable, pct, desired, tuple(
             RollReplica(r.replica_id, r.model_key, r.phase == ReplicaPhase.WARM,
                         r.warm_s if r.warm_s is not None else r.requested_s) for r in mine)))
-        fn.rollout = decision.phase
+        fn.rollout = RollPhase.FAILED if fn.roll_failed is not None else decision.phase
         cmds = self._retire([self.replicas[r] for r in decision.retire if r in self.replicas])
         for key, count in decision.start:
             if key == fn.model_key:
                 cmds += self._place_whole(fn, count, now_s)
             elif fn.previous is not None and key == fn.previous.model_key:
                 cmds += self._place_whole(fn, count, now_s, fn.previous, fn.previous_bytes)
-        if decision.phase == RollPhase.STABLE:
+        if fn.rollout == RollPhase.STABLE:
             fn.previous, fn.previous_bytes = None, 0  # the roll-out is complete
         return cmds
 
@@ -1026,4 +1037,4 @@ class ControllerState:
         return {"phase": fn.rollout.value, "version": fn.spec.model_version,
                 "previous_version": fn.previous.model_version if fn.previous else None,
                 "canary_pct": fn.spec.canary_pct if fn.canary else None,
-                "replicas": versions}
+                "reason": fn.roll_failed or "", "replicas": versions}

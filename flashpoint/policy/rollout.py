@@ -28,6 +28,9 @@ class RollPhase(StrEnum):
     STABLE = "stable"  # every replica runs the target version
     ROLLING = "rolling"  # replicas of another version are still to leave (or to come)
     CANARY = "canary"  # the split between target and stable version is in place
+    # (set by the controller's state, never by the plan) the target version's replicas kept
+    # failing to start: the previous version serves until the next deploy
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)

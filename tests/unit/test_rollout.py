@@ -9,6 +9,7 @@ from flashpoint.actors.controller_state import (
     ControllerState,
     DeployReplica,
     DeviceRecord,
+    FailFunction,
     ForgetReplica,
     FunctionLoad,
     FunctionUpserted,
@@ -170,7 +171,7 @@ def test_state_rolls_replicas_one_by_one_and_back():
         assert seen.index(StopAccepting(rid)) < next(
             i for i, c in enumerate(seen) if isinstance(c, StopReplica) and c.replica_id == rid)
     assert st.rollout("fn") == {"phase": "stable", "version": "2", "previous_version": None,
-                                "canary_pct": None,
+                                "canary_pct": None, "reason": "",
                                 "replicas": {"m@2": {"starting": 0, "warm": 2, "stopping": 0}}}
     # roll back: just a roll to the old version
     roll.min_warm = 10**9
@@ -264,3 +265,29 @@ def test_canary_split_lends_a_full_sides_turn_and_skips_draining_replicas():
     for i in range(3):
         d.enqueue("f", i)
     assert [rid for _, rid in d.assign("f")] == ["new"]  # never to the draining one
+
+
+def test_state_a_version_that_does_not_start_fails_the_roll_not_the_function():
+    st = _state()
+    st.handle(FunctionUpserted(_spec("1"), MIB))
+    roll = Roll(st)
+    roll.settle()
+    old = set(roll.warm("m@1"))
+    st.handle(FunctionUpserted(_spec("2"), MIB))
+    for attempt in range(3):
+        roll.now += 1.0
+        cmds = st.handle(Tick(roll.now, {"fn": FunctionLoad(0, 1, roll.now)}))
+        (dep,) = [c for c in cmds if isinstance(c, DeployReplica)]
+        assert dep.spec.model_version == "2", attempt
+        cmds = st.handle(ReplicaFailed(dep.replica_id, "bad weights", during_start=True))
+        assert not [c for c in cmds if isinstance(c, FailFunction)]
+    assert st.functions["fn"].broken is None
+    view = st.rollout("fn")
+    assert view["phase"] == "failed" and view["reason"] == "bad weights"
+    # the old version keeps serving and no more replicas of the new one are started
+    assert not [c for c in roll.settle() if isinstance(c, DeployReplica)]
+    assert set(roll.warm("m@1")) == old and st.rollout("fn")["phase"] == "failed"
+    # the next deploy (here: a retry of version 2) rolls again
+    st.handle(FunctionUpserted(_spec("2"), MIB))
+    roll.settle()
+    assert len(roll.warm("m@2")) == 2 and st.rollout("fn")["phase"] == "stable"
