@@ -469,7 +469,7 @@ class Controller:
                                       frozenset(p.get("cached_models", [])), replicas, time.monotonic(),
                                       str(p.get("leaf") or ""),
                                       str(p.get("gpu_sharing") or "none"),
-                                      _shares(p.get("shares")), gpus))
+                                      _shares(p.get("shares")), gpus, _models(p.get("models"))))
         kind = str(p.get("kind") or "ondemand")
         self.cost.start(host_id, kind if kind in ("spot", "ondemand") else "ondemand",
                         time.monotonic())
@@ -884,6 +884,14 @@ def _replace_io(spec: FunctionSpec, io: dict[str, Any]) -> FunctionSpec:
         inputs=tuple(TensorSpec.from_dict(t) for t in io.get("inputs", [])),
         outputs=tuple(TensorSpec.from_dict(t) for t in io.get("outputs", [])),
     )
+
+
+def _models(wire: Any) -> dict[str, str]:
+    """A host's ``models`` report (replica id -> model version key); anything but a map of
+    strings is dropped (its replicas are then taken to run the registered version)."""
+    if not isinstance(wire, dict):
+        return {}
+    return {rid: key for rid, key in wire.items() if isinstance(rid, str) and isinstance(key, str)}
 
 
 def _shares(wire: Any) -> dict[str, ReplicaShare]:

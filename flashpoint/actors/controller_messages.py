@@ -49,6 +49,7 @@ class HostRegistered:
     gpu_sharing: str = "none"
     shares: dict[str, ReplicaShare] = field(default_factory=dict)  # replica id -> its share
     gpus: tuple[GpuRecord, ...] = ()
+    models: dict[str, str] = field(default_factory=dict)  # replica id -> its model version key
 
 
 @dataclass(frozen=True)

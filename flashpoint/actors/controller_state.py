@@ -412,8 +412,9 @@ class ControllerState:
                     ReplicaPhase.WARM if warm else ReplicaPhase.STARTING, ev.now_s,
                     ev.now_s if warm else None, compute=fn.spec.compute if fn else 0.0,
                     share=ev.shares.get(replica_id),
-                    # hosts do not report the version: taken to be the registered one
-                    model_key=fn.model_key if fn is not None else "",
+                    # as its host reports it (else the registered version): a roll-out under
+                    # way before the restart goes on
+                    model_key=ev.models.get(replica_id) or (fn.model_key if fn else ""),
                 )
         # Replicas we believed on this host that it no longer has are gone.
         for rep in [r for r in self.replicas.values() if r.host_id == ev.host_id]:

@@ -291,3 +291,17 @@ def test_state_a_version_that_does_not_start_fails_the_roll_not_the_function():
     st.handle(FunctionUpserted(_spec("2"), MIB))
     roll.settle()
     assert len(roll.warm("m@2")) == 2 and st.rollout("fn")["phase"] == "stable"
+
+
+def test_restarted_controller_goes_on_with_a_roll_from_the_versions_hosts_report():
+    st = ControllerState(heartbeat_timeout_s=5.0, replica_overhead_bytes=0)
+    st.handle(FunctionUpserted(_spec("2"), MIB))  # reloaded from the function table
+    devs = (DeviceRecord("cpu:0", "cpu", 4 * GIB), DeviceRecord("cpu:1", "cpu", 4 * GIB))
+    st.handle(HostRegistered("h0", devs, 16 * GIB, frozenset(),
+                             (("fn-a", "fn", "cpu:0", True), ("fn-b", "fn", "cpu:1", True)),
+                             0.0, models={"fn-a": "m@1", "fn-b": "m@2"}))
+    assert st.replicas["fn-a"].model_key == "m@1" and st.replicas["fn-b"].model_key == "m@2"
+    st.handle(HostRegistered("h1", devs, 16 * GIB, frozenset(), (), 0.0))
+    roll = Roll(st)
+    roll.settle()
+    assert "fn-a" not in st.replicas and len(roll.warm("m@2")) == 2
