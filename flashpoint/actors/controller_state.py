@@ -371,12 +371,16 @@ class ControllerState:
         if old is not None:
             rec.last_request_s = old.last_request_s
             rec.scaler_memory = old.scaler_memory
-            rec.desired, rec.rollout = old.desired, old.rollout
+            rec.desired = old.desired
             if old.model_key != rec.model_key:
                 rec.previous, rec.previous_bytes = old.spec, old.model_bytes
             else:  # same version, other settings (or the canary's percentage)
                 rec.previous, rec.previous_bytes = old.previous, old.previous_bytes
         self.functions[ev.spec.name] = rec
+        # What the next tick's plan will say, visible at once (GET /v1/functions/{name})
+        mixed = any(r.model_key != rec.model_key and r.phase != ReplicaPhase.STOPPING
+                    for r in self.replicas_of(spec.name))
+        rec.rollout = RollPhase.ROLLING if mixed or rec.canary else RollPhase.STABLE
         if rec.canary:
             return [RouteCanary(spec.name, rec.model_key, spec.canary_pct)]
         if old is not None and old.canary:

@@ -156,6 +156,7 @@ def test_state_rolls_replicas_one_by_one_and_back():
     assert len(roll.warm("m@1")) == 2 and st.rollout("fn")["phase"] == "stable"
     roll.min_warm = 10**9
     st.handle(FunctionUpserted(_spec("2"), MIB))
+    assert st.rollout("fn")["phase"] == "rolling"  # at once, before the next tick
     cmds = roll.tick()
     (dep,) = [c for c in cmds if isinstance(c, DeployReplica)]  # one at a time
     assert dep.spec.model_version == "2"
