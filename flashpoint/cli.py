@@ -319,7 +319,12 @@ def main(argv: list[str] | None = None) -> int:
         if name == "deploy":
             sp.add_argument("function")
             sp.add_argument("--model", required=True)
-            sp.add_argument("--version", default="1")
+            sp.add_argument("--version", default="1",
+                            help="model version; a new one on a live function rolls its "
+                                 "replicas over one by one (an old one rolls back)")
+            sp.add_argument("--canary", type=float, metavar="PCT",
+                            help="send PCT%% of requests (and replicas) to --version, the rest "
+                                 "to the version before it, until a deploy without --canary")
             sp.add_argument("--max-batch-size", type=int, default=8)
             sp.add_argument("--min-replicas", type=int, default=0)
             sp.add_argument("--max-replicas", type=int, default=4)
@@ -377,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         body = {"name": args.function, "model": args.model, "model_version": args.version,
                 "max_batch_size": args.max_batch_size, "min_replicas": args.min_replicas,
                 "max_replicas": args.max_replicas, "keep_alive_s": args.keep_alive_s}
+        if args.canary is not None:
+            body["canary_pct"] = args.canary
         print(json.dumps(uvloop.run(_http("POST", f"{args.url}/v1/functions", body, args.api_key)),
                          indent=2))
         if args.wait and args.min_replicas > 0:
