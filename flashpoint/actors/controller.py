@@ -131,7 +131,9 @@ class Controller:
         self._pump_pending: set[str] = set()
         self._ok_metrics: dict[str, tuple[Any, Any]] = {}  # function -> (ok counter, latency)
         self._slo: dict[str, SloCompliance] = {}  # strict requests within the function's SLO
-        self._manifests: dict[str, str] = {}  # "name@version" -> manifest JSON (immutable)
+        # "name@version" -> its manifest (immutable): parsed once, its JSON text made once
+        # (Manifest.to_json is memoised) and sent as is with every deploy.
+        self._manifests: dict[str, Manifest] = {}
         self._arrivals = RateMeter()
         self._completions = RateMeter()
         self._invocations: dict[str, int] = {}  # accepted per function, since start
@@ -350,7 +352,9 @@ class Controller:
                 await host.deploy_kaas(cmd)
                 return
             key = f"{cmd.spec.model}@{cmd.spec.model_version}"
-            await host.deploy(cmd, self._resolve_source(cmd.source), self._manifests.get(key))
+            known = self._manifests.get(key)
+            await host.deploy(cmd, self._resolve_source(cmd.source),
+                              known.to_json() if known is not None else None)
         except FlashpointError as exc:
             log.warning("deploy_failed", replica_id=cmd.replica_id, error=exc.to_wire())
             self._apply(cs.ReplicaFailed(cmd.replica_id, exc.message, during_start=True,
@@ -400,7 +404,7 @@ class Controller:
             fn = self.state.functions.get(cmd.function)
             if fn is None:
                 raise FunctionNotFound(f"function {cmd.function!r} is gone")
-            manifest = Manifest.from_json(self._manifests[fn.model_key])
+            manifest = self._manifests[fn.model_key]
             io = manifest.io.to_dict()
             client = PipelineClient(
                 Endpoint.from_wire(eps[0]), self.config.secret.encode(),
@@ -767,11 +771,10 @@ class Controller:
     # functions ---------------------------------------------------------------------------
     async def _apply_function(self, spec: FunctionSpec, persist: bool) -> FunctionSpec:
         key = f"{spec.model}@{spec.model_version}"
-        if key in self._manifests:  # versions are immutable: no registry round trip needed
-            manifest = Manifest.from_json(self._manifests[key])
-        else:
+        manifest = self._manifests.get(key)
+        if manifest is None:  # versions are immutable: one registry round trip per version
             manifest = await self.store.get_manifest(spec.model, spec.model_version)
-            self._manifests[key] = manifest.to_json()
+            self._manifests[key] = manifest
         io = manifest.io.to_dict()
         if not spec.inputs and io.get("inputs"):
             spec = _replace_io(spec, io)

@@ -257,7 +257,13 @@ class Manifest:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
+        """The manifest's JSON text, made once per manifest (it is immutable): a deploy sends
+        the same text to every host and worker without serialising it again."""
+        text = self.__dict__.get("_json")
+        if text is None:
+            text = json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
+            object.__setattr__(self, "_json", text)
+        return text
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
