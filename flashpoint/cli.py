@@ -91,9 +91,25 @@ async def _run_host(cfg: ClusterConfig, host_id: str | None) -> None:
 async def _push(cfg: ClusterConfig, args: argparse.Namespace) -> None:
     from flashpoint.models.publish import publish
 
-    manifest = await publish(make_store(cfg), args.model, preset=args.preset, version=args.version,
-                             model_name=args.name or args.model, profile=args.profile,
-                             profile_device=args.profile_device)
+    if args.source is not None:  # NAME SOURCE: a model the user brings
+        from flashpoint.errors import UnsupportedModel
+        from flashpoint.models.sources import PushOptions, publish_source
+        from flashpoint.models.sources.base import parse_tensor_spec
+
+        try:
+            options = PushOptions(
+                trust_code=args.trust_code, profile=args.profile,
+                profile_device=args.profile_device,
+                inputs=tuple(parse_tensor_spec(t) for t in args.input or ()))
+            manifest = await publish_source(make_store(cfg), args.name or args.model,
+                                            args.source, version=args.version, fmt=args.format,
+                                            options=options)
+        except UnsupportedModel as e:
+            raise SystemExit(f"push refused: {e.message}") from None
+    else:
+        manifest = await publish(make_store(cfg), args.model, preset=args.preset,
+                                 version=args.version, model_name=args.name or args.model,
+                                 profile=args.profile, profile_device=args.profile_device)
     out: dict[str, Any] = {"model": manifest.name, "version": manifest.version,
                            "bytes": manifest.blob_size, "layers": len(manifest.layers)}
     if args.profile:
@@ -225,8 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     host.add_argument("--host-id")
     model = sub.add_parser("model", help="model registry commands")
     msub = model.add_subparsers(dest="model_cmd", required=True)
-    push = msub.add_parser("push", help="publish a built-in model to the registry")
-    push.add_argument("model", help="bert | resnet | noop")
+    push = msub.add_parser("push", help="publish a model to the registry (written directly, "
+                                        "with this machine's store credentials)")
+    push.add_argument("model", help="bert | resnet | noop, or the registry name when a "
+                                    "source follows")
+    push.add_argument("source", nargs="?", help="a model directory or archive: Hugging Face "
+                      "directory, TorchScript .pt, torch.export .pt2, handler bundle")
+    push.add_argument("--format", help="the source's format when it cannot be told: "
+                                       "hf | torchscript | export | handler")
+    push.add_argument("--trust-code", action="store_true",
+                      help="allow a source that runs its own code (handler bundles); admin only")
+    push.add_argument("--input", action="append", metavar="NAME:DTYPE:SHAPE",
+                      help="an input of the model, e.g. x:FP32:-1,16 (TorchScript needs them)")
     push.add_argument("--preset", default="tiny")
     push.add_argument("--version", default="1")
     push.add_argument("--name", help="registry name (default: the model kind)")
