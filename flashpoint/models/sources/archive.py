@@ -89,8 +89,8 @@ class _Program:
                                    f"{type(e).__name__}: {e}"[:500]) from None
 
     def _prepared(self, source: Path, program: Any, module: torch.nn.Module,
-                  inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...] | None,
-                  options: PushOptions) -> Prepared:
+                  inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...] | None
+                  ) -> Prepared:
         code = archive.without_weights(self.name, program)
         if len(code) > MAX_FILE_BYTES:
             raise UnsupportedModel(f"{source}: its code and constants exceed "
@@ -135,7 +135,7 @@ class TorchScriptArchive(_Program):
                                    "name them with --input NAME:DTYPE:SHAPE (e.g. x:FP32:-1,16)")
         program = self._load(source)
         program.eval()
-        return self._prepared(source, program, program, tuple(options.inputs), None, options)
+        return self._prepared(source, program, program, tuple(options.inputs), None)
 
 
 class ExportedArchive(_Program):
@@ -157,7 +157,7 @@ class ExportedArchive(_Program):
                 raise UnsupportedModel(f"{source}: the program takes {len(inputs)} inputs, "
                                        f"--input named {len(options.inputs)}")
             inputs = tuple(options.inputs)
-        return self._prepared(source, program, program.module(), inputs, outputs, options)
+        return self._prepared(source, program, program.module(), inputs, outputs)
 
 
 def signature(program: Any, what: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:

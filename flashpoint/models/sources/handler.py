@@ -34,6 +34,7 @@ from flashpoint.models.sources.base import (
     one_layer,
     parse_tensor_spec,
     read_file,
+    warmup_inputs,
 )
 from flashpoint.registry.manifest import IoSignature
 from flashpoint.spec import TensorSpec
@@ -50,14 +51,14 @@ class HandlerBundle:
         return source.is_dir() and (source / MANIFEST_FILE).is_file()
 
     def prepare(self, source: Path, options: PushOptions) -> Prepared:
+        if not options.trust_code:
+            raise UnsupportedModel(f"{source}: a handler bundle runs its own code: an admin "
+                                   "must push it with --trust-code")
         toml_path = source / MANIFEST_FILE
         try:
             raw = tomllib.loads(read_file(toml_path, "the bundle's manifest").decode())
         except (ValueError, UnicodeDecodeError) as e:
             raise UnsupportedModel(f"{toml_path}: not valid TOML: {e}") from None
-        if not options.trust_code:
-            raise UnsupportedModel(f"{source}: a handler bundle runs its own code: an admin "
-                                   "must push it with --trust-code")
         ref = raw.get("handler")
         if not isinstance(ref, str) or ref.count(":") != 1:
             raise UnsupportedModel(f"{toml_path}: needs handler = \"module:Class\"")
@@ -127,8 +128,6 @@ def _warm_up(source: Path, module: HandlerModule, handler: Any,
              ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     """One warm-up request through preprocess, predict and postprocess: the module's
     output specs and the answer's."""
-    from flashpoint.models.sources.base import warmup_inputs
-
     request = warmup_inputs(inputs)
     variable = any(d < 0 for s in inputs for d in s.shape[1:])
     step = "preprocess"
