@@ -8,6 +8,7 @@ import contextlib
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -89,32 +90,82 @@ async def _run_host(cfg: ClusterConfig, host_id: str | None) -> None:
 
 
 async def _push(cfg: ClusterConfig, args: argparse.Namespace) -> None:
-    from flashpoint.models.publish import publish
+    """``model push NAME [SOURCE]``: SOURCE a directory or archive the user brings, or a
+    built-in model; without SOURCE, NAME is a built-in model (``push bert --preset small``).
+    Any error is one line and exit 1, before anything is uploaded."""
+    from flashpoint.errors import FlashpointError
+    from flashpoint.models.sources import PushOptions, publish_source
+    from flashpoint.models.sources.base import parse_tensor_spec
 
-    if args.source is not None:  # NAME SOURCE: a model the user brings
-        from flashpoint.errors import UnsupportedModel
-        from flashpoint.models.sources import PushOptions, publish_source
-        from flashpoint.models.sources.base import parse_tensor_spec
-
-        try:
-            options = PushOptions(
-                trust_code=args.trust_code, profile=args.profile,
-                profile_device=args.profile_device,
-                inputs=tuple(parse_tensor_spec(t) for t in args.input or ()))
-            manifest = await publish_source(make_store(cfg), args.name or args.model,
-                                            args.source, version=args.version, fmt=args.format,
-                                            options=options)
-        except UnsupportedModel as e:
-            raise SystemExit(f"push refused: {e.message}") from None
+    if args.source is None:
+        name, source = args.name or args.model, args.model
     else:
-        manifest = await publish(make_store(cfg), args.model, preset=args.preset,
-                                 version=args.version, model_name=args.name or args.model,
-                                 profile=args.profile, profile_device=args.profile_device)
+        name, source = args.model, args.source
+    bar = _PushProgress(sys.stderr)
+    try:
+        options = PushOptions(trust_code=args.trust_code, truncate=args.truncate,
+                              top_k=args.top_k, preset=args.preset, profile=args.profile,
+                              profile_device=args.profile_device,
+                              inputs=tuple(parse_tensor_spec(t) for t in args.input or ()))
+        manifest = await publish_source(make_store(cfg), name, source, version=args.version,
+                                        fmt=args.format, options=options, progress=bar)
+    except FlashpointError as e:
+        bar.done()
+        raise SystemExit(f"error: {e.message}") from None
+    bar.done()
     out: dict[str, Any] = {"model": manifest.name, "version": manifest.version,
-                           "bytes": manifest.blob_size, "layers": len(manifest.layers)}
+                           "format": manifest.source_format, "task": manifest.task,
+                           "bytes": manifest.blob_size, "layers": len(manifest.layers),
+                           "files": sorted(manifest.files)}
     if args.profile:
         out["profile"] = {layer.name: layer.profile for layer in manifest.layers}
     print(json.dumps(out))
+
+
+def _invoke_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The native invoke body of ``--inputs`` JSON, ``--text`` or ``--image`` files."""
+    import base64
+
+    if args.text:
+        return {"text": args.text if len(args.text) > 1 else args.text[0]}
+    if args.image:
+        try:
+            images = [base64.b64encode(p.read_bytes()).decode() for p in args.image]
+        except OSError as e:
+            raise SystemExit(f"error: cannot read {e.filename}: {e.strerror}") from None
+        return {"image": images if len(images) > 1 else images[0]}
+    try:
+        return {"inputs": json.loads(args.inputs)}
+    except ValueError as e:
+        raise SystemExit(f"--inputs is not JSON: {e}") from None
+
+
+class _PushProgress:
+    """One line on a terminal, redrawn per phase of a push (load, write, verify, upload)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.started = time.monotonic()
+        self.drawn = False
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        from flashpoint.progress import bar
+
+        line = f"{phase:<7} {bar(done, total)}  {time.monotonic() - self.started:6.1f}s"
+        if total > 1:
+            line += f"  {total / 1e6:.1f} MB"
+        if self.tty:
+            self.stream.write("\r" + line)
+            self.drawn = True
+        elif done >= total:  # not a terminal: one line per finished phase
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 async def _model_list(cfg: ClusterConfig, as_json: bool) -> None:
@@ -132,7 +183,7 @@ async def _model_list(cfg: ClusterConfig, as_json: bool) -> None:
         for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _size(size_bytes: int) -> str:
@@ -241,21 +292,25 @@ def main(argv: list[str] | None = None) -> int:
     host.add_argument("--host-id")
     model = sub.add_parser("model", help="model registry commands")
     msub = model.add_subparsers(dest="model_cmd", required=True)
-    push = msub.add_parser("push", help="publish a model to the registry (written directly, "
-                                        "with this machine's store credentials)")
-    push.add_argument("model", help="bert | resnet | noop, or the registry name when a "
-                                    "source follows")
-    push.add_argument("source", nargs="?", help="a model directory or archive: Hugging Face "
-                      "directory, TorchScript .pt, torch.export .pt2, handler bundle")
-    push.add_argument("--format", help="the source's format when it cannot be told: "
-                                       "hf | torchscript | export | handler")
+    push = msub.add_parser(
+        "push", help="publish a model: a Hugging Face directory, a TorchScript / torch.export "
+        "archive, a handler bundle, or a built-in model (bert | resnet | noop)")
+    push.add_argument("model", help="registry name (or, with no SOURCE, a built-in model)")
+    push.add_argument("source", nargs="?",
+                      help="model directory or archive, or a built-in model name")
+    push.add_argument("--format", choices=["hf", "torchscript", "export", "handler", "zoo"],
+                      help="force the format instead of detecting it from the files")
     push.add_argument("--trust-code", action="store_true",
-                      help="allow a source that runs its own code (handler bundles); admin only")
+                      help="allow the model's own code (handler bundles); an admin's call")
     push.add_argument("--input", action="append", metavar="NAME:DTYPE:SHAPE",
-                      help="an input of the model, e.g. x:FP32:-1,16 (TorchScript needs them)")
-    push.add_argument("--preset", default="tiny")
+                      help="an input of the model, e.g. x:FP32:-1,16 (TorchScript needs them; "
+                      "repeat for each)")
+    push.add_argument("--truncate", action="store_true",
+                      help="text models: cut texts past the model's positions instead of a 400")
+    push.add_argument("--top-k", type=int, default=0, help="labels per answer (default 5)")
+    push.add_argument("--preset", default="tiny", help="built-in models: tiny|small|base|large")
     push.add_argument("--version", default="1")
-    push.add_argument("--name", help="registry name (default: the model kind)")
+    push.add_argument("--name", help="registry name of a built-in model pushed without SOURCE")
     push.add_argument("--profile", action="store_true",
                       help="measure each layer (bytes, exec time, output size) into the manifest")
     push.add_argument("--profile-device", default="cpu", help="device to profile on (cpu, cuda)")
@@ -269,7 +324,12 @@ def main(argv: list[str] | None = None) -> int:
         if name == "deploy":
             sp.add_argument("function")
             sp.add_argument("--model", required=True)
-            sp.add_argument("--version", default="1")
+            sp.add_argument("--version", default="1",
+                            help="model version; a new one on a live function rolls its "
+                                 "replicas over one by one (an old one rolls back)")
+            sp.add_argument("--canary", type=float, metavar="PCT",
+                            help="send PCT%% of requests (and replicas) to --version, the rest "
+                                 "to the version before it, until a deploy without --canary")
             sp.add_argument("--max-batch-size", type=int, default=8)
             sp.add_argument("--min-replicas", type=int, default=0)
             sp.add_argument("--max-replicas", type=int, default=4)
@@ -281,8 +341,13 @@ def main(argv: list[str] | None = None) -> int:
             sp.add_argument("function")
         if name == "invoke":
             sp.add_argument("function")
-            sp.add_argument("--inputs", required=True,
-                            help='JSON: {"x": {"data": [...], "shape": [...], "datatype": "FP32"}}')
+            given = sp.add_mutually_exclusive_group(required=True)
+            given.add_argument("--inputs",
+                               help='tensors as JSON: {"x": {"data", "shape", "datatype"}}')
+            given.add_argument("--text", action="append",
+                               help="a text for a text model (repeat for several)")
+            given.add_argument("--image", action="append", type=Path,
+                               help="an image file (JPEG/PNG) for an image model (repeatable)")
     demo = sub.add_parser("demo", help="up, push, deploy, invoke, and print the timings")
     demo.add_argument("--hosts", type=int, default=2)
     demo.add_argument("--preset", default="small")
@@ -322,15 +387,14 @@ def main(argv: list[str] | None = None) -> int:
         body = {"name": args.function, "model": args.model, "model_version": args.version,
                 "max_batch_size": args.max_batch_size, "min_replicas": args.min_replicas,
                 "max_replicas": args.max_replicas, "keep_alive_s": args.keep_alive_s}
+        if args.canary is not None:
+            body["canary_pct"] = args.canary
         print(json.dumps(uvloop.run(_http("POST", f"{args.url}/v1/functions", body, args.api_key)),
                          indent=2))
         if args.wait and args.min_replicas > 0:
             return uvloop.run(_wait_deployed(args))
     elif args.cmd == "invoke":
-        try:
-            body = {"inputs": json.loads(args.inputs)}
-        except ValueError as e:
-            raise SystemExit(f"--inputs is not JSON: {e}") from None
+        body = _invoke_body(args)
         print(json.dumps(uvloop.run(_http("POST", f"{args.url}/v1/functions/{args.function}/invoke",
                                           body, args.api_key)), indent=2))
     elif args.cmd == "functions":

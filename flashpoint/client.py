@@ -293,10 +293,10 @@ class AsyncClient:
         This writes to the registry directly, not over HTTP: to ``store`` when given, else to
         the store of ``config`` (a :class:`~flashpoint.config.ClusterConfig`; default: the
         embedded defaults), the same registry ``flashpoint model push`` writes to. The work
-        is :func:`flashpoint.models.publish.publish_source` (``format`` picks the source's
+        is :func:`flashpoint.models.sources.publish_source` (``format`` picks the source's
         format when it cannot be told from the source; ``trust_code`` allows formats that run
         the source's own code); it imports torch, so it is imported only here."""
-        from flashpoint.models.publish import publish_source
+        from flashpoint.models.sources import publish_source
 
         if store is None:
             from flashpoint.config import load_config

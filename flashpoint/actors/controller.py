@@ -319,6 +319,10 @@ class Controller:
                     self._spawn(self._begin_completion(cmd), f"complete:{cmd.group_id}")
                 case cs.RequestHost():
                     self._spawn(self._replace_host(cmd.replacing), f"replace:{cmd.replacing}")
+                case cs.RouteCanary():
+                    self.dispatcher.set_canary(cmd.function, cmd.model_key, cmd.pct)
+                    log.info("canary_routed", function=cmd.function, model=cmd.model_key,
+                             pct=cmd.pct)
         self._sync_dispatch()
 
     def _sync_dispatch(self) -> None:
@@ -332,7 +336,8 @@ class Controller:
                     and not self.dispatcher.has_replica(rep.replica_id):
                 fn = self.state.functions.get(rep.function)
                 if fn is not None:
-                    self.dispatcher.add_replica(rep.replica_id, rep.function, fn.spec.replica_concurrency)
+                    self.dispatcher.add_replica(rep.replica_id, rep.function,
+                                                fn.spec.replica_concurrency, rep.model_key)
         for name in self.state.functions:
             self._pump(name)
 
@@ -477,7 +482,7 @@ class Controller:
                                       frozenset(p.get("cached_models", [])), replicas, time.monotonic(),
                                       str(p.get("leaf") or ""),
                                       str(p.get("gpu_sharing") or "none"),
-                                      _shares(p.get("shares")), gpus))
+                                      _shares(p.get("shares")), gpus, _models(p.get("models"))))
         kind = str(p.get("kind") or "ondemand")
         self.cost.start(host_id, kind if kind in ("spot", "ondemand") else "ondemand",
                         time.monotonic())
@@ -819,6 +824,7 @@ class Controller:
             replicas_starting=sum(r.phase == cs.ReplicaPhase.STARTING for r in reps),
             queued=self.dispatcher.queued(fn.spec.name),
             reason=None if failure is None else _not_ready_reason(failure, time.monotonic()),
+            rollout=self.state.rollout(fn.spec.name),
         )
 
     def list_functions(self) -> list[FunctionInfo]:
@@ -898,6 +904,14 @@ def _replace_io(spec: FunctionSpec, io: dict[str, Any]) -> FunctionSpec:
         inputs=tuple(TensorSpec.from_dict(t) for t in io.get("inputs", [])),
         outputs=tuple(TensorSpec.from_dict(t) for t in io.get("outputs", [])),
     )
+
+
+def _models(wire: Any) -> dict[str, str]:
+    """A host's ``models`` report (replica id -> model version key); anything but a map of
+    strings is dropped (its replicas are then taken to run the registered version)."""
+    if not isinstance(wire, dict):
+        return {}
+    return {rid: key for rid, key in wire.items() if isinstance(rid, str) and isinstance(key, str)}
 
 
 def _shares(wire: Any) -> dict[str, ReplicaShare]:

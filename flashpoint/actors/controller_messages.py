@@ -49,6 +49,7 @@ class HostRegistered:
     gpu_sharing: str = "none"
     shares: dict[str, ReplicaShare] = field(default_factory=dict)  # replica id -> its share
     gpus: tuple[GpuRecord, ...] = ()
+    models: dict[str, str] = field(default_factory=dict)  # replica id -> its model version key
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,16 @@ class RequestHost:
 
 
 @dataclass(frozen=True)
+class RouteCanary:
+    """Send ``pct`` percent of ``function``'s requests to its replicas of ``model_key``
+    and the rest to its other replicas (policy/rollout.py); ``model_key`` "" ends the split."""
+
+    function: str
+    model_key: str
+    pct: float
+
+
+@dataclass(frozen=True)
 class BeginCompletion:
     """The stages' hosts may complete the model now (flashpoint/actors/stage_hold.py): the
     group has answered its first request."""
@@ -301,4 +312,4 @@ class BeginCompletion:
 
 Command = (DeployReplica | DeployKaas | StartChain | StopAccepting | StopReplica | ForgetReplica
            | FailFunction | LinkGroup | ServeGroup | DissolveStages | BeginCompletion
-           | RequestHost)
+           | RequestHost | RouteCanary)

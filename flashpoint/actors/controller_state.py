@@ -84,6 +84,9 @@ from flashpoint.actors.controller_messages import (
     RequestHost as RequestHost,
 )
 from flashpoint.actors.controller_messages import (
+    RouteCanary as RouteCanary,
+)
+from flashpoint.actors.controller_messages import (
     ServeGroup as ServeGroup,
 )
 from flashpoint.actors.controller_messages import (
@@ -119,6 +122,13 @@ from flashpoint.policy.partitioning import (
     stage_ranges,
 )
 from flashpoint.policy.placement import PlacementRequest, select_receivers
+from flashpoint.policy.rollout import (
+    RollPhase,
+    RollReplica,
+    RollSnapshot,
+    canary_active,
+    plan_roll,
+)
 from flashpoint.policy.share_placement import (
     SHARING_MODES,
     ReplicaShare,
@@ -194,6 +204,9 @@ class ReplicaRecord:
     group_id: str | None = None
     compute: float = 0.0  # fraction of its device's compute it reserves
     share: ReplicaShare | None = None  # its GPU share on a sharing host (actors/sharing.py)
+    # The model version it runs ("name@version"); a function rolling to another version has
+    # replicas of both (policy/rollout.py).
+    model_key: str = ""
 
 
 @dataclass
@@ -227,10 +240,26 @@ class FunctionRecord:
     reason: str = ""  # why the autoscaler decided what it did, last time
     unplaced: str = ""  # why the last scale-up could not place every replica ("" = it could)
     share_reason: str = ""  # where its sm_share came from, when a FaST profile chose it
+    # The spec registered before a change of model version, and its model's size: replicas
+    # of it keep serving while the roll-out runs, and a canary keeps some (policy/rollout.py).
+    # Cleared once every replica runs ``spec``'s version and no canary holds.
+    previous: FunctionSpec | None = None
+    previous_bytes: int = 0
+    rollout: RollPhase = RollPhase.STABLE
+    roll_failed: str | None = None  # why replicas of ``spec``'s version kept failing to start
 
     @property
     def model_key(self) -> str:
-        return f"{self.spec.model}@{self.spec.model_version}"
+        return self.spec.model_key
+
+    @property
+    def stable_key(self) -> str | None:
+        """The version the rest of the traffic goes to while a canary holds."""
+        return self.previous.model_key if self.previous is not None else None
+
+    @property
+    def canary(self) -> bool:
+        return canary_active(self.model_key, self.stable_key, self.spec.canary_pct)
 
 
 class ControllerState:
@@ -317,20 +346,7 @@ class ControllerState:
             case HostDraining():
                 return self._host_draining(event)
             case FunctionUpserted():
-                old = self.functions.get(event.spec.name)
-                spec, share_reason = resolve_share(event.spec)  # FaST profile -> sm_share
-                rec = FunctionRecord(spec, event.model_bytes, plans=event.plans,
-                                     whole_cold_s=event.whole_cold_s, share_reason=share_reason)
-                if old is not None:
-                    rec.last_request_s = old.last_request_s
-                    rec.scaler_memory = old.scaler_memory
-                self.functions[event.spec.name] = rec
-                # A changed model or device need means old replicas no longer match.
-                if old is not None and (old.spec.model, old.spec.model_version) != (
-                    event.spec.model, event.spec.model_version
-                ):
-                    return self._retire(r for r in self.replicas.values() if r.function == old.spec.name)
-                return []
+                return self._function_upserted(event)
             case FunctionDeleted():
                 self.functions.pop(event.name, None)
                 cmds = self._retire(r for r in self.replicas.values() if r.function == event.name)
@@ -348,7 +364,7 @@ class ControllerState:
                     # A warm whole replica was built from its host's complete cached copy:
                     # that host is a holder now, not only from its next heartbeat on.
                     if (host := self.hosts.get(rep.host_id)) is not None:
-                        host.cached_models.add(fn.model_key)
+                        host.cached_models.add(rep.model_key or fn.model_key)
                         self._settle_receiving(host)
                 return []
             case ReplicaFailed():
@@ -368,6 +384,32 @@ class ControllerState:
         raise TypeError(f"unknown event {event!r}")
 
     # ---------------------------------------------------------------------------------
+    def _function_upserted(self, ev: FunctionUpserted) -> list[Command]:
+        """Register or replace a function. A new model version does not touch its replicas
+        here: the ticks roll them over (:meth:`_roll`) while the old version serves."""
+        old = self.functions.get(ev.spec.name)
+        spec, share_reason = resolve_share(ev.spec)  # FaST profile -> sm_share
+        rec = FunctionRecord(spec, ev.model_bytes, plans=ev.plans,
+                             whole_cold_s=ev.whole_cold_s, share_reason=share_reason)
+        if old is not None:
+            rec.last_request_s = old.last_request_s
+            rec.scaler_memory = old.scaler_memory
+            rec.desired = old.desired
+            if old.model_key != rec.model_key:
+                rec.previous, rec.previous_bytes = old.spec, old.model_bytes
+            else:  # same version, other settings (or the canary's percentage)
+                rec.previous, rec.previous_bytes = old.previous, old.previous_bytes
+        self.functions[ev.spec.name] = rec
+        # What the next tick's plan will say, visible at once (GET /v1/functions/{name})
+        mixed = any(r.model_key != rec.model_key and r.phase != ReplicaPhase.STOPPING
+                    for r in self.replicas_of(spec.name))
+        rec.rollout = RollPhase.ROLLING if mixed or rec.canary else RollPhase.STABLE
+        if rec.canary:
+            return [RouteCanary(spec.name, rec.model_key, spec.canary_pct)]
+        if old is not None and old.canary:
+            return [RouteCanary(spec.name, "", 100.0)]
+        return []
+
     def _host_registered(self, ev: HostRegistered) -> list[Command]:
         self.hosts[ev.host_id] = HostRecord(
             ev.host_id, {d.device_id: d for d in ev.devices}, ev.ram_bytes,
@@ -397,6 +439,9 @@ class ControllerState:
                     ReplicaPhase.WARM if warm else ReplicaPhase.STARTING, ev.now_s,
                     ev.now_s if warm else None, compute=fn.spec.compute if fn else 0.0,
                     share=ev.shares.get(replica_id),
+                    # as its host reports it (else the registered version): a roll-out under
+                    # way before the restart goes on
+                    model_key=ev.models.get(replica_id) or (fn.model_key if fn else ""),
                 )
         # Replicas we believed on this host that it no longer has are gone.
         for rep in [r for r in self.replicas.values() if r.host_id == ev.host_id]:
@@ -436,7 +481,16 @@ class ControllerState:
                 self.kaas_broken = ev.reason
         fn = self.functions.get(rep.function)
         if fn is not None and ev.during_start:
-            cmds += self._start_failed(fn, ev)
+            if (fn.start_failures + 1 >= self.max_start_failures and fn.previous is not None
+                    and rep.model_key == fn.model_key and any(
+                        r.phase == ReplicaPhase.WARM and r.model_key != fn.model_key
+                        for r in self.replicas_of(fn.spec.name))):
+                # A roll-out to a version that does not start: the previous version keeps
+                # serving (and takes its replicas back) until the next deploy.
+                fn.roll_failed, fn.rollout, fn.start_failures = ev.reason, RollPhase.FAILED, 0
+                fn.start_failure, fn.backoff_rounds = None, 0
+            else:
+                cmds += self._start_failed(fn, ev)
         return cmds
 
     def _start_failed(self, fn: FunctionRecord, ev: ReplicaFailed) -> list[Command]:
@@ -786,14 +840,26 @@ class ControllerState:
         warm = [r for r in mine if r.phase == ReplicaPhase.WARM]
         starting = [r for r in mine if r.phase == ReplicaPhase.STARTING]
         spec = fn.spec
+        rolling = fn.previous is not None or any(r.model_key != fn.model_key
+                                                 for r in warm + starting)
+        seen_warm, seen_starting = len(warm), len(starting)
+        if rolling:
+            # A roll-out's surge (policy/rollout.py) is not capacity the autoscaler asked for:
+            # shown to it, a keep-alive would hold it and the roll would never end.
+            surge = max(0, seen_warm + seen_starting - fn.desired)
+            hidden = min(surge, seen_starting)
+            seen_starting, seen_warm = seen_starting - hidden, seen_warm - (surge - hidden)
         decision, fn.scaler_memory = self.autoscaler.decide(FunctionLoadSnapshot(
-            spec.name, now_s, load.queued, load.inflight, len(warm), len(starting),
+            spec.name, now_s, load.queued, load.inflight, seen_warm, seen_starting,
             fn.last_request_s, spec.min_replicas, spec.max_replicas, spec.replica_concurrency,
             spec.keep_alive_s, arrival_rate=load.arrival_rate, exec_time_s=load.exec_time_s,
             queue_latency_s=load.queue_latency_s, invocations_total=load.invocations_total,
         ), fn.scaler_memory)
         current = len(warm) + len(starting)
         fn.desired, fn.reason = decision.desired, decision.reason
+        if rolling:
+            return self._roll(fn, warm + starting, decision.desired, now_s)
+        fn.rollout = RollPhase.STABLE
         if decision.desired > current:
             if self.backing_off(spec.name, now_s) is not None:
                 return []  # its starts keep failing: no new one before retry_at_s
@@ -820,6 +886,29 @@ class ControllerState:
                        if r.group_id not in self.groups]
             return cmds + self._retire(victims[: max(0, excess)])
         return []
+
+    def _roll(self, fn: FunctionRecord, mine: list[ReplicaRecord], desired: int,
+              now_s: float) -> list[Command]:
+        """A function whose replicas run more than one model version, or that holds a canary:
+        the pure roll-out plan (policy/rollout.py) says which versions to start and which
+        replicas to retire; retired ones drain (no new work, stopped once idle)."""
+        target, stable, pct = fn.model_key, fn.stable_key, fn.spec.canary_pct
+        if fn.roll_failed is not None and fn.previous is not None:
+            # The new version would not start: back to the previous one until the next deploy.
+            target, stable, pct = fn.previous.model_key, None, 100.0
+        decision = plan_roll(RollSnapshot(target, stable, pct, desired, tuple(
+            RollReplica(r.replica_id, r.model_key, r.phase == ReplicaPhase.WARM,
+                        r.warm_s if r.warm_s is not None else r.requested_s) for r in mine)))
+        fn.rollout = RollPhase.FAILED if fn.roll_failed is not None else decision.phase
+        cmds = self._retire([self.replicas[r] for r in decision.retire if r in self.replicas])
+        for key, count in decision.start:
+            if key == fn.model_key:
+                cmds += self._place_whole(fn, count, now_s)
+            elif fn.previous is not None and key == fn.previous.model_key:
+                cmds += self._place_whole(fn, count, now_s, fn.previous, fn.previous_bytes)
+        if fn.rollout == RollPhase.STABLE:
+            fn.previous, fn.previous_bytes = None, 0  # the roll-out is complete
+        return cmds
 
     def _scale_up(self, fn: FunctionRecord, count: int, now_s: float,
                   load: FunctionLoad) -> list[Command]:
@@ -857,7 +946,8 @@ class ControllerState:
                     self.replicas[rid] = ReplicaRecord(rid, fn.spec.name, p.host_id, p.device_id,
                                                        need, ReplicaPhase.STARTING, now_s,
                                                        stage=stage, group_id=gid,
-                                                       compute=fn.spec.compute)
+                                                       compute=fn.spec.compute,
+                                                       model_key=fn.model_key)
                     cmds.append(DeployReplica(rid, p.host_id, p.device_id, fn.spec,
                                               stage=stage, group_id=gid))
                 self.groups[gid] = GroupRecord(gid, fn.spec.name, tuple(rids),
@@ -865,42 +955,49 @@ class ControllerState:
                 count -= plan.p
         return cmds + self._place_whole(fn, count, now_s)
 
-    def _place_whole(self, fn: FunctionRecord, count: int, now_s: float) -> list[Command]:
-        """Up to ``count`` whole replicas where placement puts them."""
+    def _place_whole(self, fn: FunctionRecord, count: int, now_s: float,
+                     spec: FunctionSpec | None = None,
+                     model_bytes: int | None = None) -> list[Command]:
+        """Up to ``count`` whole replicas where placement puts them, of ``spec``'s model
+        version (default: the registered one; a roll-out passes the previous one)."""
         if count <= 0:
             return []
-        if fn.spec.sm_share > 0 and any(h.alive and not h.draining and h.gpu_sharing
-                                        in SHARING_MODES for h in self.hosts.values()):
-            return self._place_shared(fn, count, now_s)
-        decision = select_receivers(self.snapshot(now_s), self._request(fn, count))
+        spec = spec or fn.spec
+        model_bytes = fn.model_bytes if model_bytes is None else model_bytes
+        if spec.sm_share > 0 and any(h.alive and not h.draining and h.gpu_sharing
+                                     in SHARING_MODES for h in self.hosts.values()):
+            return self._place_shared(fn, count, now_s, spec, model_bytes)
+        decision = select_receivers(self.snapshot(now_s),
+                                    self._request(fn, count, spec, model_bytes))
         fn.unplaced = decision.reason if decision.unplaced else ""
         cmds: list[Command] = []
         for p in decision.placements:
             rid = f"{fn.spec.name}-{self.epoch}{next(self._seq)}"
             self.replicas[rid] = ReplicaRecord(rid, fn.spec.name, p.host_id, p.device_id,
-                                               fn.model_bytes + self.replica_overhead_bytes,
+                                               model_bytes + self.replica_overhead_bytes,
                                                ReplicaPhase.STARTING, now_s,
-                                               compute=fn.spec.compute)
-            cmds.append(DeployReplica(rid, p.host_id, p.device_id, fn.spec))
+                                               compute=spec.compute, model_key=spec.model_key)
+            cmds.append(DeployReplica(rid, p.host_id, p.device_id, spec))
         return cmds
 
-    def _place_shared(self, fn: FunctionRecord, count: int, now_s: float) -> list[Command]:
+    def _place_shared(self, fn: FunctionRecord, count: int, now_s: float,
+                      spec: FunctionSpec, model_bytes: int) -> list[Command]:
         """Up to ``count`` replicas of a function with a GPU share on sharing hosts' GPUs, by
         the pure policy of ``share_policy`` (FaST MaxRects or Dilu best fit,
         policy/share_placement.py); each deploy carries its share, which the host enforces."""
-        spec = fn.spec
         rids = tuple(f"{spec.name}-{self.epoch}{next(self._seq)}" for _ in range(count))
         decision = place_shared(self.share_policy, self._share_devices(), ShareRequest(
             spec.name, rids, spec.sm_share, spec.sm_limit or spec.sm_share,
             spec.time_quota or 1.0,
-            spec.gpu_memory_bytes or fn.model_bytes + self.replica_overhead_bytes))
+            spec.gpu_memory_bytes or model_bytes + self.replica_overhead_bytes))
         fn.unplaced = decision.reason if decision.unplaced else ""
         cmds: list[Command] = []
         for p in decision.placements:
             self.replicas[p.replica_id] = ReplicaRecord(
                 p.replica_id, fn.spec.name, p.host_id, p.device_id, p.share.memory_bytes,
-                ReplicaPhase.STARTING, now_s, compute=fn.spec.compute, share=p.share)
-            cmds.append(DeployReplica(p.replica_id, p.host_id, p.device_id, fn.spec,
+                ReplicaPhase.STARTING, now_s, compute=spec.compute, share=p.share,
+                model_key=spec.model_key)
+            cmds.append(DeployReplica(p.replica_id, p.host_id, p.device_id, spec,
                                       share=p.share))
         return cmds
 
@@ -950,11 +1047,14 @@ class ControllerState:
             cmds.append(DeployKaas(rid, p.host_id, p.device_id, need, self.kaas_cache_bytes))
         return cmds
 
-    def _request(self, fn: FunctionRecord, count: int) -> PlacementRequest:
-        return PlacementRequest(fn.spec.name, fn.model_key, count,
-                                device_bytes=fn.model_bytes + self.replica_overhead_bytes,
-                                host_bytes=fn.model_bytes, process_bytes=self.process_bytes,
-                                compute=fn.spec.compute)
+    def _request(self, fn: FunctionRecord, count: int, spec: FunctionSpec | None = None,
+                 model_bytes: int | None = None) -> PlacementRequest:
+        spec = spec or fn.spec
+        model_bytes = fn.model_bytes if model_bytes is None else model_bytes
+        return PlacementRequest(spec.name, spec.model_key, count,
+                                device_bytes=model_bytes + self.replica_overhead_bytes,
+                                host_bytes=model_bytes, process_bytes=self.process_bytes,
+                                compute=spec.compute)
 
     # ---------------------------------------------------------------------------------
     def snapshot(self, now_s: float) -> ClusterSnapshot:
@@ -997,3 +1097,18 @@ class ControllerState:
                        if r.host_id in self.hosts)
         return {"planned": fn.desired if fn is not None else 0, "requested": len(mine),
                 "observed": observed, "reason": fn.reason if fn is not None else ""}
+
+    def rollout(self, function: str) -> dict[str, Any]:
+        """Where a function's roll-out stands: its phase, the target and previous model
+        versions, the canary's percentage, and its replicas per model version and phase."""
+        fn = self.functions.get(function)
+        if fn is None:
+            return {}
+        versions: dict[str, dict[str, int]] = {}
+        for r in self.replicas_of(function):
+            counts = versions.setdefault(r.model_key, {p.value: 0 for p in ReplicaPhase})
+            counts[r.phase.value] += 1
+        return {"phase": fn.rollout.value, "version": fn.spec.model_version,
+                "previous_version": fn.previous.model_version if fn.previous else None,
+                "canary_pct": fn.spec.canary_pct if fn.canary else None,
+                "reason": fn.roll_failed or "", "replicas": versions}

@@ -5,6 +5,10 @@ ones (PROTEAN's reorderer, see ``policy/request_class.py``); each warm replica h
 ``credits`` (how many requests it has room for). ``assign`` pairs queued requests with
 replicas that have free credits, least-loaded first, so a new replica fills up at once
 instead of old ones piling up work (thesis §5.2.3, Sparrow-style).
+A canary (``set_canary``, policy/rollout.py) sends a set percentage of a function's requests
+to its replicas of one model version and the rest to the others, by a deterministic
+credit count (no randomness: 25 % is exactly every fourth request while both sides have
+room; a side without room lends its turn to the other, so nothing waits for a split).
 Pure state: the controller actor does the sending.
 """
 
@@ -21,6 +25,14 @@ class _Slot:
     credits: int
     inflight: int = 0
     accepting: bool = True
+    pool: str = ""  # the model version it runs (a canary splits requests by it)
+
+
+@dataclass
+class _Canary:
+    pool: str
+    pct: float
+    credit: float = 0.0  # accrues pct per request; >= 100 sends one to the canary's pool
 
 
 class Dispatcher:
@@ -31,11 +43,22 @@ class Dispatcher:
         self._queues: dict[str, tuple[deque[Any], deque[Any]]] = {}
         self._slots: dict[str, _Slot] = {}
         self._by_function: dict[str, set[str]] = {}
+        self._canary: dict[str, _Canary] = {}
 
     # replicas -------------------------------------------------------------------------
-    def add_replica(self, replica_id: str, function: str, credits: int) -> None:
-        self._slots[replica_id] = _Slot(function, max(1, credits))
+    def add_replica(self, replica_id: str, function: str, credits: int, pool: str = "") -> None:
+        self._slots[replica_id] = _Slot(function, max(1, credits), pool=pool)
         self._by_function.setdefault(function, set()).add(replica_id)
+
+    def set_canary(self, function: str, pool: str, pct: float) -> None:
+        """Send ``pct`` percent of ``function``'s requests to its replicas in ``pool``, the
+        rest to its other replicas; ``pool`` "" ends the split."""
+        if not pool:
+            self._canary.pop(function, None)
+        elif (c := self._canary.get(function)) is not None and c.pool == pool:
+            c.pct = pct
+        else:
+            self._canary[function] = _Canary(pool, pct)
 
     def stop_accepting(self, replica_id: str) -> None:
         slot = self._slots.get(replica_id)
@@ -101,10 +124,33 @@ class Dispatcher:
             (rid, self._slots[rid]) for rid in self._by_function.get(function, ())
             if self._slots[rid].accepting
         ]
+        canary = self._canary.get(function)
+        if canary is not None:
+            return self._assign_split(canary, strict, best_effort, candidates)
         while (strict or best_effort) and candidates:
             rid, slot = min(candidates, key=lambda c: (c[1].inflight / c[1].credits, c[0]))
             if slot.inflight >= slot.credits:
                 break
+            slot.inflight += 1
+            out.append(((strict or best_effort).popleft(), rid))
+        return out
+
+    @staticmethod
+    def _assign_split(canary: _Canary, strict: deque[Any], best_effort: deque[Any],
+                      candidates: list[tuple[str, _Slot]]) -> list[tuple[Any, str]]:
+        sides = ([c for c in candidates if c[1].pool == canary.pool],
+                 [c for c in candidates if c[1].pool != canary.pool])
+        out: list[tuple[Any, str]] = []
+        while strict or best_effort:
+            free = [[c for c in side if c[1].inflight < c[1].credits] for side in sides]
+            if not free[0] and not free[1]:
+                break
+            canary.credit += canary.pct
+            to_canary = canary.credit >= 100.0
+            if to_canary:
+                canary.credit -= 100.0
+            side = free[0] if (to_canary and free[0]) or not free[1] else free[1]
+            rid, slot = min(side, key=lambda c: (c[1].inflight / c[1].credits, c[0]))
             slot.inflight += 1
             out.append(((strict or best_effort).popleft(), rid))
         return out

@@ -88,6 +88,7 @@ class ReplicaTask:
     weight_slot: dict[str, Any] | None = None  # where its weights are shared (CUDA IPC)
     weights_role: str = ""  # "exporter" / "reader" once loaded with a weight slot
     process_bytes: int = 0  # host RAM reserved for its worker process
+    model_key: str = ""  # the model version it runs ("name@version"), for a restarted controller
 
 
 class HostManager:
@@ -254,6 +255,8 @@ class HostManager:
             # so a restarted controller adopts shared replicas with their shares
             "shares": {r.replica_id: r.share.to_wire() for r in self.replicas.values()
                        if r.share is not None},
+            # and with the model version each runs (a roll-out may be under way)
+            "models": {r.replica_id: r.model_key for r in self.replicas.values() if r.model_key},
             "stages": self._stage_reports(),
             "data_endpoint": self.data_endpoint.to_wire() if self.data_endpoint else None,
         }
@@ -318,7 +321,7 @@ class HostManager:
         manifest_json = payload.get("manifest_json")
         manifest = Manifest.from_json(manifest_json) if isinstance(manifest_json, str) else None
         self.gpu.check_deployable(device)
-        rt = ReplicaTask(replica_id, spec.name, device_id)
+        rt = ReplicaTask(replica_id, spec.name, device_id, model_key=spec.model_key)
         if payload.get("share") is not None:
             rt.share = GpuShare.from_wire(payload["share"])
         stage = payload.get("stage")

@@ -512,16 +512,19 @@ class Worker:
 
 
 def _preload_transformers() -> None:
-    """Import what a Hugging Face model's cold start needs (tokenizers, the common model
-    families), so that it is not paid by the first request; absent transformers, nothing."""
+    """Import what a Hugging Face model's cold start needs (tokenizers, image processors,
+    the common model families), so that it is not paid by the first request; absent
+    transformers, nothing."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a worker never downloads
     try:
         import transformers
-        from transformers import AutoTokenizer  # noqa: F401
+        from transformers import AutoImageProcessor, AutoTokenizer  # noqa: F401
     except ImportError:
         return
     for cls in ("BertForSequenceClassification", "RobertaForSequenceClassification",
-                "DistilBertForSequenceClassification", "ViTForImageClassification"):
+                "DistilBertForSequenceClassification", "ViTForImageClassification",
+                "ResNetForImageClassification", "ViTImageProcessorPil",
+                "ConvNextImageProcessorPil"):
         getattr(transformers, cls, None)  # lazy modules: attribute access imports them
 
 

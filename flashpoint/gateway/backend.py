@@ -44,6 +44,9 @@ class FunctionInfo:
     # Why not, when not ready: {"code": "model_load_failed", "message", "error_code",
     # "failed_starts", "since", "last_failure" (wall-clock s), "retry_in_s" (backing off)}.
     reason: dict[str, Any] | None = None
+    # where a version roll-out stands (ControllerState.rollout): phase, version,
+    # previous_version, canary_pct, replicas per model version; {} when not known
+    rollout: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -52,6 +55,7 @@ class FunctionInfo:
             "replicas_warm": self.replicas_warm,
             "replicas_starting": self.replicas_starting,
             "queued": self.queued,
+            "rollout": self.rollout,
         }
         if self.reason is not None:
             out["reason"] = self.reason

@@ -69,7 +69,8 @@ def info_from_wire(d: dict[str, Any]) -> FunctionInfo:
     reason = d.get("reason")
     return FunctionInfo(FunctionSpec.from_dict(d["spec"]), bool(d["ready"]),
                         int(d["replicas_warm"]), int(d["replicas_starting"]), int(d["queued"]),
-                        dict(reason) if isinstance(reason, dict) else None)
+                        dict(reason) if isinstance(reason, dict) else None,
+                        dict(d.get("rollout") or {}))
 
 
 def _check_reply(reply: dict[str, Any]) -> dict[str, Any]:

@@ -9,8 +9,11 @@ bytes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no bars in the demo's tables
 
 SENTENCES = (
     "flashpoint serves models from host memory",
@@ -104,4 +107,68 @@ def make_text_classifier(
     torch.manual_seed(seed)
     model = cls(config).eval()
     model.save_pretrained(str(out))
+    return out
+
+
+IMAGE_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"image_size": 32, "patch_size": 8, "width": 32, "depth": 2},
+    "small": {"image_size": 64, "patch_size": 8, "width": 128, "depth": 4},
+    # ViT-B/16's shape at 224 x 224: about 343 MB of float32.
+    "base": {"image_size": 224, "patch_size": 16, "width": 768, "depth": 12},
+}
+
+
+def make_image_classifier(
+    directory: str | Path,
+    *,
+    family: str = "vit",
+    size: str = "tiny",
+    labels: tuple[str, ...] = ("cat", "dog", "bird"),
+    seed: int = 0,
+) -> Path:
+    """A ``*ForImageClassification`` directory (``family``: vit, resnet) with random
+    weights (a ResNet's batch-norm statistics too) and the ``preprocessor_config.json`` of
+    the image processor ``transformers`` pairs with it (ViTImageProcessor; ResNet
+    checkpoints use ConvNextImageProcessor); returns its path."""
+    import torch
+    from transformers import (
+        ConvNextImageProcessor,
+        ResNetConfig,
+        ResNetForImageClassification,
+        ViTConfig,
+        ViTForImageClassification,
+        ViTImageProcessor,
+    )
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    dims = IMAGE_SIZES[size]
+    side, width, depth = dims["image_size"], dims["width"], dims["depth"]
+    id2label = dict(enumerate(labels))
+    common = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
+    if family == "vit":
+        config: Any = ViTConfig(
+            image_size=side, patch_size=dims["patch_size"], hidden_size=width,
+            num_hidden_layers=depth, num_attention_heads=max(2, width // 64),
+            intermediate_size=4 * width, **common)
+        cls: Any = ViTForImageClassification
+        processor: Any = ViTImageProcessor(size={"height": side, "width": side})
+    elif family == "resnet":
+        config = ResNetConfig(
+            embedding_size=width // 2, hidden_sizes=[width // 2 * 2 ** i for i in range(depth)],
+            depths=[1] * depth, layer_type="basic" if size == "tiny" else "bottleneck",
+            **common)
+        cls = ResNetForImageClassification
+        processor = ConvNextImageProcessor(size={"shortest_edge": side}, crop_pct=0.875)
+    else:
+        raise ValueError(f"unknown family {family!r}")
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():  # statistics a trained network would have, not 0 and 1
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    model.save_pretrained(str(out))
+    processor.save_pretrained(str(out))
     return out

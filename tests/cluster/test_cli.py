@@ -31,6 +31,14 @@ async def test_deploy_invoke_list_status_delete(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         info = json.loads(r.stdout)
         assert info["spec"]["name"] == "nf" and info["spec"]["max_batch_size"] == 4
+        # --canary reaches the spec (a roll-out's split: tests/cluster/test_rollout.py) and a
+        # bad percentage is the controller's typed 400
+        r = await _cli("deploy", "nf", "--model", "noop", "--url", url, "--max-batch-size", "4",
+                       "--canary", "30")
+        assert r.returncode == 0 and json.loads(r.stdout)["spec"]["canary_pct"] == 30, r.stderr
+        assert json.loads(r.stdout)["rollout"]["phase"] == "stable"  # one version: no split
+        r = await _cli("deploy", "nf", "--model", "noop", "--url", url, "--canary", "0")
+        assert r.returncode == 1 and "error 400" in r.stderr and "canary_pct" in r.stderr
 
         inputs = json.dumps({"x": {"data": [1.5, -2.0, 3.0], "shape": [1, 3], "datatype": "FP32"}})
         r = await _cli("invoke", "nf", "--inputs", inputs, "--url", url)

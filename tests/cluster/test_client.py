@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from flashpoint import AsyncClient, Client
 from flashpoint.cli import make_store
@@ -29,6 +28,7 @@ from flashpoint.errors import (
 )
 from flashpoint.models import zoo
 from flashpoint.models.publish import publish
+from flashpoint.models.tiny_hf import make_text_classifier
 
 from .conftest import cluster_config, start_noop_cluster
 
@@ -79,30 +79,30 @@ async def test_async_client_deploy_invoke_list_delete(cluster: LocalCluster) -> 
             await fp.delete("nf")
 
 
-async def test_rollout_and_push(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_rollout_and_push(tmp_path: Path) -> None:
     cfg = cluster_config(tmp_path)
     c = await start_noop_cluster(cfg)
-    calls: list[dict[str, Any]] = []
-
-    async def publish_source(store: Any, name: str, source: str, *, version: str,
-                             fmt: str | None, trust_code: bool) -> Any:
-        # Stands in for the source importer (flashpoint.models.publish.publish_source):
-        # publishes the built-in model named by ``source`` under ``name``.
-        calls.append({"name": name, "source": source, "version": version, "fmt": fmt,
-                      "trust_code": trust_code})
-        return await publish(store, source, "tiny", version, model_name=name)
-
-    # raising=False: the importer may not exist in this tree yet; the client's part (the
-    # store from config, the arguments, the lazy import) is what this checks.
-    monkeypatch.setattr(sys.modules["flashpoint.models.publish"], "publish_source",
-                        publish_source, raising=False)
+    model_dir = make_text_classifier(tmp_path / "hf-src")
     try:
         async with AsyncClient(c.controller.url) as fp:
             manifest = await fp.push("mine", "noop", version="2", format="zoo", config=cfg)
-            assert (manifest.name, manifest.version) == ("mine", "2")
-            assert calls == [{"name": "mine", "source": "noop", "version": "2", "fmt": "zoo",
-                              "trust_code": False}]
+            assert (manifest.name, manifest.version, manifest.source_format) == ("mine", "2", "zoo")
             assert await make_store(cfg).exists("mine", "2")
+
+            # a Hugging Face directory, pushed by the client and asked in text
+            manifest = await fp.push("words", str(model_dir), config=cfg)
+            assert manifest.task == "text-classification"
+            await fp.deploy("wf", "words")
+            r = await fp.invoke("wf", text=["this movie was great", "terrible"])
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(model_dir))
+            ref = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
+            with torch.inference_mode():
+                want = ref(**tok(["this movie was great", "terrible"], padding=True,
+                                 return_tensors="pt")).logits.numpy()
+            np.testing.assert_allclose(r.outputs["logits"], want, atol=1e-4, rtol=1e-4)
+            assert r.outputs["label"].shape == (2, 2) and r.outputs["score"].dtype == np.float32
 
             await fp.deploy("rf", "noop", max_batch_size=2, keep_alive_s=12.0)
             await publish(make_store(cfg), "noop", "tiny", "2", model_name="noop")

@@ -22,21 +22,22 @@ from flashpoint.gateway.standalone import StandaloneGateway
 from flashpoint.models import zoo
 from flashpoint.models.publish import publish, publish_module
 
-from . import broken_model
 from .conftest import cluster_config, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
 BODY = {"inputs": {"x": {"data": [1.0, 2.0], "shape": [1, 2], "datatype": "FP32"}}}
-LOAD_ERROR = "module tensor 'extra' has no weights in the blob"
+LOAD_ERROR = "blob does not fit flashpoint.models.bert:build_empty"
 
 
 async def _publish_broken(store) -> None:
-    """The tiny no-op model's blob under an entry point that builds one buffer more."""
+    """The tiny no-op model's blob under the built-in BERT's builder: every load fails in
+    the worker (``load_module``: the blob does not fit the module it builds)."""
     noop = zoo.get("noop")
     config = noop.resolve("tiny")
     await publish_module(store, lambda: noop.build_from_config(config), name="broken",
-                         version="1", entry_point=broken_model.ENTRY_POINT, config=config,
+                         version="1", entry_point=zoo.get("bert").entry_point,
+                         config=zoo.resolve_config("bert", "tiny"),
                          io=zoo.io_signature("noop", config))
 
 

@@ -359,14 +359,19 @@ def test_overhead_counts_against_device_memory():
     assert len(of(cmds, DeployReplica)) == 2  # 2 x (1 GiB + 1 GiB overhead)
 
 
-def test_changed_model_retires_old_replicas():
+def test_changed_model_rolls_old_replicas_over_instead_of_retiring_them():
     st = new_state()
-    register(st, "h1")
+    register(st, "h1", devices=2)
     st.handle(FunctionUpserted(spec(), MIB))
     rid = _warm_one(st, 0.0)
     assert st.handle(FunctionUpserted(spec(max_replicas=2), MIB)) == []
-    cmds = st.handle(FunctionUpserted(spec(model_version="2"), MIB))
-    assert cmds == [StopAccepting(rid)]
+    # The old version keeps serving; the next tick starts the new one beside it
+    # (tests/unit/test_rollout.py follows the whole roll).
+    assert st.handle(FunctionUpserted(spec(model_version="2"), MIB)) == []
+    cmds = st.handle(Tick(1.0, {"fn": load(inflight=1, last=1.0)}))
+    (dep,) = of(cmds, DeployReplica)
+    assert dep.spec.model_version == "2" and not of(cmds, StopAccepting)
+    assert st.replicas[rid].phase == ReplicaPhase.WARM
 
 
 def test_cold_start_past_timeout_is_a_failed_start_and_is_replaced():

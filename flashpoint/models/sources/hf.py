@@ -111,6 +111,9 @@ def _check_tokenizer(source: Path) -> Any:
 def _load(source: Path, architecture: str) -> nn.Module:
     """The model with its weights, wrapped; UnsupportedModel for missing weights."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # flashpoint model push draws its own
     cls = hf.model_class(architecture)
     try:
         model, info = cls.from_pretrained(str(source), local_files_only=True,
