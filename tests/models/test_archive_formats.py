@@ -161,3 +161,17 @@ async def test_program_builders_need_the_blob(tmp_path):
     manifest = await publish_source(LocalStore(tmp_path / "registry"), "m", path)
     with pytest.raises(RegistryError, match="builds from the files its model carries"):
         empty_module(manifest)
+
+
+async def test_client_push_takes_inputs(tmp_path):
+    from flashpoint.client import AsyncClient
+
+    path = tmp_path / "model.pt"
+    _save("mlp", "torchscript", path)
+    store = LocalStore(tmp_path / "registry")
+    client = AsyncClient()
+    try:
+        manifest = await client.push("m", str(path), inputs=["x:FP32:-1,16"], store=store)
+    finally:
+        await client.close()
+    assert manifest.io.inputs[0].name == "x" and manifest.source_format == "torchscript"
