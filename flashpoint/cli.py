@@ -95,16 +95,18 @@ async def _push(cfg: ClusterConfig, args: argparse.Namespace) -> None:
     Any error is one line and exit 1, before anything is uploaded."""
     from flashpoint.errors import FlashpointError
     from flashpoint.models.sources import PushOptions, publish_source
+    from flashpoint.models.sources.base import parse_tensor_spec
 
     if args.source is None:
         name, source = args.name or args.model, args.model
     else:
         name, source = args.model, args.source
-    options = PushOptions(trust_code=args.trust_code, truncate=args.truncate, top_k=args.top_k,
-                          preset=args.preset, profile=args.profile,
-                          profile_device=args.profile_device)
     bar = _PushProgress(sys.stderr)
     try:
+        options = PushOptions(trust_code=args.trust_code, truncate=args.truncate,
+                              top_k=args.top_k, preset=args.preset, profile=args.profile,
+                              profile_device=args.profile_device,
+                              inputs=tuple(parse_tensor_spec(t) for t in args.input or ()))
         manifest = await publish_source(make_store(cfg), name, source, version=args.version,
                                         fmt=args.format, options=options, progress=bar)
     except FlashpointError as e:
@@ -300,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="force the format instead of detecting it from the files")
     push.add_argument("--trust-code", action="store_true",
                       help="allow the model's own code (handler bundles); an admin's call")
+    push.add_argument("--input", action="append", metavar="NAME:DTYPE:SHAPE",
+                      help="an input of the model, e.g. x:FP32:-1,16 (TorchScript needs them; "
+                      "repeat for each)")
     push.add_argument("--truncate", action="store_true",
                       help="text models: cut texts past the model's positions instead of a 400")
     push.add_argument("--top-k", type=int, default=0, help="labels per answer (default 5)")

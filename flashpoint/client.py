@@ -32,7 +32,7 @@ import asyncio
 import base64
 import math
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -286,7 +286,7 @@ class AsyncClient:
 
     async def push(self, name: str, source: str, *, version: str = "1",
                    format: str | None = None, trust_code: bool = False,
-                   store: Any = None, config: Any = None) -> Any:
+                   inputs: Sequence[str] = (), store: Any = None, config: Any = None) -> Any:
         """Publish model ``source`` (a path or URI) to the registry as ``name``@``version``
         and return its :class:`~flashpoint.registry.manifest.Manifest`.
 
@@ -295,16 +295,20 @@ class AsyncClient:
         embedded defaults), the same registry ``flashpoint model push`` writes to. The work
         is :func:`flashpoint.models.sources.publish_source` (``format`` picks the source's
         format when it cannot be told from the source; ``trust_code`` allows formats that run
-        the source's own code); it imports torch, so it is imported only here."""
-        from flashpoint.models.sources import publish_source
+        the source's own code; ``inputs``: ``"x:FP32:-1,16"`` specs, which a TorchScript
+        archive needs); it imports torch, so it is imported only here."""
+        from flashpoint.models.sources import PushOptions, publish_source
+        from flashpoint.models.sources.base import parse_tensor_spec
 
         if store is None:
             from flashpoint.config import load_config
             from flashpoint.registry import open_store
 
             store = open_store((config if config is not None else load_config()).registry)
+        options = PushOptions(trust_code=trust_code,
+                              inputs=tuple(parse_tensor_spec(t) for t in inputs))
         return await publish_source(store, name, source, version=version, fmt=format,
-                                    trust_code=trust_code)
+                                    options=options)
 
     # -- the wire ----------------------------------------------------------------------------
 
@@ -440,9 +444,10 @@ class Client:
 
     def push(self, name: str, source: str, *, version: str = "1",
              format: str | None = None, trust_code: bool = False,
-             store: Any = None, config: Any = None) -> Any:
+             inputs: Sequence[str] = (), store: Any = None, config: Any = None) -> Any:
         """:meth:`AsyncClient.push`, blocking (no deadline: publishing a large model takes as
         long as its bytes take to hash and write)."""
         return self._run(self._async.push(name, source, version=version, format=format,
-                                          trust_code=trust_code, store=store, config=config),
+                                          trust_code=trust_code, inputs=inputs, store=store,
+                                          config=config),
                          math.inf)

@@ -342,7 +342,7 @@ class Worker:
     def _load_blocking(self, payload: dict[str, Any], spec: FunctionSpec) -> dict[str, float]:
         import torch
 
-        from flashpoint.models.publish import load_module
+        from flashpoint.models.publish import builder_takes_files, load_module
         from flashpoint.registry.format import Manifest
 
         t0 = time.perf_counter()
@@ -363,7 +363,8 @@ class Worker:
             module = None
         device = payload.get("device", "cpu")
         slot = payload.get("weight_slot")
-        if module is None and device.startswith("cuda") and isinstance(slot, dict):
+        if (module is None and device.startswith("cuda") and isinstance(slot, dict)
+                and not builder_takes_files(manifest)):  # an archive's module needs its files
             # FaST-style weight sharing: the first replica on this GPU exports its weights,
             # later ones map them (CUDA IPC) once the slot's ready flag is up.
             module, role = self._shared_weights(manifest, mapping, device, slot)

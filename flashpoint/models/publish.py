@@ -236,10 +236,19 @@ BUILTIN_ENTRY_POINTS = frozenset({
     "flashpoint.models.resnet:build_empty",
     "flashpoint.models.noop:build_empty",
     "flashpoint.models.hf:build_empty",
+    "flashpoint.models.archive:build_empty",
+    "flashpoint.models.handler:build_empty",
 })
 """The only builders a worker calls: code that ships with Flashpoint. A manifest is data
 from the registry; naming any importable callable in it (``os:system``) must not run it.
-User code runs only from a bundle an admin trusted (its own loader is listed here)."""
+User code runs only from a bundle an admin trusted (its own loader is listed here).
+
+Two flags a builder may carry (function attributes): ``takes_files`` -- it is called as
+``builder(config, files)`` with the files its model version carries (a TorchScript or
+exported program's code, a handler bundle's modules), so it builds only where the blob
+is (whole, never as a stage skeleton); ``runs_user_code`` -- it imports code that came
+with the model, and is refused unless the manifest says an admin trusted it
+(``trusted_code``)."""
 
 
 def resolve_entry_point(entry_point: str) -> Callable[[Mapping[str, Any]], nn.Module]:
@@ -260,8 +269,26 @@ def resolve_entry_point(entry_point: str) -> Callable[[Mapping[str, Any]], nn.Mo
     return fn
 
 
-def _empty_module(manifest: Manifest) -> nn.Module:
-    module = resolve_entry_point(manifest.entry_point)(manifest.config)
+def builder_takes_files(manifest: Manifest) -> bool:
+    """Whether the manifest's builder builds from the files its model carries."""
+    return bool(getattr(resolve_entry_point(manifest.entry_point), "takes_files", False))
+
+
+def _empty_module(manifest: Manifest, files: Mapping[str, bytes] | None = None) -> nn.Module:
+    """The manifest's module, no weights yet; RegistryError for a builder it cannot call:
+    not built in, user code no admin trusted, or one that needs files not given here."""
+    build = resolve_entry_point(manifest.entry_point)
+    if getattr(build, "runs_user_code", False) and not manifest.trusted_code:
+        raise RegistryError(f"{manifest.name}:{manifest.version} runs code that came with it "
+                            "and no admin trusted it (trusted_code is false); refusing to "
+                            "load it")
+    if getattr(build, "takes_files", False):
+        if files is None:
+            raise RegistryError(f"entry point {manifest.entry_point!r} builds from the files "
+                                "its model carries: it loads whole, from its blob")
+        module = build(manifest.config, files)
+    else:
+        module = build(manifest.config)
     if not isinstance(module, nn.Module):
         raise RegistryError(f"entry point {manifest.entry_point!r} returned no nn.Module")
     return module
@@ -367,10 +394,12 @@ def load_module(
     building the module) and ``buffer`` may be released as soon as this returns;
     on a non-CPU device the move to the device copies anyway and ``copy`` changes nothing.
     """
+    files = (read_files(manifest, buffer, buffer_offset=buffer_offset)
+             if builder_takes_files(manifest) else None)
     bulk = _BulkCopy(buffer) if copy and torch.device(device).type == "cpu" else None
     try:  # with a bulk copy, the module is built and bound while the bytes are copied
         with _SkipMetaInit():  # its initial values are replaced by the blob's anyway
-            module = _empty_module(manifest)
+            module = _empty_module(manifest, files)
         views = tensor_views(manifest, bulk.view if bulk else buffer, buffer_offset=buffer_offset,
                              names=[*manifest.module_tensors(), *manifest.buffers])
         _bind(module, views, manifest.buffers, manifest.entry_point)

@@ -9,7 +9,8 @@ their second axis, so requests of different lengths share a batch), runs the mod
 calls :meth:`Serving.finish` on each request's slice of the outputs (logits -> labels).
 
 Tasks: ``tensor`` (tensors in and out, the built-in models), ``text-classification`` and
-``image-classification`` (Hugging Face models).
+``image-classification`` (Hugging Face models), ``handler`` (a trusted bundle's own
+pre- and postprocessing).
 """
 
 from __future__ import annotations
@@ -67,10 +68,17 @@ def _image(manifest: Any, files: Mapping[str, bytes]) -> Serving:
     return ImageClassification.for_manifest(manifest, files)
 
 
+def _handler(manifest: Any, files: Mapping[str, bytes]) -> Serving:
+    from flashpoint.models.serving.handler import HandlerServing
+
+    return HandlerServing.for_manifest(manifest, files)
+
+
 TASKS: dict[str, Factory] = {
     "tensor": _tensor,
     "text-classification": _text,
     "image-classification": _image,
+    "handler": _handler,
 }
 
 

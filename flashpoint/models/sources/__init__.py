@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from flashpoint.errors import UnsupportedModel
+from flashpoint.models.sources.archive import ExportedArchive, TorchScriptArchive
 from flashpoint.models.sources.base import Prepared, PushOptions, SourceFormat
+from flashpoint.models.sources.handler import HandlerBundle
 from flashpoint.models.sources.hf import HuggingFaceDirectory
 from flashpoint.models.sources.zoo import BuiltIn
 from flashpoint.registry.manifest import DEFAULT_CHUNK_SIZE, Manifest
@@ -31,7 +33,8 @@ Progress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``: phases ``load``, ``write``, ``verify``, ``upload``."""
 
 FORMATS: dict[str, SourceFormat] = {
-    f.name: f for f in (BuiltIn(), HuggingFaceDirectory())
+    f.name: f for f in (BuiltIn(), HuggingFaceDirectory(), TorchScriptArchive(),
+                        ExportedArchive(), HandlerBundle())
 }
 
 
