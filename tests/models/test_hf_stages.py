@@ -150,3 +150,47 @@ def test_skeleton_of_an_unadapted_model_is_a_bad_request(pushed):
         **manifest.config["hf_config"], "model_type": "electra"}})
     with pytest.raises(BadRequest, match="serves whole"):
         stage_skeleton(other, 0, 1)
+
+
+async def test_a_pipeline_of_served_stages_answers_like_a_whole_replica(pushed):
+    """Stage servers over the HF stages as a worker builds them (the first tokenizes, the
+    last finishes): text in, label / score / logits out, equal to the whole model."""
+    import numpy as np
+
+    from flashpoint.models import serving
+    from flashpoint.models.publish import read_files
+    from flashpoint.models.serving.stage import served_stage
+    from flashpoint.pipeline.client import PipelineClient
+    from flashpoint.pipeline.stage import StageServer
+
+    family, source, store, manifest, blob = pushed
+    n = len(manifest.layers)
+    secret = b"s" * 32
+    servers: list[StageServer] = []
+    try:
+        next_hop = None
+        for first, last in reversed(cuts(n, 3)):
+            start, end = byte_range_for_layers(manifest, first, last)
+            stage = load_stage(manifest, blob, first, last)
+            module = served_stage(manifest, stage, blob, first=first == 0, last=last == n - 1)
+            server = StageServer(module, host="127.0.0.1", port=0, secret=secret,
+                                 next_hop=next_hop, stage_id=f"s{first}")
+            await server.start()
+            servers.append(server)
+            next_hop = server.endpoint
+        texts = np.array([t.encode() for t in TEXTS], dtype=object)
+        async with PipelineClient(next_hop, secret, input_names=["text"]) as client:
+            label, score, logits = await client.infer_outputs({"text": texts}, timeout_s=30)
+    finally:
+        for server in servers:
+            await server.stop()
+    whole = load_module(manifest, blob)
+    served = serving.for_manifest(manifest, read_files(manifest, blob))
+    request = served.prepare({"text": texts})
+    with torch.inference_mode():
+        out = whole(*(torch.from_numpy(request[k]) for k in served.module_inputs))
+    answer = served.finish({"logits": out.numpy()})
+    np.testing.assert_allclose(logits, answer["logits"], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(score, answer["score"], atol=1e-4, rtol=1e-4)
+    assert label.tolist() == answer["label"].tolist()
+    assert [o.name for o in manifest.io.outputs] == ["label", "score", "logits"]
