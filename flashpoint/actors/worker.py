@@ -357,7 +357,6 @@ class Worker:
             # A partition stage (execute-while-load): only its own layers' bytes need to be
             # in the cache yet; the host has waited for exactly that range.
             from flashpoint.models.publish import load_stage
-
             from flashpoint.models.serving.stage import served_stage
             from flashpoint.registry.manifest import layer_range
 
