@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashpoint.errors import BadRequest, UnsupportedModel
+from flashpoint.errors import BadRequest, InputTooLong, UnsupportedModel
 from flashpoint.models import load_module, load_stage
 from flashpoint.models.hf import ENTRY_POINT
 from flashpoint.models.hf_stages import HFStage
@@ -181,6 +181,10 @@ async def test_a_pipeline_of_served_stages_answers_like_a_whole_replica(pushed):
         texts = np.array([t.encode() for t in TEXTS], dtype=object)
         async with PipelineClient(next_hop, secret, input_names=["text"]) as client:
             label, score, logits = await client.infer_outputs({"text": texts}, timeout_s=30)
+            # the first stage's checks are the whole replica's: typed 400s come back
+            too_long = np.array([b"word " * 500], dtype=object)
+            with pytest.raises(InputTooLong):
+                await client.infer_outputs({"text": too_long}, timeout_s=30)
     finally:
         for server in servers:
             await server.stop()
