@@ -8,20 +8,22 @@ attention mask too, and the embeddings and head are several modules each. A fami
 part runs; :class:`HFStage` runs layers ``first..last`` with it.
 
 What travels between stages (activation frames carry several tensors, see
-:mod:`flashpoint.pipeline.frames`): **two tensors, the hidden states and the 2-D
-attention mask as the tokenizer gave it** (``[batch, seq]``, 1 = token, 0 = padding). Each
-stage rebuilds the 4-D mask its blocks use with ``create_bidirectional_mask`` -- what the
-model's own forward does once -- for the model's attention implementation (sdpa, eager),
-so a pipelined model computes what the whole model computes. So:
+:mod:`flashpoint.pipeline.frames`): **the hidden states and the 2-D attention mask as the
+tokenizer gave it** (``[batch, seq]``, 1 = token, 0 = padding), then whatever the family's
+head needs from the inputs (GPT-2: each row's last non-padding position, ``int64
+[batch]``). Each stage rebuilds the 4-D mask its blocks use with ``transformers``' own
+``create_bidirectional_mask`` (encoders) or ``create_causal_mask`` (GPT-2) -- what the
+model's forward does once -- for the model's attention implementation (sdpa, eager), so
+a pipelined model computes what the whole model computes. So:
 
 * a stage holding ``embeddings`` takes ``input_ids, attention_mask`` (the whole model's
-  inputs), any other stage takes ``hidden_states, attention_mask``;
+  inputs), any other stage takes ``hidden_states, attention_mask, *extras``;
 * a stage holding ``head`` returns ``logits``, any other returns
-  ``hidden_states, attention_mask``.
+  ``hidden_states, attention_mask, *extras``.
 
-Families served in stages: BERT, RoBERTa, DistilBERT (``*ForSequenceClassification``,
-encoders only). Any other Hugging Face model serves whole: :func:`why_not_staged` says why,
-and the controller answers ``max_stages > 1`` for it with a 400 carrying that reason.
+Families served in stages (``*ForSequenceClassification``): BERT, RoBERTa, DistilBERT,
+GPT-2. Any other Hugging Face model serves whole: :func:`why_not_staged` says why, and the
+controller answers ``max_stages > 1`` for it with a 400 carrying that reason.
 """
 
 from __future__ import annotations
@@ -49,28 +51,67 @@ class Family:
     """How one family's ``*ForSequenceClassification`` splits into stage parts.
 
     Paths are relative to the ``transformers`` model (the wrapper's ``model``).
-    ``embed(parts, input_ids)`` and ``head(parts, hidden_states)`` get the parts by path.
+    ``embed(parts, input_ids)`` and ``head(parts, hidden_states, extras)`` get the parts
+    by path; ``extras(config, input_ids, attention_mask)``: the tensors the head needs
+    from the inputs (they travel with the hidden states); ``causal``: GPT-style blocks
+    (causal mask, positions passed to each block).
     """
 
     embeddings: tuple[str, ...]
     blocks: str
     head_modules: tuple[str, ...]
     embed: Callable[[Mapping[str, nn.Module], torch.Tensor], torch.Tensor]
-    head: Callable[[Mapping[str, nn.Module], torch.Tensor], torch.Tensor]
+    head: Callable[[Mapping[str, nn.Module], torch.Tensor, tuple[torch.Tensor, ...]],
+                   torch.Tensor]
+    extras: Callable[[Any, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]] = (
+        lambda config, ids, mask: ())
+    causal: bool = False
 
 
-def _bert_head(parts: Mapping[str, nn.Module], hidden: torch.Tensor) -> torch.Tensor:
+Extras = tuple[torch.Tensor, ...]
+
+
+def _bert_head(parts: Mapping[str, nn.Module], hidden: torch.Tensor, extras: Extras,
+               ) -> torch.Tensor:
     pooled = parts["bert.pooler"](hidden)
     return parts["classifier"](pooled)  # dropout is the identity in eval mode
 
 
-def _roberta_head(parts: Mapping[str, nn.Module], hidden: torch.Tensor) -> torch.Tensor:
+def _roberta_head(parts: Mapping[str, nn.Module], hidden: torch.Tensor, extras: Extras,
+                  ) -> torch.Tensor:
     return parts["classifier"](hidden)  # RobertaClassificationHead takes the <s> token itself
 
 
-def _distilbert_head(parts: Mapping[str, nn.Module], hidden: torch.Tensor) -> torch.Tensor:
+def _distilbert_head(parts: Mapping[str, nn.Module], hidden: torch.Tensor, extras: Extras,
+                     ) -> torch.Tensor:
     pooled = torch.relu(parts["pre_classifier"](hidden[:, 0]))
     return parts["classifier"](pooled)
+
+
+def _positions(hidden: torch.Tensor) -> torch.Tensor:
+    return torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+
+
+def _gpt2_embed(parts: Mapping[str, nn.Module], ids: torch.Tensor) -> torch.Tensor:
+    tokens = parts["transformer.wte"](ids)
+    return tokens + parts["transformer.wpe"](_positions(tokens))  # dropout: eval identity
+
+
+def _gpt2_last_token(config: Any, ids: torch.Tensor, mask: torch.Tensor) -> Extras:
+    """Each row's last non-padding position, as GPT2ForSequenceClassification pools."""
+    if config.pad_token_id is None:
+        return (torch.full((ids.shape[0],), ids.shape[-1] - 1, dtype=torch.int64,
+                           device=ids.device),)
+    non_pad = (ids != config.pad_token_id).to(torch.int32)
+    positions = torch.arange(ids.shape[-1], device=ids.device, dtype=torch.int32)
+    return ((positions * non_pad).argmax(-1).to(torch.int64),)
+
+
+def _gpt2_head(parts: Mapping[str, nn.Module], hidden: torch.Tensor, extras: Extras,
+               ) -> torch.Tensor:
+    logits = parts["score"](parts["transformer.ln_f"](hidden))
+    (last,) = extras
+    return logits[torch.arange(logits.shape[0], device=logits.device), last]
 
 
 FAMILIES: dict[str, Family] = {
@@ -81,6 +122,9 @@ FAMILIES: dict[str, Family] = {
     "distilbert": Family(("distilbert.embeddings",), "distilbert.transformer.layer",
                          ("pre_classifier", "classifier"),
                          lambda p, ids: p["distilbert.embeddings"](ids), _distilbert_head),
+    "gpt2": Family(("transformer.wte", "transformer.wpe"), "transformer.h",
+                   ("transformer.ln_f", "score"), _gpt2_embed, _gpt2_head,
+                   extras=_gpt2_last_token, causal=True),
 }
 """``model_type`` -> adapter, for ``*ForSequenceClassification`` encoders."""
 assert sorted(FAMILIES) == sorted(HF_STAGED_FAMILIES)
@@ -138,20 +182,40 @@ class HFStage(nn.Module):
     def part(self, path: str) -> nn.Module:
         return self.parts[self.paths.index(path)]
 
-    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor, *extras: torch.Tensor,
+                ) -> Any:
         parts = dict(zip(self.paths, self.parts, strict=True))
-        hidden = self._family.embed(parts, x) if self.first else x
+        family = self._family
+        if self.first:
+            extras = family.extras(self._config, x, attention_mask)
+            hidden = family.embed(parts, x)
+        else:
+            hidden = x
         if self.block_paths:
-            from transformers.masking_utils import create_bidirectional_mask
-
-            mask = create_bidirectional_mask(config=self._config, inputs_embeds=hidden,
-                                             attention_mask=attention_mask)
-            for path in self.block_paths:
-                out = parts[path](hidden, mask)
-                hidden = out[0] if isinstance(out, tuple) else out
+            hidden = self._blocks(parts, hidden, attention_mask)
         if self.last:
-            return self._family.head(parts, hidden)
-        return hidden, attention_mask
+            return family.head(parts, hidden, tuple(extras))
+        return (hidden, attention_mask, *extras)
+
+    def _blocks(self, parts: Mapping[str, nn.Module], hidden: torch.Tensor,
+                attention_mask: torch.Tensor) -> torch.Tensor:
+        from transformers import masking_utils
+
+        if self._family.causal:
+            positions = _positions(hidden)
+            mask = masking_utils.create_causal_mask(
+                config=self._config, inputs_embeds=hidden, attention_mask=attention_mask,
+                cache=None, position_ids=positions)
+            for path in self.block_paths:
+                out = parts[path](hidden, None, mask, position_ids=positions)
+                hidden = out[0] if isinstance(out, tuple) else out
+            return hidden
+        mask = masking_utils.create_bidirectional_mask(
+            config=self._config, inputs_embeds=hidden, attention_mask=attention_mask)
+        for path in self.block_paths:
+            out = parts[path](hidden, mask)
+            hidden = out[0] if isinstance(out, tuple) else out
+        return hidden
 
 
 def stage_of(wrapper: nn.Module, config: Mapping[str, Any], names: Sequence[str]) -> HFStage:

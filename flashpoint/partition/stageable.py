@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 HF_ENTRY_POINT = "flashpoint.models.hf:build_empty"
-HF_STAGED_FAMILIES = ("bert", "distilbert", "roberta")
-"""``model_type``s with a stage adapter (``*ForSequenceClassification`` encoders)."""
+HF_STAGED_FAMILIES = ("bert", "distilbert", "gpt2", "roberta")
+"""``model_type``s with a stage adapter (``*ForSequenceClassification``)."""
 
 
 def hf_why_not_staged(config: Mapping[str, Any]) -> str | None:
@@ -29,8 +29,10 @@ def hf_why_not_staged(config: Mapping[str, Any]) -> str | None:
     if not architecture.endswith("ForSequenceClassification"):
         return (f"{architecture} has no stage adapter (only *ForSequenceClassification "
                 "heads are split), so it serves whole")
-    if raw.get("is_decoder") or raw.get("add_cross_attention"):
+    if model_type != "gpt2" and (raw.get("is_decoder") or raw.get("add_cross_attention")):
         return f"{architecture} is configured as a decoder (only encoders are split), so it serves whole"
+    if raw.get("add_cross_attention"):
+        return f"{architecture} has cross-attention, so it serves whole"
     return None
 
 

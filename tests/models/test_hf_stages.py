@@ -19,7 +19,7 @@ from flashpoint.registry.local import LocalStore
 
 pytest.importorskip("transformers")
 
-FAMILIES = ("bert", "roberta", "distilbert")
+FAMILIES = ("bert", "roberta", "distilbert", "gpt2")
 TEXTS = ["a short one", "this sentence is quite a bit longer than the first one, padded",
          "mid length text here"]
 
@@ -93,7 +93,8 @@ async def test_stages_equal_the_whole_model(pushed, parts, texts):
                                  skeleton=skeleton))
     assert all(isinstance(s, HFStage) for s in stages)
     middle = stages[0](input_ids, attention_mask)
-    assert isinstance(middle, tuple) and len(middle) == 2  # hidden states and the mask travel
+    # hidden states and the mask travel (and GPT-2's last non-padding positions)
+    assert isinstance(middle, tuple) and len(middle) == (3 if family == "gpt2" else 2)
     got = run_chain(stages, input_ids, attention_mask)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     whole = load_module(manifest, blob)
