@@ -126,7 +126,7 @@ FAMILIES: dict[str, Family] = {
                    ("transformer.ln_f", "score"), _gpt2_embed, _gpt2_head,
                    extras=_gpt2_last_token, causal=True),
 }
-"""``model_type`` -> adapter, for ``*ForSequenceClassification`` encoders."""
+"""``model_type`` -> adapter, for ``*ForSequenceClassification`` models."""
 assert sorted(FAMILIES) == sorted(HF_STAGED_FAMILIES)
 
 
