@@ -49,6 +49,7 @@ from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
 from flashpoint.partition.cache import PlanCache
 from flashpoint.partition.model import CostModel, LayerProfile
+from flashpoint.partition.stageable import why_not_staged
 from flashpoint.pipeline.client import PipelineClient
 from flashpoint.policy.autoscale import make_autoscaler
 from flashpoint.policy.request_class import RequestClass, SloCompliance
@@ -788,6 +789,10 @@ class Controller:
 
     async def _plan_table(self, spec: FunctionSpec, manifest: Manifest) -> tuple[Any, float]:
         """The model version's partition plan table (cached) and C(1) for Eq 4.14."""
+        why = why_not_staged(manifest.entry_point, manifest.config)
+        if why is not None:
+            raise BadRequest(f"model {spec.model}@{spec.model_version} cannot run in stages "
+                             f"(max_stages > 1): {why}")
         keys = ("bytes", "exec_time_s", "output_bytes")
         if not manifest.layers or any(not all(k in layer.profile for k in keys)
                                       for layer in manifest.layers):

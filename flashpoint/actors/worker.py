@@ -357,8 +357,13 @@ class Worker:
             # A partition stage (execute-while-load): only its own layers' bytes need to be
             # in the cache yet; the host has waited for exactly that range.
             from flashpoint.models.publish import load_stage
+            from flashpoint.models.serving.stage import served_stage
+            from flashpoint.registry.manifest import layer_range
 
             module = load_stage(manifest, memoryview(mapping), stage[0], stage[1], device="cpu")
+            i, j = layer_range(manifest, stage[0], stage[1])
+            module = served_stage(manifest, module, memoryview(mapping), first=i == 0,
+                                  last=j == len(manifest.layers) - 1)
         else:
             module = None
         device = payload.get("device", "cpu")

@@ -143,24 +143,48 @@ def profile_layers(
     sizes = _layer_bytes(names, [m for _, m in named], layout)
     module.to(dev)
     module.eval()
+    with torch.inference_mode():
+        x = as_input_tensor(example_inputs, dev)
+    return profile_callables(named, sizes, (x,), dev, repeats=repeats, warmup=warmup)
+
+
+def profile_callables(
+    layers: Sequence[tuple[str, Callable[..., Any]]],
+    sizes: Sequence[int],
+    inputs: Sequence[Any],
+    device: str | torch.device = "cpu",
+    *,
+    repeats: int = 5,
+    warmup: int = 2,
+) -> dict[str, dict[str, float]]:
+    """:func:`profile_layers`' measurement over layers that are any callables (already on
+    ``device``): the first is called with ``*inputs``, each next one with the previous
+    one's outputs (a tuple is spread into arguments, as a pipeline stage's tensors are).
+    ``sizes`` are the layers' ``bytes``."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise BadRequest("repeats must be a positive integer")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise BadRequest("warmup must be a non-negative integer")
+    dev = torch.device(device)
     sync = _synchronizer(dev)
     clock = time.perf_counter
     profiles: dict[str, dict[str, float]] = {}
     with torch.inference_mode():
-        x: Any = as_input_tensor(example_inputs, dev)
-        for (name, layer), size in zip(named, sizes, strict=True):
+        args: tuple[Any, ...] = tuple(a.to(dev) if isinstance(a, torch.Tensor) else a
+                                      for a in inputs)
+        for (name, layer), size in zip(layers, sizes, strict=True):
             for _ in range(warmup):
-                layer(x)
+                layer(*args)
             sync()
             times = []
             for _ in range(repeats):
                 start = clock()
-                y = layer(x)
+                y = layer(*args)
                 sync()
                 times.append(clock() - start)
             profiles[name] = {"bytes": int(size), "exec_time_s": statistics.median(times),
                               "output_bytes": output_nbytes(y)}
-            x = y
+            args = tuple(y) if isinstance(y, (tuple, list)) else (y,)
     return profiles
 
 

@@ -450,14 +450,30 @@ class _SkipMetaInit(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def stage_skeleton(manifest: Manifest, first: int | str, last: int | str) -> nn.Sequential:
-    """Layers ``first..last`` (inclusive) as an ``nn.Sequential`` on ``meta``, no weights.
+def is_hf(manifest: Manifest) -> bool:
+    """A Hugging Face model: its stages are :mod:`~flashpoint.models.hf_stages` modules."""
+    from flashpoint.models.hf import ENTRY_POINT
+
+    return manifest.entry_point == ENTRY_POINT
+
+
+def stage_skeleton(manifest: Manifest, first: int | str, last: int | str) -> nn.Module:
+    """Layers ``first..last`` (inclusive) as an ``nn.Sequential`` on ``meta``, no weights;
+    for a Hugging Face model an :class:`~flashpoint.models.hf_stages.HFStage` (its stages
+    pass hidden states and the attention mask on; BadRequest for a family with no adapter).
 
     Needs no blob bytes, so a stage can build it while its bytes are still arriving and hand
     it to :func:`load_stage` (``skeleton=``), which then only binds views. Built without
     initialising parameters (see :class:`_SkipMetaInit`). One skeleton serves one load.
     """
     i, j = layer_range(manifest, first, last)
+    if is_hf(manifest):
+        from flashpoint.models import hf_stages
+
+        family = hf_stages.family_of(manifest.config)
+        with _SkipMetaInit():
+            wrapper = _empty_module(manifest)
+        return hf_stages.HFStage(wrapper, family, [la.name for la in manifest.layers[i:j + 1]])
     with _SkipMetaInit():
         module = _empty_module(manifest)
     parts: list[nn.Module] = []
@@ -477,9 +493,10 @@ def load_stage(
     device: str | torch.device = "cpu",
     *,
     buffer_offset: int = 0,
-    skeleton: nn.Sequential | None = None,
-) -> nn.Sequential:
-    """Layers ``first..last`` (inclusive) as an ``nn.Sequential``: a pipeline stage.
+    skeleton: nn.Module | None = None,
+) -> nn.Module:
+    """Layers ``first..last`` (inclusive) as an ``nn.Sequential``: a pipeline stage (for a
+    Hugging Face model an :class:`~flashpoint.models.hf_stages.HFStage`).
 
     ``buffer`` may hold just the stage's byte range (pass ``buffer_offset`` = its start,
     from :func:`~flashpoint.registry.byte_range_for_layers`). Layer names must be module
@@ -490,13 +507,22 @@ def load_stage(
     i, j = layer_range(manifest, first, last)
     layers = manifest.layers[i:j + 1]
     stage = stage_skeleton(manifest, first, last) if skeleton is None else skeleton
-    if len(stage) != len(layers):
-        raise BadRequest(f"skeleton has {len(stage)} layers, the stage {len(layers)}")
     files = {f.tensor for f in manifest.files.values()}
     views = tensor_views(
         manifest, buffer, buffer_offset=buffer_offset,
         names=[n for n in tensors_for_layers(manifest, i, j) if n not in files],
     )
+    if is_hf(manifest):
+        from flashpoint.models import hf_stages
+
+        if not isinstance(stage, hf_stages.HFStage) or stage.layer_names != [
+                la.name for la in layers]:
+            raise BadRequest(f"skeleton is not the stage {layers[0].name}..{layers[-1].name}")
+        hf_stages.bind(stage, views, manifest.buffers)
+        return _finish(stage, device)
+    assert isinstance(stage, nn.Sequential)
+    if len(stage) != len(layers):
+        raise BadRequest(f"skeleton has {len(stage)} layers, the stage {len(layers)}")
     for layer, sub in zip(layers, stage, strict=True):
         prefix = layer.name + "."
         sub_state = {n[len(prefix):]: views[n] for n in layer.tensors if n not in files}

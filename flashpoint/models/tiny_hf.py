@@ -68,14 +68,16 @@ def make_text_classifier(
     seed: int = 0,
     vocab_size: int | None = None,
 ) -> Path:
-    """A ``*ForSequenceClassification`` directory (``family``: bert, roberta, distilbert)
-    with random weights and a tokenizer; returns its path."""
+    """A ``*ForSequenceClassification`` directory (``family``: bert, roberta, distilbert,
+    gpt2) with random weights and a tokenizer; returns its path."""
     import torch
     from transformers import (
         BertConfig,
         BertForSequenceClassification,
         DistilBertConfig,
         DistilBertForSequenceClassification,
+        GPT2Config,
+        GPT2ForSequenceClassification,
         RobertaConfig,
         RobertaForSequenceClassification,
     )
@@ -102,6 +104,13 @@ def make_text_classifier(
             n_heads=dims["num_attention_heads"], hidden_dim=dims["intermediate_size"],
             max_position_embeddings=dims["max_position_embeddings"], **common)
         cls = DistilBertForSequenceClassification
+    elif family == "gpt2":
+        config = GPT2Config(
+            n_embd=dims["hidden_size"], n_layer=dims["num_hidden_layers"],
+            n_head=dims["num_attention_heads"], n_inner=dims["intermediate_size"],
+            n_positions=dims["max_position_embeddings"], bos_token_id=tok.cls_token_id,
+            eos_token_id=tok.sep_token_id, **common)
+        cls = GPT2ForSequenceClassification
     else:
         raise ValueError(f"unknown family {family!r}")
     torch.manual_seed(seed)

@@ -25,6 +25,11 @@ changes, so one request can be followed through every stage's logs.
 BF16 has no numpy dtype: it travels as its 16-bit patterns; numpy decoding gives the
 ``uint16`` bits (``tensors_numpy``), torch decoding gives ``torch.bfloat16``.
 
+BYTES (OIP's strings: a numpy ``object`` array of ``bytes``) travels as its items in C
+order, each a u32 length and its bytes; ``nbytes`` is their total (at least 4 per item).
+It decodes to an ``object`` array in both decodings (torch has no such dtype): it is what
+a served model's first stage takes (text) and its last stage returns (labels).
+
 Everything here is pure (no I/O, no event loop); torch is used only when the caller passes
 or asks for torch tensors, so a numpy-only client never imports it.
 """
@@ -79,6 +84,7 @@ class DType(enum.IntEnum):
     UINT16 = 11
     UINT32 = 12
     UINT64 = 13
+    BYTES = 14  # variable-length items: u32 length + bytes each (see the module docstring)
 
 
 # numpy dtype each code decodes to (BF16: its raw uint16 bit patterns)
@@ -104,6 +110,42 @@ _TORCH_NAMES: dict[DType, str] = {
 
 def itemsize(code: DType) -> int:
     return NUMPY_DTYPE[code].itemsize
+
+
+_U32 = struct.Struct("!I")
+
+
+def _bytes_items(a: np.ndarray) -> memoryview:
+    """An object array's items (bytes, or str as UTF-8) in C order, length-prefixed."""
+    parts: list[bytes] = []
+    for item in a.reshape(-1):
+        raw = item.encode() if isinstance(item, str) else item
+        if not isinstance(raw, (bytes, bytearray, memoryview)):
+            raise ProtocolError(f"a BYTES tensor holds a {type(item).__name__}")
+        raw = bytes(raw)
+        parts.append(_U32.pack(len(raw)))
+        parts.append(raw)
+    return memoryview(b"".join(parts))
+
+
+def _decode_bytes(data: Any, head: TensorHead) -> np.ndarray:
+    """A BYTES tensor's items as an ``object`` array; ProtocolError if they do not fill
+    exactly its ``nbytes``."""
+    mv = memoryview(data)[head.offset:head.offset + head.nbytes]
+    out = np.empty(head.numel, dtype=object)
+    pos = 0
+    for i in range(head.numel):
+        if pos + 4 > len(mv):
+            raise ProtocolError("BYTES tensor items run past its bytes")
+        (n,) = _U32.unpack_from(mv, pos)
+        pos += 4
+        if pos + n > len(mv):
+            raise ProtocolError("BYTES tensor items run past its bytes")
+        out[i] = bytes(mv[pos:pos + n])
+        pos += n
+    if pos != len(mv):
+        raise ProtocolError(f"BYTES tensor has {len(mv) - pos} bytes past its last item")
+    return out.reshape(head.shape)
 
 
 def align_up(n: int, align: int = ALIGN_BYTES) -> int:
@@ -169,6 +211,8 @@ def tensor_bytes(x: Any) -> tuple[DType, tuple[int, ...], memoryview]:
         raw = flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
         return code, shape, memoryview(raw.numpy())
     a = np.asarray(x)
+    if a.dtype == object:
+        return DType.BYTES, tuple(int(s) for s in a.shape), _bytes_items(a)
     code = _FROM_NUMPY.get(a.dtype.name)
     if code is None:
         raise ProtocolError(f"dtype {a.dtype} cannot travel in an activation frame")
@@ -289,7 +333,10 @@ def parse_table(head: FrameHead, buf: bytes | bytearray | memoryview) -> tuple[T
         numel = 1
         for d in shape:
             numel *= d
-        if nbytes != numel * itemsize(dtype):
+        if dtype is DType.BYTES:
+            if nbytes < 4 * numel:
+                raise ProtocolError(f"tensor {i}: {nbytes} bytes cannot hold {numel} BYTES items")
+        elif nbytes != numel * itemsize(dtype):
             raise ProtocolError(f"tensor {i}: {nbytes} bytes do not match shape {shape} of {dtype.name}")
         start = align_up(pos)
         out.append(TensorHead(dtype, shape, nbytes, start))
@@ -314,6 +361,9 @@ class Frame:
         """Views over DATA (writable when DATA is a bytearray); BF16 as uint16 bits."""
         out = []
         for t in self.table:
+            if t.dtype is DType.BYTES:
+                out.append(_decode_bytes(self.data, t))
+                continue
             dt = NUMPY_DTYPE[t.dtype]
             if t.numel == 0:
                 out.append(np.empty(t.shape, dtype=dt))
@@ -323,11 +373,15 @@ class Frame:
         return out
 
     def tensors_torch(self) -> list[Any]:
-        """Views over DATA as torch tensors (BF16 as ``torch.bfloat16``)."""
+        """Views over DATA as torch tensors (BF16 as ``torch.bfloat16``; BYTES as an
+        ``object`` array)."""
         import torch
 
-        out = []
+        out: list[Any] = []
         for t in self.table:
+            if t.dtype is DType.BYTES:
+                out.append(_decode_bytes(self.data, t))
+                continue
             dt = getattr(torch, _TORCH_NAMES[t.dtype])
             if t.numel == 0:
                 out.append(torch.empty(t.shape, dtype=dt))

@@ -333,12 +333,13 @@ class StageServer:
     def _compute(self, frame: Frame, kind: FrameKind) -> list[Any]:
         """On the stage thread: run the module and encode its outputs (request id 0)."""
         with torch.inference_mode():
-            args = frame.tensors_torch()
+            args = frame.tensors_torch()  # BYTES come as numpy object arrays
             if self.device != "cpu":
-                args = [a.to(self.device) for a in args]
+                args = [a.to(self.device) if isinstance(a, torch.Tensor) else a for a in args]
             out = self.module(*args)
             outs = out if isinstance(out, (tuple, list)) else (out,)
-            outs = [o.detach().cpu().contiguous() for o in outs]
+            outs = [o.detach().cpu().contiguous() if isinstance(o, torch.Tensor) else o
+                    for o in outs]
             return encode_frame(kind, 0, frame.head.trace_id, outs)
 
     # -- downstream: requests out, replies in ---------------------------------------------

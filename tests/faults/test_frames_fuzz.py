@@ -67,7 +67,10 @@ def table_entry(draw: st.DrawFn) -> tuple[bytes, int]:
     numel = 1
     for d in dims[:ndim]:
         numel *= d
-    item = pf.NUMPY_DTYPE[pf.DType(code)].itemsize if code in set(pf.DType) else 1
+    if code == pf.DType.BYTES:
+        item = 4 + draw(st.integers(0, 3))  # a length, and maybe a few bytes, per item
+    else:
+        item = pf.NUMPY_DTYPE[pf.DType(code)].itemsize if code in set(pf.DType) else 1
     nbytes = numel * item
     if nbytes >= 2**64:
         nbytes = draw(_u64)
@@ -102,14 +105,24 @@ def activation_frames(draw: st.DrawFn) -> bytes:
 
 
 def _check_tensors(frame: pf.Frame) -> None:
-    """An accepted frame's tensors have exactly the shapes and dtypes its table declares."""
+    """An accepted frame's tensors have exactly the shapes and dtypes its table declares
+    (BYTES items are checked when decoded: ProtocolError if they do not fill their bytes)."""
     if frame.head.kind is pf.FrameKind.ERROR:
         assert isinstance(frame.error(), FlashpointError)
         return
-    arrays = frame.tensors_numpy()
+    try:
+        arrays = frame.tensors_numpy()
+    except ProtocolError:
+        assert any(t.dtype is pf.DType.BYTES for t in frame.table)
+        return
     assert len(arrays) == len(frame.table) == frame.head.count
     for arr, t in zip(arrays, frame.table, strict=True):
-        assert arr.shape == t.shape and arr.dtype == pf.NUMPY_DTYPE[t.dtype]
+        assert arr.shape == t.shape
+        if t.dtype is pf.DType.BYTES:
+            assert arr.dtype == object
+            assert sum(4 + len(b) for b in arr.reshape(-1)) == t.nbytes
+            continue
+        assert arr.dtype == pf.NUMPY_DTYPE[t.dtype]
         assert arr.nbytes == t.nbytes
 
 
@@ -144,7 +157,15 @@ def test_structured_frames_decode_to_torch(raw: bytes) -> None:
         return
     if frame.head.kind is pf.FrameKind.ERROR:
         return
-    for t, ref in zip(frame.tensors_torch(), frame.table, strict=True):
+    try:
+        tensors = frame.tensors_torch()
+    except ProtocolError:
+        assert any(t.dtype is pf.DType.BYTES for t in frame.table)
+        return
+    for t, ref in zip(tensors, frame.table, strict=True):
+        if ref.dtype is pf.DType.BYTES:  # no torch dtype: an object array
+            assert t.dtype == object and t.shape == ref.shape
+            continue
         assert isinstance(t, torch.Tensor) and tuple(t.shape) == ref.shape
 
 

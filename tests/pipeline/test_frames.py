@@ -202,3 +202,32 @@ def test_client_never_imports_torch():
     code = ("import sys, flashpoint.pipeline, flashpoint.pipeline.client; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+
+
+def test_bytes_tensors_travel_as_object_arrays():
+    texts = np.array([b"hello", "caf\u00e9", b"", b"\x00\xff"], dtype=object).reshape(2, 2)
+    nums = np.arange(3, dtype=np.int64)
+    frame = decode_frame(wire(FrameKind.RESULT, 1, 2, [texts, nums, np.empty(0, dtype=object)]))
+    got, n, empty = frame.tensors_numpy()
+    assert got.dtype == object and got.shape == (2, 2)
+    assert got.tolist() == [[b"hello", "caf\u00e9".encode()], [b"", b"\x00\xff"]]
+    assert np.array_equal(n, nums) and empty.shape == (0,)
+    t_got, t_n, _ = frame.tensors_torch()
+    assert t_got.tolist() == got.tolist() and torch.equal(t_n, torch.arange(3))
+    with pytest.raises(ProtocolError):
+        encode_frame(FrameKind.REQUEST, 1, 1, [np.array([1.5], dtype=object)])
+
+
+def test_malformed_bytes_tensors_are_protocol_errors():
+    good = wire(FrameKind.REQUEST, 1, 1, [np.array([b"abc", b"de"], dtype=object)])
+    nbytes_at = HEAD.size + 8
+    (nbytes,) = struct.unpack_from("!Q", good, nbytes_at)
+    assert nbytes == 4 + 3 + 4 + 2
+    item_past_end = bytearray(good)
+    data_at = HEAD.size + ENTRY.size
+    struct.pack_into("!I", item_past_end, data_at, 50)
+    too_many_items = patch(good, nbytes_at + 8, "!Q", 5)  # 5 lengths alone need 20 bytes
+    one_item_fewer = patch(good, nbytes_at + 8, "!Q", 1)  # bytes left past the last item
+    for bad in (bytes(item_past_end), too_many_items, one_item_fewer):
+        with pytest.raises(ProtocolError):
+            decode_frame(bad).tensors_numpy()

@@ -107,6 +107,14 @@ class TextClassification:
                    int(config.get("top_k", DEFAULT_TOP_K)),
                    pad_values={"input_ids": int(pad), "attention_mask": 0})
 
+    @classmethod
+    def for_answers(cls, manifest: Any) -> TextClassification:
+        """Only :meth:`finish` works (no tokenizer): a pipeline's last stage, which does not
+        hold the files the model carries (they are at the front of its first layer)."""
+        config = manifest.config
+        return cls(None, 0, False, labels_of(config["hf_config"], int(config["num_labels"])),
+                   int(config.get("top_k", DEFAULT_TOP_K)))
+
     def prepare(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         arr = inputs[TEXT_INPUT]
         if arr.ndim != 1:

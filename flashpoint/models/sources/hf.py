@@ -88,7 +88,25 @@ class HuggingFaceDirectory:
         return Prepared(
             build=lambda: _load(source, architecture), entry_point=hf.ENTRY_POINT,
             config=config, io=io, task=task, files=files, layer_plan=_layer_plan,
+            profiler=_profiler(source, config, options) if options.profile else None,
         )
+
+
+def _profiler(source: Path, config: dict[str, Any], options: PushOptions) -> Any:
+    """Per-layer profiles of a family with a stage adapter, measured on its own stages
+    (:mod:`flashpoint.models.hf_stages`); UnsupportedModel for any other (it serves whole,
+    so a profile would only invite ``max_stages > 1``)."""
+    from flashpoint.models import hf_stages
+
+    why = hf_stages.why_not_staged(config)
+    if why is not None:
+        raise UnsupportedModel(f"{source}: cannot be profiled for partitioning: {why}")
+    inputs = hf_stages.example_inputs(source, config, batch=options.profile_batch)
+
+    def profiler(module: nn.Module, layout: Any) -> Any:
+        return hf_stages.profile_stages(module, config, layout, inputs, options.profile_device)
+
+    return profiler
 
 
 def _layer_plan(module: nn.Module) -> tuple[list[str], Any]:
