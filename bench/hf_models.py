@@ -124,25 +124,24 @@ async def cold_from_ram(rounds: int, home: Path) -> dict[str, Any]:
 
 
 def prepare_costs(home: Path, repeats: int) -> dict[str, Any]:
-    """Microseconds per request of prepare/finish, in this process."""
+    """Microseconds per request of prepare/finish, in this process, on served models built
+    the way a worker builds them (published, then read back from the blob)."""
     from PIL import Image
 
     from flashpoint.models import serving
-    from flashpoint.models.sources import prepare, PushOptions
+    from flashpoint.models.publish import read_files
+    from flashpoint.models.sources import publish_source
     from flashpoint.models.tiny_hf import make_image_classifier, make_text_classifier
+    from flashpoint.registry.local import LocalStore
 
     out: dict[str, Any] = {}
+    store = LocalStore(home / "registry-cost")
     text_dir = make_text_classifier(home / "cost-text")
     image_dir = make_image_classifier(home / "cost-image", family="vit", size="base")
     for task, directory in (("text", text_dir), ("image", image_dir)):
-        p = prepare(directory, None, PushOptions())
-
-        class _M:  # what for_manifest reads of a manifest
-            config, task_name = p.config, p.task
-
-        m = _M()
-        m.task, m.name, m.version = p.task, task, "1"  # type: ignore[attr-defined]
-        served = serving.for_manifest(m, p.files)
+        manifest = asyncio.run(publish_source(store, f"cost-{task}", directory))
+        blob = asyncio.run(store.read_range(manifest.name, "1", 0, manifest.blob_size))
+        served = serving.for_manifest(manifest, read_files(manifest, bytearray(blob)))
         if task == "text":
             one = {"text": np.array([TEXT.encode()], dtype=object)}
             many = {"text": np.array([(TEXT + " great" * (i % 8)).encode() for i in range(64)],
