@@ -452,8 +452,16 @@ class Worker:
                                f"{exc}"[:500]) from None
         return prepared, payload.get("class") == RequestClass.BEST_EFFORT
 
+    def _prepares_in_thread(self) -> bool:
+        """Whether requests are prepared off the event loop (image decoding takes ms)."""
+        rep = self.replica
+        return bool(rep is not None and getattr(rep.served, "prepare_in_thread", False))
+
     async def _infer(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
-        inputs, best_effort = self._request(payload)
+        if self._prepares_in_thread():
+            inputs, best_effort = await asyncio.to_thread(self._request, payload)
+        else:
+            inputs, best_effort = self._request(payload)
         assert self.batcher is not None
         outputs, timings = await self.batcher.submit(inputs, best_effort=best_effort)
         return {"outputs": encode_tensors(self._finish(outputs)), "timings_s": timings}
@@ -472,14 +480,27 @@ class Worker:
         requests = payload.get("requests")
         if not isinstance(requests, list) or not requests:
             raise BadRequest("infer_many needs a non-empty list of requests")
+        def prepare_all() -> list[tuple[dict[str, np.ndarray], bool] | Exception]:
+            out: list[tuple[dict[str, np.ndarray], bool] | Exception] = []
+            for req in requests:
+                try:
+                    out.append(self._request(req if isinstance(req, dict) else {}))
+                except Exception as exc:  # never let one request fail its neighbours
+                    out.append(exc)
+            return out
+
+        # Prepared all together (off the loop where decoding is slow), then every one queued
+        # before the first wait.
+        prepared = (await asyncio.to_thread(prepare_all) if self._prepares_in_thread()
+                    else prepare_all())
         waits: list[asyncio.Future | dict[str, Any]] = []
-        for req in requests:
-            try:
-                inputs, best_effort = self._request(req if isinstance(req, dict) else {})
-                assert self.batcher is not None
-                waits.append(self.batcher.enqueue(inputs, best_effort=best_effort))
-            except Exception as exc:  # never let one request fail its neighbours
-                waits.append(_error_reply(exc))
+        for item in prepared:
+            if isinstance(item, Exception):
+                waits.append(_error_reply(item))
+                continue
+            inputs, best_effort = item
+            assert self.batcher is not None
+            waits.append(self.batcher.enqueue(inputs, best_effort=best_effort))
         replies: list[dict[str, Any]] = []
         try:
             for w in waits:

@@ -32,6 +32,8 @@ class Serving(Protocol):
     """Names of the module's outputs, in order."""
     pad_values: Mapping[str, int]
     """Module inputs padded along axis 1 with this value when requests are batched."""
+    # Optional ``prepare_in_thread: bool``: prepare requests off the worker's event loop
+    # (image decoding); absent means False.
 
     def prepare(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request's tensors as module inputs (batch dimension first); BadRequest

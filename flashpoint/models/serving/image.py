@@ -152,6 +152,9 @@ class ImageClassification:
     module_inputs: tuple[str, ...] = ("pixel_values",)
     module_outputs: tuple[str, ...] = ("logits",)
     pad_values: Mapping[str, int] = field(default_factory=dict)
+    # Decoding and resizing take milliseconds (bench/hf_models.py): the worker prepares
+    # these requests on a thread, never on its event loop.
+    prepare_in_thread: bool = True
 
     @classmethod
     def for_manifest(cls, manifest: Any, files: Mapping[str, bytes]) -> ImageClassification:
