@@ -74,6 +74,21 @@ def _body(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
             for n, a in arrays.items()}
 
 
+HF_TEXT = "a cold start fetches the model bytes from a peer and the cluster scales to zero"
+
+
+def _hf_reference(directory: Path) -> tuple[np.ndarray, dict[str, Any]]:
+    """transformers' logits for the request text, and the native body ``{"text": ...}``."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    model = AutoModelForSequenceClassification.from_pretrained(str(directory)).eval()
+    with torch.inference_mode():
+        logits = model(**tok([HF_TEXT], return_tensors="pt")).logits.numpy()
+    return logits, {"text": HF_TEXT}
+
+
 def _logits(reply: dict[str, Any]) -> np.ndarray:
     out = reply["outputs"]["logits"]
     return np.asarray(out["data"], np.float32).reshape(out["shape"])
@@ -107,7 +122,7 @@ async def run_k(c: NetCluster, k: int, version: str, body: dict[str, Any],
     watcher = asyncio.ensure_future(watch_ready())
     assert c.session is not None
     # A slow link's whole-model cold start outlasts the cluster client's 30 s default.
-    async with c.session.post(f"{c.url}/v1/functions/{fn}/invoke", json={"inputs": body},
+    async with c.session.post(f"{c.url}/v1/functions/{fn}/invoke", json=body,
                               timeout=aiohttp.ClientTimeout(total=600)) as r:
         first = await r.json(content_type=None)
         assert r.status == 200, first
@@ -121,7 +136,7 @@ async def run_k(c: NetCluster, k: int, version: str, body: dict[str, Any],
     lat, by_pipeline = [], 0
     for _ in range(requests):
         t = time.monotonic()
-        reply = await c.invoke(fn, body)
+        reply = await c.invoke_body(fn, body)
         dt = time.monotonic() - t
         np.testing.assert_allclose(_logits(reply), expected, rtol=1e-3, atol=1e-4)
         if k == 1 or reply["replica_id"] == first["replica_id"]:
@@ -162,17 +177,32 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     rate_bps = args.rate_mbit * 1e6
     cost = CostModel(rate_bps, rate_bps, args.overhead_s, 0.0005)
     manifests = {}
+    hf_dir = None
+    if args.hf:  # a Hugging Face BERT directory of the preset's shape, pushed as a user would
+        from flashpoint.models.tiny_hf import make_text_classifier
+
+        hf_dir = await asyncio.to_thread(make_text_classifier, tmp / "hf-bert", size=args.preset)
     for k in KS:
         t = time.monotonic()
-        manifests[k] = await publish(store, "bert", args.preset, str(k), CHUNK_BYTES,
-                                     model_name=MODEL, profile=True)
+        if hf_dir is not None:
+            from flashpoint.models.sources import PushOptions, publish_source
+
+            manifests[k] = await publish_source(store, MODEL, hf_dir, version=str(k),
+                                                options=PushOptions(profile=True),
+                                                chunk_size=CHUNK_BYTES)
+        else:
+            manifests[k] = await publish(store, "bert", args.preset, str(k), CHUNK_BYTES,
+                                         model_name=MODEL, profile=True)
         print(f"  published {MODEL}@{k} ({args.preset}): {manifests[k].blob_size / 1e6:.1f} MB, "
               f"{len(manifests[k].layers)} layers ({time.monotonic() - t:.1f}s)", flush=True)
-    module, config = build("bert", args.preset)
-    arrays = example_inputs("bert", config, batch=1)
-    expected = run_example(module, arrays).numpy()
-    del module
-    body = _body(arrays)
+    if hf_dir is not None:
+        expected, body = _hf_reference(hf_dir)
+    else:
+        module, config = build("bert", args.preset)
+        arrays = example_inputs("bert", config, batch=1)
+        expected = run_example(module, arrays).numpy()
+        del module
+        body = {"inputs": _body(arrays)}
 
     (tmp / "lab").mkdir()
     seed = args.source == "peer"
@@ -220,7 +250,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                 if row["ready_s"] and base["ready_s"] else None),
                    steady_ratio=(row["steady_ms"] / base["steady_ms"]
                                  if row["steady_ms"] and base["steady_ms"] else None))
-    return {"bench": "partition_cluster", "preset": args.preset, "hosts": args.hosts,
+    return {"bench": "partition_cluster", "preset": args.preset, "hf": args.hf, "hosts": args.hosts,
             "span_mb": args.span_mb, "source": args.source,
             "rate_mbit": args.rate_mbit, "overhead_s": args.overhead_s,
             "model_mb": manifests[1].blob_size / 1e6, "calibrated_overhead_s": calib,
@@ -240,6 +270,8 @@ def main() -> None:
                     help="bytes per ranged registry GET (moto's server re-reads the whole "
                          "object for every GET, so fewer, larger GETs)")
     ap.add_argument("--quick", action="store_true", help="small model, fewer requests")
+    ap.add_argument("--hf", action="store_true",
+                    help="a Hugging Face BERT directory of the preset's shape, asked in text")
     args = ap.parse_args()
     if args.quick:
         args.preset, args.requests = "small", 5

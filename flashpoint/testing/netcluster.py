@@ -369,12 +369,16 @@ class NetCluster:
             return body
 
     async def invoke(self, name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+        return await self.invoke_body(name, {"inputs": inputs})
+
+    async def invoke_body(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A native invoke of any body (``{"inputs": ...}``, ``{"text": ...}``)."""
         assert self.session is not None
         async with self.session.post(f"{self.url}/v1/functions/{name}/invoke",
-                                     json={"inputs": inputs}) as r:
-            body = await r.json(content_type=None)
-            assert r.status == 200, body
-            return body
+                                     json=body) as r:
+            reply = await r.json(content_type=None)
+            assert r.status == 200, reply
+            return reply
 
     async def wait(self, what: str, probe: Callable[[], Awaitable[tuple[bool, Any]]],
                    timeout_s: float, interval_s: float = 0.1) -> Any:
