@@ -297,3 +297,42 @@ async def test_strict_requests_are_batched_before_best_effort_ones():
     finally:
         gate.set()
         await _stop(b)
+
+
+async def test_padded_inputs_of_different_lengths_share_a_batch():
+    """Token ids of different lengths batch together, padded on the right with their pad
+    value (the mask with 0); each request gets its own rows back."""
+    seen: list[dict[str, np.ndarray]] = []
+
+    def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen.append(inputs)
+        return {"n": inputs["mask"].sum(axis=1, keepdims=True)}
+
+    b = await _started(Batcher(run, max_batch_size=8, max_wait_s=0.2,
+                               pad_values={"ids": 7, "mask": 0}))
+    try:
+        reqs = [{"ids": np.full((1, n), 1, np.int64), "mask": np.ones((1, n), np.int64)}
+                for n in (3, 5, 2)]
+        outs = await asyncio.wait_for(asyncio.gather(*(b.submit(r, alone=False) for r in reqs)), T)
+    finally:
+        await _stop(b)
+    assert len(seen) == 1 and seen[0]["ids"].shape == (3, 5)
+    np.testing.assert_array_equal(seen[0]["ids"][2], [1, 1, 7, 7, 7])
+    np.testing.assert_array_equal(seen[0]["mask"][0], [1, 1, 1, 0, 0])
+    assert [int(o["n"][0, 0]) for o, _ in outs] == [3, 5, 2]
+
+
+async def test_unpadded_inputs_of_different_lengths_do_not_share_a_batch():
+    sizes: list[tuple[int, ...]] = []
+
+    def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        sizes.append(inputs["x"].shape)
+        return {"y": inputs["x"]}
+
+    b = await _started(Batcher(run, max_batch_size=8, max_wait_s=0.05))
+    try:
+        reqs = [{"x": np.zeros((1, n), np.float32)} for n in (3, 5)]
+        await asyncio.wait_for(asyncio.gather(*(b.submit(r, alone=False) for r in reqs)), T)
+    finally:
+        await _stop(b)
+    assert sorted(sizes) == [(1, 3), (1, 5)]

@@ -113,9 +113,19 @@ def _layer_plan(module: nn.Module) -> tuple[list[str], Any]:
     return hf.layer_plan(module)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model")
+"""A tokenizer's vocabulary is in one of these; without any, transformers builds an empty
+tokenizer that maps every text to unknown tokens (a model that answers nonsense)."""
+
+
 def _check_tokenizer(source: Path) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
+
+    if not any((source / f).is_file() for f in TOKENIZER_FILES):
+        raise UnsupportedModel(f"{source}: no tokenizer (expected one of "
+                               f"{', '.join(TOKENIZER_FILES)})")
 
     try:
         return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
