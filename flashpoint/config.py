@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flashpoint.credentials import apply_credentials
 from flashpoint.errors import BadRequest
 from flashpoint.policy.autoscale import make_autoscaler
 
@@ -290,9 +291,10 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             data.setdefault(key, {}).update(value)
         else:
             data[key] = value
-    # Secrets stay out of config files: systemd units pass them in an environment file.
+    # Secrets stay out of config files: systemd units pass them as credentials.
     if secret := os.environ.get(SECRET_ENV):
         data["secret"] = secret
+    apply_credentials(data)  # systemd's LoadCredential= (the units) wins over both
     sections = {"controller": ControllerConfig, "host": HostConfig,
                 "registry": RegistryConfig, "gateway": GatewaySettings}
     kw: dict[str, Any] = {}

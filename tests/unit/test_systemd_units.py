@@ -1,7 +1,7 @@
 """The systemd units in deploy/systemd pass ``systemd-analyze verify`` (where it exists),
 with no warning: an unknown or misspelt key is only a warning to systemd, so warnings fail
-here too. ExecStart and EnvironmentFile are pointed at this checkout, since the install
-paths (/opt/flashpoint, /etc/flashpoint) do not exist on a test machine."""
+here too. ExecStart is pointed at this checkout, since the install path (/opt/flashpoint)
+does not exist on a test machine."""
 
 from __future__ import annotations
 
@@ -19,16 +19,13 @@ NAMES = ("flashpoint-controller.service", "flashpoint-host.service", "flashpoint
 def _localised(tmp_path: Path) -> list[Path]:
     flashpoint = Path(sys.executable).with_name("flashpoint")
     assert flashpoint.exists(), "the flashpoint console script is not installed in this venv"
-    env = tmp_path / "flashpoint.env"
-    env.write_text((UNITS / "flashpoint.env.example").read_text())
     out = []
     for name in NAMES:
         text = (UNITS / name).read_text()
         assert "ExecStart=/opt/flashpoint/venv/bin/flashpoint " in text
         assert "Restart=on-failure" in text and "User=flashpoint" in text
-        assert "EnvironmentFile=/etc/flashpoint/flashpoint.env" in text
+        assert "LoadCredential=secret:/etc/flashpoint/credentials/secret" in text
         text = text.replace("/opt/flashpoint/venv/bin/flashpoint", str(flashpoint))
-        text = text.replace("/etc/flashpoint/flashpoint.env", str(env))
         path = tmp_path / name
         path.write_text(text)
         out.append(path)
