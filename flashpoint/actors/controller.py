@@ -352,10 +352,8 @@ class Controller:
             if isinstance(cmd, cs.DeployKaas):
                 await host.deploy_kaas(cmd)
                 return
-            key = f"{cmd.spec.model}@{cmd.spec.model_version}"
-            known = self._manifests.get(key)
-            await host.deploy(cmd, self._resolve_source(cmd.source),
-                              known.to_json() if known is not None else None)
+            manifest = await self._manifest(cmd.spec.model, cmd.spec.model_version)
+            await host.deploy(cmd, self._resolve_source(cmd.source), manifest)
         except FlashpointError as exc:
             log.warning("deploy_failed", replica_id=cmd.replica_id, error=exc.to_wire())
             self._apply(cs.ReplicaFailed(cmd.replica_id, exc.message, during_start=True,
@@ -385,7 +383,20 @@ class Controller:
         try:
             if host is None:
                 raise FlashpointError(f"host {cmd.sender} has no connection")
-            await host.start_chain(cmd, self._endpoints(cmd.receivers), self._endpoints(cmd.fallback))
+            # The registry's manifest is pinned: every receiver is told to expect this
+            # transfer with this digest before the sender starts (a receiver refuses a chain
+            # it was not told of), and the sender sends only a copy with this digest.
+            digest = (await self._manifest(cmd.model, cmd.version)).digest
+            receivers = [h for h in cmd.receivers if h in self.hosts]
+            announced = await asyncio.gather(
+                *(self.hosts[h].expect_transfer(cmd.transfer_id, digest) for h in receivers),
+                return_exceptions=True)
+            for h, res in zip(receivers, announced, strict=True):
+                if isinstance(res, BaseException):  # it will refuse the chain and pull instead
+                    log.warning("expect_transfer_failed", transfer_id=cmd.transfer_id, host=h,
+                                error=repr(res)[:200])
+            await host.start_chain(cmd, self._endpoints(cmd.receivers),
+                                   self._endpoints(cmd.fallback), digest)
             log.info("chain_started", transfer_id=cmd.transfer_id, sender=cmd.sender,
                      receivers=list(cmd.receivers))
         except FlashpointError as exc:
@@ -770,12 +781,18 @@ class Controller:
                             handle.source if cold and handle is not None else "")
 
     # functions ---------------------------------------------------------------------------
-    async def _apply_function(self, spec: FunctionSpec, persist: bool) -> FunctionSpec:
-        key = f"{spec.model}@{spec.model_version}"
+    async def _manifest(self, model: str, version: str) -> Manifest:
+        """The registry's manifest of ``model@version``: what every deploy and transfer of
+        it pins (versions are immutable: one registry round trip per version)."""
+        key = f"{model}@{version}"
         manifest = self._manifests.get(key)
-        if manifest is None:  # versions are immutable: one registry round trip per version
-            manifest = await self.store.get_manifest(spec.model, spec.model_version)
+        if manifest is None:
+            manifest = await self.store.get_manifest(model, version)
             self._manifests[key] = manifest
+        return manifest
+
+    async def _apply_function(self, spec: FunctionSpec, persist: bool) -> FunctionSpec:
+        manifest = await self._manifest(spec.model, spec.model_version)
         io = manifest.io.to_dict()
         if not spec.inputs and io.get("inputs"):
             spec = _replace_io(spec, io)

@@ -14,6 +14,7 @@ from typing import Any
 
 from flashpoint.actors import controller_state as cs
 from flashpoint.errors import DeadlineExceeded, FlashpointError
+from flashpoint.registry.manifest import Manifest
 
 
 @dataclass(eq=False)
@@ -39,11 +40,12 @@ class HostHandle:
     transfers: dict[str, Any] = field(default_factory=dict)  # model -> [verified, total] bytes
 
     async def deploy(self, cmd: cs.DeployReplica, source: dict[str, Any] | None,
-                     manifest_json: str | None) -> None:
+                     manifest: Manifest) -> None:
         # The manifest travels with the deploy, so a host can fill from peers even while the
-        # registry is unreachable.
+        # registry is unreachable; its digest is pinned: the host loads nothing else.
         payload = {"replica_id": cmd.replica_id, "device_id": cmd.device_id,
-                   "spec": cmd.spec.to_dict(), "manifest_json": manifest_json}
+                   "spec": cmd.spec.to_dict(), "manifest_json": manifest.to_json(),
+                   "manifest_digest": manifest.digest}
         if source is not None:
             payload["source"] = source
         if cmd.stage is not None:
@@ -54,11 +56,17 @@ class HostHandle:
             payload["share"] = cmd.share.to_wire()  # the host enforces it (MPS / tokens)
         await self.conn.call("deploy_replica", payload, timeout_s=10.0)
 
-    async def start_chain(self, cmd: cs.StartChain, chain: list[Any], fallback: list[Any]) -> None:
+    async def start_chain(self, cmd: cs.StartChain, chain: list[Any], fallback: list[Any],
+                          digest: str) -> None:
         await self.conn.call("start_chain", {
             "transfer_id": cmd.transfer_id, "model": cmd.model, "version": cmd.version,
-            "chain": chain, "fallback": fallback,
+            "chain": chain, "fallback": fallback, "manifest_digest": digest,
         }, timeout_s=10.0)
+
+    async def expect_transfer(self, transfer_id: str, digest: str) -> None:
+        """Announce a chain to a receiver: its data plane refuses any it was not told of."""
+        await self.conn.call("expect_transfer", {"transfer_id": transfer_id,
+                                                 "manifest_digest": digest}, timeout_s=10.0)
 
     async def deploy_kaas(self, cmd: cs.DeployKaas) -> None:
         await self.conn.call("deploy_replica", {

@@ -36,7 +36,14 @@ from flashpoint.actors.host_gpu import HostGpu
 from flashpoint.actors.replica_metrics import replica_collectors
 from flashpoint.actors.stage_hold import StageHolds
 from flashpoint.config import ClusterConfig, HostConfig, check_secret
-from flashpoint.errors import BadRequest, FlashpointError, ModelNotFound, NoCapacity, NotFound
+from flashpoint.errors import (
+    BadRequest,
+    FlashpointError,
+    IntegrityError,
+    ModelNotFound,
+    NoCapacity,
+    NotFound,
+)
 from flashpoint.exposition import MetricsEndpoint
 from flashpoint.gpu.host_sharing import GpuShare
 from flashpoint.gpu.inventory import Device
@@ -44,6 +51,7 @@ from flashpoint.ids import new_id
 from flashpoint.log import bind_ids, get_logger
 from flashpoint.registry.manifest import Manifest
 from flashpoint.spec import FunctionSpec
+from flashpoint.transfer.admission import TransferAdmission
 from flashpoint.transfer.cache import CacheEntry, HostCache, default_cache_dir
 from flashpoint.transfer.plan import Endpoint
 
@@ -105,6 +113,9 @@ class HostManager:
         self.cache = HostCache(cache_dir, self.hc.cache_bytes, self.host_id,
                                memory_bytes=self.hc.host_memory_bytes)
         self.dataplane: Any = None
+        # Chains this host may receive: only those the controller announced, carrying the
+        # manifest it pinned (transfer/admission.py).
+        self.admission = TransferAdmission(ttl_s=2 * self.config.controller.deploy_timeout_s)
         self.data_endpoint: Endpoint | None = None
         self._registry_source: Any = None
         self._device_used: dict[str, int] = {}
@@ -152,7 +163,8 @@ class HostManager:
             log.warning("dataplane_fault_injected", fault=fault_json)
         self.dataplane = DataPlaneServer(
             self.cache, self.secret, host_id=self.host_id, listen_host=self.hc.data_listen_host,
-            port=self.hc.data_port, registry_source=self._registry_source, fault=fault)
+            port=self.hc.data_port, registry_source=self._registry_source, fault=fault,
+            admission=self.admission)
         bound = await self.dataplane.start()
         self.data_endpoint = Endpoint(self.host_id, self.hc.data_advertise_host or bound.addr, bound.port)
         self._server = RpcServer({"worker_hello": self._worker_hello}, secret=self.secret)
@@ -162,7 +174,8 @@ class HostManager:
         self._controller = ReconnectingClient(
             self.hc.controller_url,
             {"deploy_replica": self._deploy, "stop_replica": self._stop_replica,
-             "start_chain": self._start_chain, "host_status": self._status,
+             "start_chain": self._start_chain, "expect_transfer": self._expect_transfer,
+             "host_status": self._status,
              "dissolve_stage": self._dissolve_stage, "link_stage": self._link_stage,
              "begin_completion": self._begin_completion,
              "set_replica_share": self._set_replica_share, "apply_mig": self._apply_mig},
@@ -320,6 +333,9 @@ class HostManager:
             raise BadRequest("deploy source must be a map")
         manifest_json = payload.get("manifest_json")
         manifest = Manifest.from_json(manifest_json) if isinstance(manifest_json, str) else None
+        pinned = _pinned_digest(payload, manifest)
+        if source is not None and source.get("kind") == "chain" and pinned:
+            self.admission.announce(str(source.get("transfer_id", "")), pinned)
         self.gpu.check_deployable(device)
         rt = ReplicaTask(replica_id, spec.name, device_id, model_key=spec.model_key)
         if payload.get("share") is not None:
@@ -353,7 +369,7 @@ class HostManager:
             self._release(rt)
             raise
         self.replicas[replica_id] = rt
-        rt.task = self._spawn_task(self._cold_start(rt, spec, source, manifest),
+        rt.task = self._spawn_task(self._cold_start(rt, spec, source, manifest, pinned),
                                    f"coldstart:{replica_id}")
         return {"accepted": True}
 
@@ -481,20 +497,25 @@ class HostManager:
             self.stage_holds.release(key, "fill failed")  # nothing left to hold back
 
     async def _obtain(self, spec: FunctionSpec, source: dict[str, Any] | None,
-                      manifest: Manifest | None, stage: Any = None) -> tuple[CacheEntry, str]:
+                      manifest: Manifest | None, stage: Any = None,
+                      pinned: str | None = None) -> tuple[CacheEntry, str]:
         """The model in this host's RAM, from where the controller's plan says; returns the
         entry and a label of where its bytes came from. With ``stage`` (first and last layer)
         it returns as soon as that stage's byte range is verified, while the rest still
-        arrives (execute-while-load)."""
+        arrives (execute-while-load). Whatever it returns was verified against the manifest
+        the controller pinned (``pinned``, its digest), or the registry's own when none was
+        sent; a cached copy with another digest is never used (entry_for)."""
         from flashpoint.registry.manifest import byte_range_for_layers
         from flashpoint.transfer.chain import send_chain
 
         key = f"{spec.model}@{spec.model_version}"
         timeout_s = self.config.controller.deploy_timeout_s
-        entry = self.cache.entry(key)
-        if manifest is None:
-            manifest = entry.segment.manifest if entry is not None else \
-                await self.store.get_manifest(spec.model, spec.model_version)
+        if manifest is None:  # the registry is the root of trust, never a cached copy
+            manifest = await self.store.get_manifest(spec.model, spec.model_version)
+        if pinned and manifest.digest != pinned:
+            raise IntegrityError(f"{key}: the registry's manifest is not the one the "
+                                 "controller pinned")
+        entry = self.cache.entry_for(manifest)
         need = byte_range_for_layers(manifest, stage[0], stage[1]) if stage is not None else None
         if entry is not None:  # held, or being filled already: one transfer per host and model
             joined = not entry.complete
@@ -507,6 +528,9 @@ class HostManager:
         fallback = self._sources(src.get("fallback"))
         if kind == "chain":
             arrived = await self.cache.wait_entry(key, self.hc.chain_wait_s)
+            if arrived is not None and arrived.digest != manifest.digest:
+                raise IntegrityError(f"{key}: the chain brought another manifest than the "
+                                     "pinned one")
             if arrived is not None:
                 self.cache.set_source(key, f"chain:{src.get('sender', '?')}")
                 await self._ready(arrived.segment, need, timeout_s)
@@ -568,6 +592,9 @@ class HostManager:
         entry = self.cache.get(key)
         if entry is None:
             raise ModelNotFound(f"{key} is not in host {self.host_id}'s RAM")
+        pinned = payload.get("manifest_digest")
+        if pinned is not None and entry.digest != pinned:
+            raise IntegrityError(f"{key} in host {self.host_id}'s RAM is not the pinned manifest")
         chain = [Endpoint.from_wire(e) for e in payload.get("chain") or []]
         tid = str(payload.get("transfer_id", ""))
         self.cache.pin(key)  # not evicted while it streams
@@ -578,12 +605,21 @@ class HostManager:
             orphan_grace_s=self.hc.orphan_grace_s), tid, key), f"chain:{tid}")
         return {"accepted": True}
 
+    async def _expect_transfer(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """The controller's word that chain ``transfer_id`` will bring this host the model
+        whose manifest has ``manifest_digest``: only then does the data plane accept it."""
+        tid, digest = payload.get("transfer_id"), payload.get("manifest_digest")
+        if not (isinstance(tid, str) and tid and isinstance(digest, str) and digest):
+            raise BadRequest("expect_transfer needs a transfer_id and a manifest_digest")
+        self.admission.announce(tid, digest)
+        return {"expected": True}
+
     async def _cold_start(self, rt: ReplicaTask, spec: FunctionSpec, source: dict[str, Any] | None,
-                          manifest: Manifest | None) -> None:
+                          manifest: Manifest | None, pinned: str | None = None) -> None:
         bind_ids(replica_id=rt.replica_id)
         model_key = f"{spec.model}@{spec.model_version}"
         try:
-            entry, label = await self._obtain(spec, source, manifest, rt.stage)
+            entry, label = await self._obtain(spec, source, manifest, rt.stage, pinned)
             hit = label == "local"
             self.cache.pin(model_key)
             try:
@@ -805,6 +841,20 @@ class HostManager:
             with contextlib.suppress(ProcessLookupError):
                 w.proc.kill()  # by PID, through the process handle we started
             await w.proc.wait()
+
+
+def _pinned_digest(payload: dict[str, Any], manifest: Manifest | None) -> str | None:
+    """The manifest digest a deploy pins: the one it names (it must match the manifest it
+    carries: IntegrityError), else its manifest's; None when it has neither."""
+    digest = payload.get("manifest_digest")
+    if digest is not None and not isinstance(digest, str):
+        raise BadRequest("manifest_digest must be a string")
+    if manifest is not None:
+        if digest is not None and digest != manifest.digest:
+            raise IntegrityError(f"deploy of {manifest.name}@{manifest.version}: its manifest "
+                                 "does not have the digest it pins")
+        return manifest.digest
+    return digest
 
 
 def _preload(hc: HostConfig) -> bool:

@@ -159,6 +159,9 @@ async def publish_module(
     """
     validate_name(name, "model name")
     validate_version(version)
+    # Refused at push as it would be at load: only a built-in builder, or the bundle loader
+    # with --trust-code, may ever be named by a manifest in the registry.
+    check_entry_point(entry_point, trusted_code, f"{name}:{version}")
 
     def write(path: Path) -> tuple[BlobLayout, Mapping[str, Mapping[str, float]] | None,
                                    list[str]]:
@@ -269,6 +272,18 @@ def resolve_entry_point(entry_point: str) -> Callable[[Mapping[str, Any]], nn.Mo
     return fn
 
 
+def check_entry_point(entry_point: str, trusted_code: bool, what: str = "") -> Callable[..., Any]:
+    """The builder ``entry_point`` names, if a worker may call it: a built-in builder, or the
+    bundle loader of a model an admin trusted (``trusted_code``); RegistryError otherwise.
+    Push (:func:`publish_module`) and load (:func:`_empty_module`) both ask it."""
+    build = resolve_entry_point(entry_point)
+    if getattr(build, "runs_user_code", False) and not trusted_code:
+        raise RegistryError(f"{what or entry_point} runs code that came with it "
+                            "and no admin trusted it (trusted_code is false); refusing to "
+                            "load it")
+    return build
+
+
 def builder_takes_files(manifest: Manifest) -> bool:
     """Whether the manifest's builder builds from the files its model carries."""
     return bool(getattr(resolve_entry_point(manifest.entry_point), "takes_files", False))
@@ -277,11 +292,8 @@ def builder_takes_files(manifest: Manifest) -> bool:
 def _empty_module(manifest: Manifest, files: Mapping[str, bytes] | None = None) -> nn.Module:
     """The manifest's module, no weights yet; RegistryError for a builder it cannot call:
     not built in, user code no admin trusted, or one that needs files not given here."""
-    build = resolve_entry_point(manifest.entry_point)
-    if getattr(build, "runs_user_code", False) and not manifest.trusted_code:
-        raise RegistryError(f"{manifest.name}:{manifest.version} runs code that came with it "
-                            "and no admin trusted it (trusted_code is false); refusing to "
-                            "load it")
+    build = check_entry_point(manifest.entry_point, manifest.trusted_code,
+                              f"{manifest.name}:{manifest.version}")
     if getattr(build, "takes_files", False):
         if files is None:
             raise RegistryError(f"entry point {manifest.entry_point!r} builds from the files "

@@ -265,6 +265,20 @@ class Manifest:
             object.__setattr__(self, "_json", text)
         return text
 
+    @property
+    def digest(self) -> str:
+        """sha256 (hex) of the manifest's canonical JSON (keys sorted): what the controller
+        pins in every deploy and transfer it orders, and what a host's cache keys a model
+        version by. Any change to any field (a chunk hash, the entry point, the config)
+        changes it; a parse of the JSON text gives the same digest back."""
+        digest = self.__dict__.get("_digest")
+        if digest is None:
+            canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"),
+                                   allow_nan=False)
+            digest = hashlib.sha256(canonical.encode()).hexdigest()
+            object.__setattr__(self, "_digest", digest)
+        return digest
+
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
         """Parse and strictly validate; any malformed or inconsistent input is BadRequest."""

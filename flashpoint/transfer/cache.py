@@ -16,6 +16,9 @@ Memory rules (issue 3):
   pull, a chain, another deploy) waits on that segment; nothing is fetched twice.
 * **Only verified bytes count.** A segment is published (listed in :meth:`keys`, offered to
   peers as complete) only when every chunk's sha256 matched; a failed fill deletes it.
+* **Only the pinned manifest counts** (issue 19). Lookups by manifest compare its digest:
+  a held copy of the same version with another digest is a miss (dropped and refetched),
+  never a hit, so bytes verified against a peer's own manifest are never loaded.
 
 Eviction unlinks the file; a worker's existing mapping survives the unlink, so eviction never
 breaks a running replica (pins still keep models that replicas are starting from).
@@ -35,7 +38,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from flashpoint.errors import NoCapacity
+from flashpoint.errors import IntegrityError, NoCapacity
 from flashpoint.log import get_logger
 from flashpoint.registry.manifest import Manifest
 from flashpoint.transfer.segment import Segment
@@ -74,6 +77,11 @@ class CacheEntry:
         return self.segment.manifest.blob_size
 
     @property
+    def digest(self) -> str:
+        """The digest of the manifest its bytes were verified against."""
+        return self.segment.manifest.digest
+
+    @property
     def manifest_json(self) -> str:
         return self.segment.manifest.to_json()
 
@@ -90,7 +98,9 @@ def default_cache_dir(host_id: str) -> Path:
 
 
 class HostCache:
-    """Model bytes in host RAM, keyed by ``name@version``; also the data plane's segment provider."""
+    """Model bytes in host RAM, keyed by ``name@version`` and manifest digest (a lookup by
+    manifest finds only a copy of that digest: :meth:`entry_for`); also the data plane's
+    segment provider."""
 
     def __init__(self, directory: Path, capacity_bytes: int, host_id: str = "", *,
                  memory_bytes: int | None = None) -> None:
@@ -202,6 +212,26 @@ class HostCache:
         if entry is not None and entry.pins > 0:
             entry.pins -= 1
 
+    def entry_for(self, manifest: Manifest) -> CacheEntry | None:
+        """The entry (complete or filling) of ``manifest``'s exact version: keyed by
+        ``name@version`` *and* the manifest's digest. A held entry of the same version with
+        another digest is never returned: unpinned, it is dropped (the caller refetches);
+        in use, IntegrityError."""
+        key = f"{manifest.name}@{manifest.version}"
+        entry = self._entries.get(key)
+        if entry is None or entry.digest == manifest.digest:
+            return entry
+        if entry.pins > 0:
+            raise IntegrityError(f"{key}: the cached copy has another manifest than the pinned "
+                                 "one and is in use; refusing it")
+        log.warning("cache_digest_mismatch", model=key, held=entry.digest[:16],
+                    pinned=manifest.digest[:16])
+        if not entry.complete:
+            entry.segment.fail(IntegrityError(f"{key}: superseded by the pinned manifest"))
+        self._drop(entry)
+        CACHE_EVICTIONS.inc()
+        return None
+
     # the data plane's SegmentProvider --------------------------------------------------
     def lookup(self, key: str) -> Segment | None:
         entry = self._entries.get(key)
@@ -210,10 +240,8 @@ class HostCache:
     def open_for_receive(self, manifest: Manifest, source: str = "") -> Segment:
         """The segment to fill for ``manifest``: the existing one, or a new one with its RAM reserved."""
         key = f"{manifest.name}@{manifest.version}"
-        entry = self._entries.get(key)
+        entry = self.entry_for(manifest)
         if entry is not None:
-            if entry.segment.manifest.chunk_sha256 != manifest.chunk_sha256:
-                raise NoCapacity(f"{key}: a different blob with the same version is cached")
             return entry.segment
         self._make_room(manifest.blob_size)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -287,7 +315,7 @@ class HostCache:
         (held already, or another caller's fill was joined).
         """
         key = f"{manifest.name}@{manifest.version}"
-        entry = self._entries.get(key)
+        entry = self.entry_for(manifest)
         if entry is not None:
             if not entry.complete:
                 await entry.segment.wait_complete(timeout_s)

@@ -34,6 +34,7 @@ from flashpoint.errors import (
 )
 from flashpoint.log import bind_ids, get_logger
 from flashpoint.registry.manifest import Manifest
+from flashpoint.transfer.admission import TransferAdmission
 from flashpoint.transfer.chain import (
     ChainResult,
     SendOptions,
@@ -339,8 +340,12 @@ class DataPlaneServer:
                  listen_host: str = "127.0.0.1", port: int = 0, fault: FaultPlan | None = None,
                  registry_source: ChunkSource | None = None,
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
-                 on_finished: Callable[[ChainReceiver], None] | None = None) -> None:
+                 on_finished: Callable[[ChainReceiver], None] | None = None,
+                 admission: TransferAdmission | None = None) -> None:
         self.segments = segments
+        # None: any authenticated peer may start a chain here (the standalone node, tests);
+        # a host passes its own, so only transfers the controller announced are received.
+        self.admission = admission
         self.secret = secret
         self.host_id = host_id
         self.listen_host = listen_host
@@ -500,6 +505,8 @@ class DataPlaneServer:
                 raise BadRequest("transfer_id must be a non-empty string")
             bind_ids(transfer_id=tid)
             manifest = Manifest.from_json(header.get("manifest", ""))
+            if self.admission is not None:
+                await self.admission.admit(tid, manifest)
             rx = self._usable_receiver(tid)
             if rx is None:
                 seg = self.segments.open_for_receive(manifest)
@@ -510,7 +517,7 @@ class DataPlaneServer:
                 if (old := self._results.get(tid)) is not None and old.done():
                     del self._results[tid]
                 rx.start()
-            elif rx.segment.manifest.chunk_sha256 != manifest.chunk_sha256:
+            elif rx.segment.manifest.digest != manifest.digest:
                 raise Conflict(f"transfer {tid} already carries another blob")
             if not rx.finished:
                 await rx.attach(conn, int(header.get("position", 1)), str(header.get("upstream", "")))

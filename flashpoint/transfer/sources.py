@@ -172,7 +172,8 @@ class PeerSource:
 
     async def _get(self, conn: DataConn, manifest: Manifest, index: int, dest: memoryview) -> None:
         t = self._timeout_s
-        await conn.send_header({"op": "get", "key": segment_key(manifest), "chunks": [index]}, t)
+        await conn.send_header({"op": "get", "key": segment_key(manifest), "chunks": [index],
+                                "digest": manifest.digest}, t)
         reply = await conn.recv_header(t)
         if not reply.get("ok"):
             raise from_wire(reply.get("error"))
@@ -315,6 +316,9 @@ async def serve_get(conn: DataConn, header: dict[str, Any],
     the verified ones (straight from the segment's mapping) and END."""
     key, chunks = header.get("key"), header.get("chunks")
     seg = lookup(key) if isinstance(key, str) else None
+    digest = header.get("digest")
+    if seg is not None and digest is not None and seg.manifest.digest != digest:
+        seg = None  # another manifest of that version: not what the asker pinned
     if seg is None:
         await reply_error(conn, ModelNotFound(f"{host_id} holds no segment {key!r:.100}"))
         return
