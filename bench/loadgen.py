@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 
 import aiohttp
@@ -11,11 +12,13 @@ import numpy as np
 
 
 async def closed_loop(url: str, body: dict, concurrency: int, requests: int, warmup: int,
-                      timeout_s: float = 60.0) -> dict:
-    """``concurrency`` clients each send back-to-back requests until ``requests`` are done."""
+                      timeout_s: float = 60.0, ca_path: str | None = None) -> dict:
+    """``concurrency`` clients each send back-to-back requests until ``requests`` are done
+    (an ``https://`` url trusting ``ca_path`` when given)."""
     payload = json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
-    conn = aiohttp.TCPConnector(limit=concurrency + 4)
+    tls = ssl.create_default_context(cafile=ca_path) if ca_path else True
+    conn = aiohttp.TCPConnector(limit=concurrency + 4, ssl=tls)
     lat: list[float] = []
     errors = 0
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
@@ -46,7 +49,8 @@ async def closed_loop(url: str, body: dict, concurrency: int, requests: int, war
             "p99_ms": float(np.percentile(a, 99)) if len(a) else None}
 
 
-def run_in_child(url: str, body: dict, concurrency: int, requests: int, warmup: int) -> dict:
+def run_in_child(url: str, body: dict, concurrency: int, requests: int, warmup: int,
+                 ca_path: str | None = None) -> dict:
     import uvloop
 
-    return uvloop.run(closed_loop(url, body, concurrency, requests, warmup))
+    return uvloop.run(closed_loop(url, body, concurrency, requests, warmup, ca_path=ca_path))

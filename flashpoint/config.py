@@ -242,6 +242,11 @@ class GatewaySettings:
     listen_port: int = 8081
     controller_url: str = ""
     refresh_s: float = 0.5  # how often it re-reads the function table
+    # TLS: serve HTTPS with this certificate chain and key (PEM; empty = plain HTTP), and
+    # trust this CA (PEM) for a wss:// controller_url (empty = the system trust store).
+    tls_cert_path: str = ""
+    tls_key_path: str = ""
+    tls_ca_path: str = ""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +55,7 @@ from flashpoint.policy.request_class import RequestClass, SloCompliance
 from flashpoint.policy.share_placement import ReplicaShare
 from flashpoint.policy.sourcing import REGISTRY
 from flashpoint.registry.manifest import Manifest
+from flashpoint.rpc.tls import server_context
 from flashpoint.spec import FunctionSpec, TensorSpec
 from flashpoint.spot.cost import TABLE3_PRICES, CostMeter
 from flashpoint.spot.provider import HostProvider, replace_host
@@ -167,6 +167,7 @@ class Controller:
                 await self._apply_function(spec, persist=False)
             except FlashpointError as exc:
                 log.error("function_restore_failed", function=spec.name, error=exc.to_wire())
+        tls = server_context(self.cc.tls_cert_path, self.cc.tls_key_path, setting="controller")
         gw = self.config.gateway
         app = web.Application(client_max_size=gw.max_body_bytes)
         add_routes(app, self, gateway_config(gw), kaas=self.kaas,
@@ -181,10 +182,6 @@ class Controller:
         self._rpc.add_to_app(app, "/rpc")
         self._runner = web.AppRunner(app, access_log=None, **RUNNER_KWARGS)
         await self._runner.setup()
-        tls = None
-        if self.cc.tls_cert_path:
-            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            tls.load_cert_chain(self.cc.tls_cert_path, self.cc.tls_key_path or None)
         site = web.TCPSite(self._runner, self.cc.listen_host, self.cc.listen_port,
                            ssl_context=tls)
         await site.start()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from typing import Any
 
@@ -95,8 +96,9 @@ class RemoteBackend:
     """``InvokeBackend`` over RPC to the controller at ``controller_url``."""
 
     def __init__(self, controller_url: str, *, secret: bytes, refresh_s: float = 0.5,
-                 max_frame_bytes: int | None = None) -> None:
-        kwargs: dict[str, Any] = {}
+                 max_frame_bytes: int | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        kwargs: dict[str, Any] = {"ssl_context": ssl_context}
         if max_frame_bytes is not None:
             kwargs["max_frame_bytes"] = max_frame_bytes
         self._client = ReconnectingClient(controller_url, secret=secret, name="gateway",

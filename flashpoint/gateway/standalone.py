@@ -18,6 +18,7 @@ from flashpoint.gateway.config import GatewayConfig
 from flashpoint.gateway.remote import RemoteBackend
 from flashpoint.gateway.remote_kaas import RemoteKaas
 from flashpoint.log import get_logger
+from flashpoint.rpc.tls import client_context, server_context
 
 log = get_logger(__name__)
 
@@ -51,8 +52,10 @@ class StandaloneGateway:
     async def start(cls, config: ClusterConfig, *, port: int | None = None) -> StandaloneGateway:
         gw = config.gateway
         check_secret(config.secret, gw.listen_host, "the gateway")
+        tls = server_context(gw.tls_cert_path, gw.tls_key_path, setting="gateway")
         backend = RemoteBackend(controller_rpc_url(config), secret=config.secret.encode(),
                                 refresh_s=gw.refresh_s,
+                                ssl_context=client_context(gw.tls_ca_path, setting="gateway"),
                                 # inputs travel in one frame: room for the largest body
                                 max_frame_bytes=max(gw.max_body_bytes * 2, 64 << 20))
         await backend.start()
@@ -61,14 +64,15 @@ class StandaloneGateway:
                                access_log=None, **RUNNER_KWARGS)
         try:
             await runner.setup()
-            site = web.TCPSite(runner, gw.listen_host, gw.listen_port if port is None else port)
+            site = web.TCPSite(runner, gw.listen_host, gw.listen_port if port is None else port,
+                               ssl_context=tls)
             await site.start()
         except BaseException:
             await runner.cleanup()
             await backend.stop()
             raise
         bound: Any = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
-        url = f"http://{gw.listen_host}:{bound[1]}"
+        url = f"{'https' if tls else 'http'}://{gw.listen_host}:{bound[1]}"
         log.info("gateway_started", url=url, controller=controller_rpc_url(config))
         return cls(backend, runner, url)
 

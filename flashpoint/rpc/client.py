@@ -45,6 +45,7 @@ async def connect(
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
     heartbeat_s: float | None = HEARTBEAT_S,
     hub: InprocHub | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> RpcConnection:
     """Open, authenticate and start a connection to ``url``.
 
@@ -55,7 +56,8 @@ async def connect(
     if url.startswith(INPROC_SCHEME):
         channel: Channel = (hub or default_hub()).open_channel(url[len(INPROC_SCHEME) :], client_name=name)
     elif url.startswith(("ws://", "wss://")):
-        channel = await _open_ws(url, max_frame_bytes, connect_timeout_s, heartbeat_s)
+        channel = await _open_ws(url, max_frame_bytes, connect_timeout_s, heartbeat_s,
+                                 ssl_context)
     else:
         raise ValueError(f"unsupported rpc url {url!r}")
     try:
@@ -77,9 +79,11 @@ async def connect(
 TLS_CA_ENV = "FLASHPOINT_TLS_CA"
 
 
-def client_ssl(url: str) -> ssl.SSLContext | bool:
-    """How to verify ``url``'s server: True (defaults; plain ws:// ignores it) or a context
-    trusting the cluster's CA."""
+def client_ssl(url: str, context: ssl.SSLContext | None = None) -> ssl.SSLContext | bool:
+    """How to verify ``url``'s server: ``context`` when given, else True (defaults; plain
+    ws:// ignores it) or a context trusting the cluster's CA."""
+    if context is not None:
+        return context
     ca = os.environ.get(TLS_CA_ENV)
     if url.startswith("wss://") and ca:
         return ssl.create_default_context(cafile=ca)
@@ -87,14 +91,15 @@ def client_ssl(url: str) -> ssl.SSLContext | bool:
 
 
 async def _open_ws(
-    url: str, max_frame_bytes: int, connect_timeout_s: float, heartbeat_s: float | None
+    url: str, max_frame_bytes: int, connect_timeout_s: float, heartbeat_s: float | None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> WebSocketChannel:
     session = aiohttp.ClientSession()
     try:
         async with asyncio.timeout(connect_timeout_s):
             ws = await session.ws_connect(
                 url,
-                ssl=client_ssl(url),
+                ssl=client_ssl(url, ssl_context),
                 max_msg_size=max_frame_bytes,
                 heartbeat=heartbeat_s,
                 timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0),
@@ -136,8 +141,10 @@ class ReconnectingClient:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         heartbeat_s: float | None = HEARTBEAT_S,
         hub: InprocHub | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
+        self._ssl_context = ssl_context
         self._handlers = dict(handlers or {})
         self._secret = check_secret(secret)
         self.name = name
@@ -226,6 +233,7 @@ class ReconnectingClient:
                     connect_timeout_s=self._connect_timeout_s,
                     heartbeat_s=self._heartbeat_s,
                     hub=self._hub,
+                    ssl_context=self._ssl_context,
                 )
             except FlashpointError as exc:
                 self.last_error = exc

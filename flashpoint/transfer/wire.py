@@ -10,6 +10,10 @@
 The handshake is lighter than the RPC one (fixed-size binary, no msgpack) because it runs
 once per data connection and must not cost a round of framing; it is still mutual, so a
 node never streams model bytes to, or accepts them from, a peer without the cluster secret.
+Both ends also derive a per-connection session key, HMAC(secret, b"dp-session" + nonce_s +
+nonce_c) (never sent), which pipeline activation links use to MAC every frame
+(:mod:`flashpoint.pipeline.link`); model chunks need none: they are checked against the
+manifest's sha256 per chunk.
 
 Bulk bytes never pass through msgpack or a ``bytes`` object: :meth:`DataConn.recv_into`
 reads straight into the caller's memoryview (a segment's mmap) and :meth:`send_frame`
@@ -125,6 +129,9 @@ class DataConn:
         self._pending = 0
         self._read_broken = False
         self._lowat = 1
+        # Set by the handshake: this connection's session key, and whether we opened it.
+        self.session_key = b""
+        self.initiator = False
 
     # -- opening --------------------------------------------------------------------------
 
@@ -182,6 +189,8 @@ class DataConn:
         if not hmac.compare_digest(welcome, _mac(secret, b"dp-server", nonce_c, nonce_s)):
             raise AuthFailed(f"{self.peer} does not know the cluster secret")
         self.peer_name = name
+        self.session_key = _mac(secret, b"dp-session", nonce_s, nonce_c)
+        self.initiator = True
 
     async def server_handshake(self, secret: bytes, timeout_s: float) -> None:
         """Server side; raises AuthFailed (the caller closes) on a bad or missing proof."""
@@ -195,6 +204,7 @@ class DataConn:
         if not hmac.compare_digest(mac, _mac(secret, b"dp-client", nonce_s, nonce_c)):
             raise AuthFailed(f"{self.peer} does not know the cluster secret")
         await self.sendall(_mac(secret, b"dp-server", nonce_c, nonce_s), timeout_s)
+        self.session_key = _mac(secret, b"dp-session", nonce_s, nonce_c)
 
     # -- raw bytes ------------------------------------------------------------------------
 
