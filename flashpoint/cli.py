@@ -295,6 +295,26 @@ async def _wait_deployed(args: argparse.Namespace) -> int:
         await asyncio.sleep(0.25)
 
 
+def _serve(cfg: ClusterConfig, args: argparse.Namespace) -> None:
+    """Run ``up``, ``controller``, ``gateway`` or ``host`` until a signal; a refusal to start
+    (a weak secret, keyless HTTP beyond loopback) is one line and exit 1."""
+    import uvloop
+
+    from flashpoint.errors import BadRequest
+
+    try:
+        if args.cmd == "up":
+            uvloop.run(_run_up(cfg, args.hosts))
+        elif args.cmd == "controller":
+            uvloop.run(_run_controller(cfg))
+        elif args.cmd == "gateway":
+            uvloop.run(_run_gateway(cfg, args.port))
+        else:
+            uvloop.run(_run_host(cfg, args.host_id))
+    except BadRequest as e:
+        raise SystemExit(f"error: {e.message}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="flashpoint", description=__doc__)
     p.add_argument("--config", help="TOML configuration (see configs/)")
@@ -405,14 +425,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cmd in ("controller", "host", "gateway"):
         _require_secret(cfg, args.cmd)
-    if args.cmd == "up":
-        uvloop.run(_run_up(cfg, args.hosts))
-    elif args.cmd == "controller":
-        uvloop.run(_run_controller(cfg))
-    elif args.cmd == "gateway":
-        uvloop.run(_run_gateway(cfg, args.port))
-    elif args.cmd == "host":
-        uvloop.run(_run_host(cfg, args.host_id))
+    if args.cmd in ("up", "controller", "gateway", "host"):
+        _serve(cfg, args)
     elif args.cmd == "model" and args.model_cmd in ("list", "delete"):
         uvloop.run(_model_admin(cfg, args))
     elif args.cmd == "model":

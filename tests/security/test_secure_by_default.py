@@ -105,3 +105,20 @@ async def test_metrics_key_needs_keys_configured_to_mean_anything():
     config = GatewayConfig(metrics_require_key=True)
     async with TestClient(TestServer(make_app(_NoFunctions(), config))) as client:
         assert (await client.get("/metrics")).status == 200
+
+
+def test_the_command_line_refuses_in_one_line(tmp_path: Path):
+    import os
+    import subprocess
+    import sys
+
+    p = tmp_path / "c.toml"
+    p.write_text('[controller]\nlisten_host = "0.0.0.0"\nlisten_port = 0\n')
+    env = {**os.environ, "FLASHPOINT_SECRET": generate_secret()}
+    # subprocess.run kills the process at the timeout: none outlives the test
+    r = subprocess.run([sys.executable, "-m", "flashpoint.cli", "--config", str(p), "--home",
+                        str(tmp_path), "controller"], capture_output=True, text=True,
+                       timeout=60, stdin=subprocess.DEVNULL, env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().endswith("set api_keys (`flashpoint secret generate` makes one) "
+                                     "or pass --insecure")
