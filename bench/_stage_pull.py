@@ -43,7 +43,7 @@ gc.disable()
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from flashpoint.config import DEFAULT_SECRET  # noqa: E402
+from flashpoint.config import secret_from_env  # noqa: E402
 from flashpoint.registry.manifest import Manifest, byte_range_for_layers  # noqa: E402
 from flashpoint.transfer.plan import Endpoint  # noqa: E402
 from flashpoint.transfer.segment import Segment  # noqa: E402
@@ -112,7 +112,7 @@ def main() -> int:
     args = ap.parse_args(argv)
     if args.prestarted:  # blocked before anyone can know our pid: the signal waits for us
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-    secret = (os.environ.get(args.secret_env) or DEFAULT_SECRET).encode()
+    secret = secret_from_env(args.secret_env)
     manifest = Manifest.from_json(Path(args.manifest).read_text())
     full = ["--manifest", args.manifest, "--blob", args.out, "--first", args.first,
             "--last", args.last, "--secret-env", args.secret_env, *stage_args]

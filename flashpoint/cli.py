@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import signal
 import sys
@@ -22,9 +23,26 @@ def make_store(config: ClusterConfig) -> Any:
 
 
 def _config(args: argparse.Namespace) -> ClusterConfig:
-    cfg = load_config(getattr(args, "config", None))
+    from flashpoint.errors import BadRequest
+
+    try:
+        cfg = load_config(getattr(args, "config", None))
+    except BadRequest as e:  # a placeholder secret or key, say: one line, exit 1
+        raise SystemExit(f"error: {e.message}") from None
+    if getattr(args, "insecure", False):
+        cfg = dataclasses.replace(cfg, insecure=True)
     home = getattr(args, "home", None)
     return cfg.with_home(Path(home)) if home else cfg
+
+
+def _require_secret(cfg: ClusterConfig, cmd: str) -> None:
+    """A controller, host or gateway of its own process shares the secret with peers in
+    other processes: this process's generated one cannot be it."""
+    from flashpoint.config import SECRET_ENV, run_secret
+
+    if cfg.secret == run_secret():
+        raise SystemExit(f"error: `flashpoint {cmd}` needs the cluster secret: set {SECRET_ENV} "
+                         "(or `secret` in --config); `flashpoint secret generate` makes one")
 
 
 async def _wait_forever() -> None:
@@ -277,6 +295,26 @@ async def _wait_deployed(args: argparse.Namespace) -> int:
         await asyncio.sleep(0.25)
 
 
+def _serve(cfg: ClusterConfig, args: argparse.Namespace) -> None:
+    """Run ``up``, ``controller``, ``gateway`` or ``host`` until a signal; a refusal to start
+    (a weak secret, keyless HTTP beyond loopback) is one line and exit 1."""
+    import uvloop
+
+    from flashpoint.errors import BadRequest
+
+    try:
+        if args.cmd == "up":
+            uvloop.run(_run_up(cfg, args.hosts))
+        elif args.cmd == "controller":
+            uvloop.run(_run_controller(cfg))
+        elif args.cmd == "gateway":
+            uvloop.run(_run_gateway(cfg, args.port))
+        else:
+            uvloop.run(_run_host(cfg, args.host_id))
+    except BadRequest as e:
+        raise SystemExit(f"error: {e.message}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="flashpoint", description=__doc__)
     p.add_argument("--config", help="TOML configuration (see configs/)")
@@ -284,10 +322,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="run a controller and N host managers on this machine")
     up.add_argument("--hosts", type=int, default=2)
-    sub.add_parser("controller", help="run the controller")
+    controller = sub.add_parser("controller", help="run the controller")
+    insecure_help = ("serve HTTP beyond loopback with no [gateway] api_keys (every caller an "
+                     "admin); logged as a warning at every start")
+    for sp in (up, controller):
+        sp.add_argument("--insecure", action="store_true", help=insecure_help)
     gateway = sub.add_parser("gateway", help="run the HTTP API in its own process, in front "
                                             "of the controller (survives controller restarts)")
     gateway.add_argument("--port", type=int, help="listen port (default: [gateway] listen_port)")
+    gateway.add_argument("--insecure", action="store_true", help=insecure_help)
+    secret = sub.add_parser("secret", help="cluster secrets and API keys")
+    secret_sub = secret.add_subparsers(dest="secret_cmd", required=True)
+    secret_sub.add_parser("generate", help="print a new random secret (32 bytes, hex): the "
+                                           "cluster secret or an API key")
     host = sub.add_parser("host", help="run one host manager")
     host.add_argument("--host-id")
     model = sub.add_parser("model", help="model registry commands")
@@ -363,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "sim":  # pure and offline: no config, logging or event loop
         return sim_cli(args)
+    if args.cmd == "secret":  # offline: reads no config
+        from flashpoint.config import generate_secret
+
+        print(generate_secret())
+        return 0
 
     from flashpoint.log import configure
 
@@ -371,14 +423,10 @@ def main(argv: list[str] | None = None) -> int:
                                         "model") else cfg.log_level)
     import uvloop
 
-    if args.cmd == "up":
-        uvloop.run(_run_up(cfg, args.hosts))
-    elif args.cmd == "controller":
-        uvloop.run(_run_controller(cfg))
-    elif args.cmd == "gateway":
-        uvloop.run(_run_gateway(cfg, args.port))
-    elif args.cmd == "host":
-        uvloop.run(_run_host(cfg, args.host_id))
+    if args.cmd in ("controller", "host", "gateway"):
+        _require_secret(cfg, args.cmd)
+    if args.cmd in ("up", "controller", "gateway", "host"):
+        _serve(cfg, args)
     elif args.cmd == "model" and args.model_cmd in ("list", "delete"):
         uvloop.run(_model_admin(cfg, args))
     elif args.cmd == "model":

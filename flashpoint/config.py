@@ -8,7 +8,10 @@ than silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+import secrets
+import string
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,17 +22,102 @@ from flashpoint.errors import BadRequest
 from flashpoint.policy.autoscale import make_autoscaler
 
 DEFAULT_HOME = Path(os.environ.get("FLASHPOINT_HOME", Path.home() / ".flashpoint"))
-DEFAULT_SECRET = "flashpoint-local-dev-secret"  # local clusters only; production sets its own
 SECRET_ENV = "FLASHPOINT_SECRET"  # overrides the config file's secret when set
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+MIN_SECRET_BYTES = 32  # random bytes a cluster secret must carry (64 hex digits)
+# This process's own random secret: the default of a config that names none. A local,
+# loopback-only cluster runs on it (and hands it to the workers it spawns); nothing may
+# listen beyond loopback with it. No fixed secret exists anywhere.
+_RUN_SECRET = secrets.token_hex(MIN_SECRET_BYTES)
+# Values copied from examples and docs: refused whatever their length.
+_PLACEHOLDERS = ("change-me", "changeme", "change_me", "replace-with", "replace-me",
+                 "replaceme", "placeholder", "example", "your-", "flashpoint-local-dev-secret",
+                 "insecure", "password", "xxxxxxxx")
+
+
+def generate_secret() -> str:
+    """A fresh cluster secret (or API key): 32 random bytes as 64 hex digits."""
+    return secrets.token_hex(MIN_SECRET_BYTES)
+
+
+def run_secret() -> str:
+    """This process's random secret (what a config with no ``secret`` gets)."""
+    return _RUN_SECRET
+
+
+def is_placeholder(value: str) -> bool:
+    """A value copied from an example (``change-me``, ``replace-with-admin-key``...)."""
+    low = value.strip().lower()
+    return not low or any(p in low for p in _PLACEHOLDERS)
+
+
+def _secret_bytes(secret: str) -> int:
+    """How many random bytes ``secret`` can carry at most, from its alphabet: hex digits
+    4 bits each, base64 6, anything else 8 (a passphrase is counted generously)."""
+    chars = set(secret)
+    if chars <= set(string.hexdigits):
+        return len(secret) // 2
+    if chars <= set(string.ascii_letters + string.digits + "+/-_="):
+        return len(secret.rstrip("=")) * 6 // 8
+    return len(secret.encode())
+
+
+def validate_secret(secret: str, what: str = "the cluster secret") -> None:
+    """Refuse known placeholders and secrets shorter than MIN_SECRET_BYTES random bytes."""
+    hint = "generate one with `flashpoint secret generate`"
+    if is_placeholder(secret):
+        raise BadRequest(f"{what} is a placeholder or empty; {hint}")
+    if _secret_bytes(secret) < MIN_SECRET_BYTES or len(set(secret)) < 12:
+        raise BadRequest(f"{what} is too short or too regular (at least {MIN_SECRET_BYTES} "
+                         f"random bytes: 64 hex digits); {hint}")
+
+
+def secret_from_env(var: str = SECRET_ENV) -> bytes:
+    """The cluster secret a stand-alone process (transfer node, stage server) reads from the
+    environment variable ``var``: there is no fallback, and a weak one is refused. Raises
+    SystemExit with a one-line message (these are command-line entry points)."""
+    value = os.environ.get(var, "")
+    if not value:
+        raise SystemExit(f"error: no cluster secret: set {var} (`flashpoint secret generate`)")
+    try:
+        validate_secret(value, f"the secret in {var}")
+    except BadRequest as e:
+        raise SystemExit(f"error: {e.message}") from None
+    return value.encode()
+
+
+def is_loopback(listen_host: str) -> bool:
+    if listen_host in LOOPBACK:
+        return True
+    try:
+        return ipaddress.ip_address(listen_host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_http_auth(api_keys: Any, listen_host: str, insecure: bool, what: str) -> None:
+    """Refuse an HTTP API without API keys beyond loopback (every caller would be an
+    anonymous admin) unless ``insecure``; with ``insecure``, log a warning at every start."""
+    if insecure:
+        from flashpoint.log import get_logger
+
+        get_logger(__name__).warning(
+            "insecure_http", what=what, listen_host=listen_host, api_keys=len(api_keys),
+            note="--insecure: without api_keys every HTTP caller beyond loopback is an admin")
+        return
+    if not api_keys and not is_loopback(listen_host):
+        raise BadRequest(f"{what} listens on {listen_host} without [gateway] api_keys (every "
+                         "caller would be an admin); set api_keys (`flashpoint secret "
+                         "generate` makes one) or pass --insecure")
 
 
 def check_secret(secret: str, listen_host: str, what: str) -> None:
-    """Refuse to listen beyond loopback with the well-known development secret: anyone who
-    reads this source could join the cluster."""
-    if secret == DEFAULT_SECRET and listen_host not in LOOPBACK:
-        raise BadRequest(f"{what} listens on {listen_host} with the default development "
-                         f"secret; set `secret` in the config or {SECRET_ENV}")
+    """Refuse to listen beyond loopback on this process's generated secret (no secret was
+    configured: peers elsewhere could never share it, and the operator meant to set one)."""
+    if secret == _RUN_SECRET and not is_loopback(listen_host):
+        raise BadRequest(f"{what} listens on {listen_host} with no cluster secret configured; "
+                         f"set {SECRET_ENV} (`flashpoint secret generate`)")
+    validate_secret(secret)
 
 
 @dataclass(frozen=True)
@@ -247,16 +335,32 @@ class GatewaySettings:
     tls_cert_path: str = ""
     tls_key_path: str = ""
     tls_ca_path: str = ""
+    metrics_require_key: bool = False  # /metrics needs an API key (any role)
+    # Admin actions (register, delete, roll-out, MIG change) are logged as "audit" events;
+    # with a path they are also appended there as JSON lines (flashpoint/audit.py).
+    audit_log_path: str = ""
+
+    def __post_init__(self) -> None:
+        bad = [key[:24] for key in self.api_keys if is_placeholder(key)]
+        if bad:
+            raise BadRequest(f"gateway.api_keys {bad}: placeholders; generate keys with "
+                             "`flashpoint secret generate`")
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    secret: str = DEFAULT_SECRET
+    secret: str = field(default_factory=run_secret)  # no fixed default: see _RUN_SECRET
     log_level: str = "INFO"
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     host: HostConfig = field(default_factory=HostConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    # HTTP without API keys beyond loopback (every caller an admin): only the CLI's
+    # --insecure sets it (no config file can), and every start logs a warning.
+    insecure: bool = False
+
+    def __post_init__(self) -> None:
+        validate_secret(self.secret)
 
     def with_home(self, home: Path) -> ClusterConfig:
         """The same configuration with every default path moved under ``home``."""

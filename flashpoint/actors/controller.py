@@ -29,7 +29,8 @@ from flashpoint.actors.mig_driver import MigDriver
 from flashpoint.actors.persist import FunctionTable
 from flashpoint.actors.pipeline_target import PipelineTarget
 from flashpoint.actors.rates import RateMeter
-from flashpoint.config import ClusterConfig, check_secret
+from flashpoint.audit import AuditLog
+from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.errors import (
     BadRequest,
     DeadlineExceeded,
@@ -152,7 +153,8 @@ class Controller:
         self.replacements: list[dict[str, Any]] = []  # what the provider gave, per eviction
         # PROTEAN's MIG reconfigurator (actors/mig_reconfig.py), when opted in
         self.mig = MigDriver(self.cc, self.state, self.hosts, self._execute, self._spawn,
-                             time.monotonic) if self.cc.mig_reconfigure else None
+                             time.monotonic, AuditLog(config.gateway.audit_log_path),
+                             ) if self.cc.mig_reconfigure else None
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -161,6 +163,8 @@ class Controller:
         from flashpoint.rpc import RpcServer
 
         check_secret(self.config.secret, self.cc.listen_host, "the controller")
+        check_http_auth(self.config.gateway.api_keys, self.cc.listen_host, self.config.insecure,
+                        "the controller's HTTP API")
         await self.table.open()
         for spec in await self.table.load():
             try:

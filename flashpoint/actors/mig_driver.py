@@ -32,6 +32,7 @@ from flashpoint.actors.mig_reconfig import (
     RetireReplicas,
     UnblockDevices,
 )
+from flashpoint.audit import AuditAction, AuditLog
 from flashpoint.config import ControllerConfig
 from flashpoint.errors import FlashpointError
 from flashpoint.log import get_logger
@@ -89,8 +90,9 @@ class MigDriver:
                  hosts: Mapping[str, Any],
                  execute: Callable[[list[cs.Command]], None],
                  spawn: Callable[[Coroutine[Any, Any, None], str], Any],
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], audit: AuditLog | None = None) -> None:
         self.cc = cc
+        self.audit = audit or AuditLog()  # every apply_mig, as controller:mig
         self.state = state
         self.hosts = hosts  # host id -> HostHandle (its ``conn`` calls the host)
         self.execute = execute
@@ -183,7 +185,14 @@ class MigDriver:
                                  timeout_s=self.cc.mig_apply_timeout_s)
         except Exception as exc:  # any failure returns the GPU to service (mig_reconfig.py)
             err = exc if isinstance(exc, FlashpointError) else FlashpointError(repr(exc))
+            self._audit(cmd, err.code)
             self._handle(MigFailed(cmd.host_id, cmd.gpu_index, err.code, err.message,
                                    self.clock()))
             return
+        self._audit(cmd, "ok")
         self._handle(MigApplied(cmd.host_id, cmd.gpu_index, self.clock()))
+
+    def _audit(self, cmd: ApplyMig, outcome: str) -> None:
+        self.audit.record(AuditAction.MIG_CHANGE, "controller:mig",
+                          f"{cmd.host_id}/gpu{cmd.gpu_index}", outcome=outcome,
+                          geometry=list(cmd.geometry))

@@ -7,9 +7,12 @@ touches the gateway's own routes and unmatched paths.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from flashpoint.gateway.auth import Role
 from flashpoint.gateway.backend import InvokeBackend
 from flashpoint.gateway.config import GatewayConfig
 from flashpoint.gateway.context import GatewayContext
@@ -53,12 +56,24 @@ def add_routes(app: web.Application, backend: InvokeBackend,
         from flashpoint.gateway.kaas import KaasRoutes
 
         defs += KaasRoutes(ctx, kaas).route_defs()
-    defs.append(web.get("/metrics", ctx.metrics.handle))
+    defs.append(web.get("/metrics", _metrics_handler(ctx)))
     for d in defs:
         route = app.router.add_route(d.method, d.path, d.handler)
         if route.resource is not None:
             ctx.resources.add(route.resource)
     return ctx
+
+
+def _metrics_handler(ctx: GatewayContext) -> Any:
+    """``/metrics``, behind an API key (any role) when ``metrics_require_key``."""
+    if not ctx.config.metrics_require_key:
+        return ctx.metrics.handle
+
+    async def handle(request: web.Request) -> web.Response:
+        ctx.require(request, Role.INVOKE)
+        return await ctx.metrics.handle(request)
+
+    return handle
 
 
 def make_app(backend: InvokeBackend, config: GatewayConfig | None = None, *,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
+from flashpoint.config import is_placeholder
 from flashpoint.errors import BadRequest
 
 MIB = 1024 * 1024
@@ -46,12 +47,19 @@ class GatewayConfig:
     rate_limit_burst: int = 0
     # Responses at least this large are gzip-compressed when the client accepts gzip.
     response_compression_min_bytes: int = 1024
+    # /metrics answers only callers with an API key (any role) when keys are configured.
+    metrics_require_key: bool = False
+    # Admin actions are logged as "audit" events, and appended here as JSON lines when set.
+    audit_log_path: str = ""
 
     def __post_init__(self) -> None:
         keys = dict(self.api_keys)
         for key, role in keys.items():
             if not isinstance(key, str) or len(key) < 8:
                 raise BadRequest("api keys must be strings of at least 8 characters")
+            if is_placeholder(key):
+                raise BadRequest(f"api key {key[:24]!r} is a placeholder; generate keys with "
+                                 "`flashpoint secret generate`")
             if role not in ROLES:
                 raise BadRequest(f"api key role must be one of {ROLES}, not {role!r}")
         object.__setattr__(self, "api_keys", MappingProxyType(keys))

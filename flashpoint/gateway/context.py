@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from flashpoint.audit import AuditLog
 from flashpoint.errors import BadRequest, FunctionNotFound
 from flashpoint.gateway.admission import Admission
 from flashpoint.gateway.auth import ApiKeyAuth, Principal, Role
@@ -37,6 +38,7 @@ class GatewayContext:
     limits: CodecLimits
     resources: set[web.AbstractResource] = field(default_factory=set)
     kaas: Any = None  # a kaas.service.KaasBackend when KaaS and the object store are on
+    audit: AuditLog = field(default_factory=AuditLog)
 
     @classmethod
     def create(cls, backend: InvokeBackend, config: GatewayConfig,
@@ -45,7 +47,7 @@ class GatewayContext:
                              max_tensor_bytes=config.max_tensor_bytes,
                              max_inputs=config.max_inputs, max_dims=config.max_dims)
         return cls(backend, config, ApiKeyAuth(config.api_keys), metrics or GatewayMetrics(),
-                   Admission(config), limits)
+                   Admission(config), limits, audit=AuditLog(config.audit_log_path))
 
     def owns(self, request: web.Request) -> bool:
         """Gateway routes, plus unmatched paths (rendered as JSON 404/405)."""

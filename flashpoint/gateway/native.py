@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
-from flashpoint.errors import BadRequest, PayloadTooLarge
+from flashpoint.audit import AuditAction
+from flashpoint.errors import BadRequest, FlashpointError, FunctionNotFound, PayloadTooLarge
 from flashpoint.gateway import oip
 from flashpoint.gateway.admission import effective_timeout_s
-from flashpoint.gateway.auth import Role
+from flashpoint.gateway.auth import Principal, Role
 from flashpoint.gateway.body import body_if_complete, read_body
 from flashpoint.gateway.context import (
     OFFLOAD_BYTES,
@@ -36,6 +39,23 @@ from flashpoint.gateway.context import (
 )
 from flashpoint.gateway.kaas import decode_store_outputs, store_outputs
 from flashpoint.spec import FunctionSpec
+
+
+def _register_action(ctx: GatewayContext, spec: FunctionSpec) -> tuple[AuditAction, dict[str, Any]]:
+    """What registering ``spec`` does, for the audit log: a new function, a roll-out (its
+    model version or canary split changes) or another update of its spec."""
+    details: dict[str, Any] = {"model": spec.model, "model_version": spec.model_version,
+                               "canary_pct": spec.canary_pct}
+    try:
+        before = ctx.function(spec.name).spec
+    except FunctionNotFound:
+        return AuditAction.REGISTER, details
+    details["previous_version"] = before.model_version
+    if (before.model, before.model_version, before.canary_pct) != (
+            spec.model, spec.model_version, spec.canary_pct):
+        return AuditAction.ROLLOUT, details
+    return AuditAction.UPDATE, details
+
 
 _INVOKE_KEYS = frozenset(("inputs", "text", "image", "timeout_s", "store_outputs",
                           "request_class"))
@@ -149,14 +169,33 @@ class NativeRoutes:
         ]
 
     async def register(self, request: web.Request) -> web.Response:
-        self.ctx.require(request, Role.ADMIN)
+        principal = self.ctx.require(request, Role.ADMIN)
         body = await parse_json_body(self.ctx, await read_body(request, self.ctx.config))
         try:
             spec = FunctionSpec.from_dict(body)
         except (TypeError, ValueError) as e:
             raise BadRequest(f"invalid function spec: {str(e)[:200]}") from None
-        info = await self.ctx.backend.register_function(spec)
+        action, details = _register_action(self.ctx, spec)
+        with self._audited(request, action, principal, spec.name, details):
+            info = await self.ctx.backend.register_function(spec)
         return json_response(info.to_dict(), status=201)
+
+    @contextlib.contextmanager
+    def _audited(self, request: web.Request, action: AuditAction, principal: Principal,
+                 target: str, details: dict[str, Any]) -> Iterator[None]:
+        """Record an admin action with how it ended (its error's code when it raised)."""
+        outcome = "ok"
+        try:
+            yield
+        except FlashpointError as e:
+            outcome = e.code
+            raise
+        except Exception:
+            outcome = "internal"
+            raise
+        finally:
+            self.ctx.audit.record(action, principal.name, target, outcome=outcome,
+                                  request_id=request_id(request), **details)
 
     async def list_functions(self, request: web.Request) -> web.Response:
         self.ctx.require(request, Role.INVOKE)
@@ -167,10 +206,11 @@ class NativeRoutes:
         return json_response(self.ctx.function(request.match_info["name"]).to_dict())
 
     async def delete_function(self, request: web.Request) -> web.Response:
-        self.ctx.require(request, Role.ADMIN)
+        principal = self.ctx.require(request, Role.ADMIN)
         name = request.match_info["name"]
         self.ctx.function(name)  # 404 for unknown names, before touching the backend
-        await self.ctx.backend.delete_function(name)
+        with self._audited(request, AuditAction.DELETE, principal, name, {}):
+            await self.ctx.backend.delete_function(name)
         return json_response({"deleted": name})
 
     async def invoke(self, request: web.Request) -> web.Response:

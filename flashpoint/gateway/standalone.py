@@ -12,7 +12,7 @@ from typing import Any
 import prometheus_client
 from aiohttp import web
 
-from flashpoint.config import ClusterConfig, GatewaySettings, check_secret
+from flashpoint.config import ClusterConfig, GatewaySettings, check_http_auth, check_secret
 from flashpoint.gateway.app import RUNNER_KWARGS, make_app
 from flashpoint.gateway.config import GatewayConfig
 from flashpoint.gateway.remote import RemoteBackend
@@ -30,7 +30,9 @@ def gateway_config(settings: GatewaySettings) -> GatewayConfig:
                          default_timeout_s=settings.default_timeout_s,
                          rate_limit_rps=settings.rate_limit_rps,
                          rate_limit_burst=settings.rate_limit_burst,
-                         max_inflight_requests=settings.max_inflight_requests)
+                         max_inflight_requests=settings.max_inflight_requests,
+                         metrics_require_key=settings.metrics_require_key,
+                         audit_log_path=settings.audit_log_path)
 
 
 def controller_rpc_url(config: ClusterConfig) -> str:
@@ -53,6 +55,7 @@ class StandaloneGateway:
         gw = config.gateway
         check_secret(config.secret, gw.listen_host, "the gateway")
         tls = server_context(gw.tls_cert_path, gw.tls_key_path, setting="gateway")
+        check_http_auth(gw.api_keys, gw.listen_host, config.insecure, "the gateway")
         backend = RemoteBackend(controller_rpc_url(config), secret=config.secret.encode(),
                                 refresh_s=gw.refresh_s,
                                 ssl_context=client_context(gw.tls_ca_path, setting="gateway"),

@@ -477,12 +477,9 @@ def load_stage_process(manifest_path: str, blob_path: str, first: int | str, las
 
 
 async def _serve(args: argparse.Namespace, prepared: tuple[Any, Any] | None = None) -> int:
-    from flashpoint.config import DEFAULT_SECRET
+    from flashpoint.config import secret_from_env
 
-    secret = os.environ.get(args.secret_env)
-    if not secret:
-        log.warning("secret_env_unset", var=args.secret_env, using="local-dev secret")
-        secret = DEFAULT_SECRET
+    secret = secret_from_env(args.secret_env)  # no built-in fallback; weak ones refused
     first, last = _layer(args.first), _layer(args.last)
     t_load0 = time.monotonic()
     module, layers, mapping = await asyncio.to_thread(
@@ -491,7 +488,7 @@ async def _serve(args: argparse.Namespace, prepared: tuple[Any, Any] | None = No
     t_load1 = time.monotonic()
     stage_id = args.stage_id or f"stage-{args.first}-{args.last}"
     server = StageServer(
-        module, host=args.listen, port=args.port, secret=secret.encode(),
+        module, host=args.listen, port=args.port, secret=secret,
         next_hop=Endpoint.parse(args.next) if args.next else None, device=args.device,
         stage_id=stage_id, max_queued=args.max_queued,
         on_record=(lambda r: emit("request", **r.to_dict())) if args.events else None,

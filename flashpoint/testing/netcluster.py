@@ -38,6 +38,7 @@ from typing import Any, TextIO
 import aiohttp
 import boto3
 
+from flashpoint.config import generate_secret
 from flashpoint.registry import S3Store
 from flashpoint.registry.manifest import Manifest
 from flashpoint.testing.netns import NetLab
@@ -47,7 +48,7 @@ S3_PORT = 5000
 HTTP_PORT = 8080
 GATEWAY_PORT = 8081  # a stand-alone gateway, in the controller's namespace
 BUCKET = "flashpoint-models"
-SECRET = "netns-cluster-test-secret"
+SECRET = generate_secret()  # one per test run, handed to every process it starts
 FAKE_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -245,8 +246,9 @@ class NetCluster:
                            **controller},
             "registry": registry,
         })
+        # --insecure: keyless HTTP on a private namespace address (the tests' own callers)
         self._ctl_argv = [sys.executable, "-m", "flashpoint.cli", "--config", str(ctl_cfg),
-                          "controller"]
+                          "controller", "--insecure"]
         self._exec("controller", CONTROLLER, self._ctl_argv)
         for host_id in self.host_ids:
             addr = self.addr(host_id)
@@ -435,7 +437,7 @@ class NetCluster:
                         "controller_url": f"ws://{addr}:{HTTP_PORT}/rpc", "refresh_s": 0.2},
         })
         self._exec("gateway", CONTROLLER, [sys.executable, "-m", "flashpoint.cli", "--config",
-                                           str(cfg), "gateway"])
+                                           str(cfg), "gateway", "--insecure"])
         await self._wait_http("the gateway's /v2/health/ready answering",
                               self.gateway_url + "/v2/health/ready", "gateway")
 

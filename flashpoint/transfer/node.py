@@ -17,7 +17,7 @@ second per active transfer), and serves until SIGTERM. Received complete segment
 ``DIR/<name>@<version>`` with the manifest as ``DIR/<name>@<version>.json``. ``send`` prints
 the ChainResult fields and exits 0 when every receiver completed, 1 otherwise.
 The cluster secret comes from the environment variable ``--secret-env`` (default
-``FLASHPOINT_SECRET``; the local-dev secret when unset).
+``FLASHPOINT_SECRET``): there is no built-in one, and a weak one is refused.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from flashpoint.config import DEFAULT_SECRET
+from flashpoint.config import secret_from_env
 from flashpoint.errors import Conflict, FlashpointError
 from flashpoint.log import configure, get_logger
 from flashpoint.registry.manifest import (
@@ -165,11 +165,7 @@ async def fetch_status(endpoint: Endpoint, secret: bytes, *, timeout_s: float = 
 
 
 def _secret(var: str) -> bytes:
-    value = os.environ.get(var)
-    if not value:
-        log.warning("secret_env_unset", var=var, using="local-dev secret")
-        value = DEFAULT_SECRET
-    return value.encode()
+    return secret_from_env(var)
 
 
 async def _serve(args: argparse.Namespace) -> int:

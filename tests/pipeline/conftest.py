@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -24,7 +25,7 @@ from flashpoint.registry.local import LocalStore
 from flashpoint.registry.manifest import Manifest
 from flashpoint.transfer.plan import Endpoint
 
-SECRET = b"pipeline-test-secret"
+SECRET = secrets.token_hex(32).encode()  # per run: stage processes refuse weak secrets
 SECRET_ENV = "FP_PIPELINE_TEST_SECRET"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flashpoint.config import load_config
+from flashpoint.config import generate_secret, load_config
 from flashpoint.credentials import CREDENTIALS_ENV, parse_api_keys
 from flashpoint.errors import BadRequest
 
@@ -115,22 +115,24 @@ def _credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **files: str) 
 
 def test_the_secret_and_api_keys_come_from_the_credentials_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FLASHPOINT_SECRET", "stale-from-env")
-    _credentials(tmp_path, monkeypatch, secret="s3cret-from-credential\n",
-                 api_keys=(UNITS / "api_keys.example").read_text() + '"k-ops" = "admin"\n')
+    env_secret, cred_secret, toml_secret = (generate_secret() for _ in range(3))
+    k_old, k_admin, k_ops = (generate_secret() for _ in range(3))
+    monkeypatch.setenv("FLASHPOINT_SECRET", env_secret)
+    _credentials(tmp_path, monkeypatch, secret=cred_secret + "\n",
+                 api_keys=f'"{k_admin}" = "admin"\n"{k_ops}" = "invoke"\n')
     toml = tmp_path / "c.toml"
-    toml.write_text('secret = "from-toml"\n[gateway]\napi_keys = { "k-old" = "invoke" }\n')
+    toml.write_text(f'secret = "{toml_secret}"\n[gateway]\napi_keys = {{ "{k_old}" = "invoke" }}\n')
     config = load_config(toml)
-    assert config.secret == "s3cret-from-credential"
-    assert config.gateway.api_keys == {"k-old": "invoke", "replace-with-admin-key": "admin",
-                                       "replace-with-invoke-key": "invoke", "k-ops": "admin"}
+    assert config.secret == cred_secret
+    assert config.gateway.api_keys == {k_old: "invoke", k_admin: "admin", k_ops: "invoke"}
 
 
 def test_without_credentials_nothing_changes(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     _credentials(tmp_path, monkeypatch)  # a directory without our credentials
-    monkeypatch.setenv("FLASHPOINT_SECRET", "from-env")
-    assert load_config().secret == "from-env"
+    secret = generate_secret()
+    monkeypatch.setenv("FLASHPOINT_SECRET", secret)
+    assert load_config().secret == secret
     assert load_config().gateway.api_keys == {}
 
 

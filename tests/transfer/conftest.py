@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import json
 import os
+import secrets
 import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -23,7 +24,7 @@ from flashpoint.transfer.node import DirSegmentProvider, make_synthetic
 from flashpoint.transfer.plan import Endpoint, FaultPlan
 from flashpoint.transfer.segment import Segment
 
-SECRET = b"transfer-test-secret"
+SECRET = secrets.token_hex(32).encode()  # per run: node processes refuse weak secrets
 SECRET_ENV = "FP_TRANSFER_TEST_SECRET"
 CHUNK = 64 * 1024
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from flashpoint.config import (
-    DEFAULT_SECRET,
     ClusterConfig,
     ControllerConfig,
     HostConfig,
     RegistryConfig,
     load_config,
+    run_secret,
 )
 from flashpoint.errors import BadRequest
 
@@ -18,7 +18,7 @@ from flashpoint.errors import BadRequest
 def test_defaults_need_no_file():
     cfg = load_config()
     assert cfg == ClusterConfig()
-    assert cfg.secret == DEFAULT_SECRET
+    assert cfg.secret == run_secret()  # this process's random one: no fixed default
     assert cfg.controller == ControllerConfig()
     assert cfg.controller.heartbeat_timeout_s == 5.0
     assert cfg.host.cpu_devices == 2
@@ -42,16 +42,19 @@ def test_section_must_be_table():
         load_config(overrides={"host": 3})
 
 
+S3, S4 = "3" * 32 + "0123456789abcdef" * 2, "ab" * 16 + "fedcba9876543210" * 2
+
+
 def test_toml_file_overrides(tmp_path):
     p = tmp_path / "c.toml"
     p.write_text(
-        'secret = "s3"\nlog_level = "DEBUG"\n'
+        f'secret = "{S3}"\nlog_level = "DEBUG"\n'
         '[controller]\nlisten_port = 9999\nheartbeat_timeout_s = 2.5\n'
         '[host]\ncpu_devices = 4\n'
         '[gateway.api_keys]\nk1 = "admin"\n'
     )
     cfg = load_config(p)
-    assert cfg.secret == "s3" and cfg.log_level == "DEBUG"
+    assert cfg.secret == S3 and cfg.log_level == "DEBUG"
     assert cfg.controller.listen_port == 9999
     assert cfg.controller.heartbeat_timeout_s == 2.5
     assert cfg.controller.loop_interval_s == ControllerConfig().loop_interval_s  # untouched
@@ -59,10 +62,10 @@ def test_toml_file_overrides(tmp_path):
     assert cfg.host.heartbeat_interval_s == HostConfig().heartbeat_interval_s
     assert cfg.gateway.api_keys == {"k1": "admin"}
     # overrides apply on top of the file, per key
-    cfg2 = load_config(str(p), overrides={"controller": {"listen_port": 1}, "secret": "o"})
+    cfg2 = load_config(str(p), overrides={"controller": {"listen_port": 1}, "secret": S4})
     assert cfg2.controller.listen_port == 1
     assert cfg2.controller.heartbeat_timeout_s == 2.5
-    assert cfg2.secret == "o"
+    assert cfg2.secret == S4
 
 
 def test_toml_unknown_key_in_file(tmp_path):
@@ -107,6 +110,14 @@ def test_shipped_configs_load(name):
     p = Path(__file__).resolve().parents[2] / "configs" / name
     if not p.exists():
         pytest.skip(f"{p} not present")
+    if name == "multihost.toml":  # its API keys are placeholders until the operator's
+        from flashpoint.config import generate_secret
+
+        with pytest.raises(BadRequest, match="placeholder"):
+            load_config(p)
+        keys = {generate_secret(): "admin", generate_secret(): "invoke"}
+        assert load_config(p, overrides={"gateway": {"api_keys": keys}}).gateway.api_keys == keys
+        return
     assert isinstance(load_config(p), ClusterConfig)
 
 
@@ -128,12 +139,13 @@ def test_autoscaler_is_chosen_by_name_and_checked_when_the_config_loads():
                                               "autoscaler_params": {"bogus": 1}}})
 
 
-def test_secret_comes_from_the_environment_and_the_dev_secret_stays_on_loopback(monkeypatch):
-    from flashpoint.config import DEFAULT_SECRET, check_secret
+def test_secret_comes_from_the_environment_and_the_run_secret_stays_on_loopback(monkeypatch):
+    from flashpoint.config import check_secret, generate_secret
 
-    monkeypatch.setenv("FLASHPOINT_SECRET", "from-env")
-    assert load_config().secret == "from-env"
-    check_secret(DEFAULT_SECRET, "127.0.0.1", "x")  # local clusters may use it
-    check_secret("from-env", "10.0.0.5", "x")
-    with pytest.raises(BadRequest, match="default development secret"):
-        check_secret(DEFAULT_SECRET, "0.0.0.0", "the controller")
+    strong = generate_secret()
+    monkeypatch.setenv("FLASHPOINT_SECRET", strong)
+    assert load_config().secret == strong
+    check_secret(run_secret(), "127.0.0.1", "x")  # local clusters run on the generated one
+    check_secret(strong, "10.0.0.5", "x")
+    with pytest.raises(BadRequest, match="no cluster secret configured"):
+        check_secret(run_secret(), "0.0.0.0", "the controller")
