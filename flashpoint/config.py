@@ -37,6 +37,11 @@ class ControllerConfig:
     listen_port: int = 8080
     state_path: str = str(DEFAULT_HOME / "state.sqlite")
     heartbeat_timeout_s: float = 5.0
+    # Every worker is pinged on its RPC connection each worker_ping_interval_s; one that does
+    # not answer within worker_ping_timeout_s (stopped, wedged, partitioned) is dropped and
+    # its in-flight requests re-sent elsewhere: detection within interval + timeout.
+    worker_ping_interval_s: float = 0.5
+    worker_ping_timeout_s: float = 1.5
     loop_interval_s: float = 0.1
     cold_start_timeout_s: float = 120.0
     # A function whose replicas fail to start max_start_failures times in a row starts none
@@ -108,6 +113,9 @@ class ControllerConfig:
 
     def __post_init__(self) -> None:
         make_autoscaler(self.autoscaler, self.autoscaler_params)  # BadRequest names the fault
+        if not (self.worker_ping_interval_s > 0 and self.worker_ping_timeout_s > 0):
+            raise BadRequest("controller: worker_ping_interval_s and worker_ping_timeout_s "
+                             "must be > 0")
         if not (self.max_start_failures >= 1
                 and 0 < self.start_backoff_s <= self.start_backoff_max_s):
             raise BadRequest("controller: max_start_failures >= 1 and "
