@@ -208,3 +208,19 @@ def test_saxpy_launch_is_checked_against_its_buffers(saxpy_library, n, sizes, gr
     else:
         with pytest.raises(error, match=match):
             plan_graph(req, saxpy_library)
+
+
+async def test_a_standalone_gateways_calls_delete_and_pass_the_ttl() -> None:
+    from flashpoint.actors.gateway_service import GatewayService
+    from flashpoint.gateway.remote import GATEWAY_RPC_VERSION as V
+
+    svc = local_service(1, capacity_bytes=64 << 10)
+    h = GatewayService(backend=None, kaas=svc).handlers()  # type: ignore[arg-type]
+    key = scoped_key(tenant_namespace("a"), "k")
+    await h["gw_object_put"](None, {"v": V, "key": key, "data": b"abc", "ttl_s": 5})
+    assert svc.store.expires_in_s(key) == pytest.approx(5.0, abs=1.0)
+    await h["gw_object_delete"](None, {"v": V, "key": key})
+    with pytest.raises(ObjectNotFound):
+        await h["gw_object_delete"](None, {"v": V, "key": key})
+    with pytest.raises(BadRequest):
+        await h["gw_object_put"](None, {"v": V, "key": key, "data": b"abc", "ttl_s": "1"})
