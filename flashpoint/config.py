@@ -126,6 +126,11 @@ class ControllerConfig:
     listen_port: int = 8080
     state_path: str = str(DEFAULT_HOME / "state.sqlite")
     heartbeat_timeout_s: float = 5.0
+    # Every worker is pinged on its RPC connection each worker_ping_interval_s; one that does
+    # not answer within worker_ping_timeout_s (stopped, wedged, partitioned) is dropped and
+    # its in-flight requests re-sent elsewhere: detection within interval + timeout.
+    worker_ping_interval_s: float = 0.5
+    worker_ping_timeout_s: float = 1.5
     loop_interval_s: float = 0.1
     cold_start_timeout_s: float = 120.0
     # A function whose replicas fail to start max_start_failures times in a row starts none
@@ -172,11 +177,15 @@ class ControllerConfig:
     # keeps placed on workers (0 = none: /v1/kaas/invoke answers 503 kaas_unavailable), each
     # with a device buffer cache of kaas_cache_bytes (placement reserves it plus
     # replica_overhead_bytes), scheduled by the named pool policy (policy/kaas.py), with
-    # the object store (controller RAM) bounded by kaas_store_bytes (0 = unbounded).
+    # the object store (controller RAM) bounded by kaas_store_bytes in all and
+    # kaas_store_key_bytes per API key (its namespace; 0 = unbounded), objects expiring
+    # kaas_object_ttl_s after their put unless it names a shorter ttl_s (0 = never).
     kaas_workers: int = 0
     kaas_cache_bytes: int = 256 << 20
     kaas_policy: str = "affinity"
-    kaas_store_bytes: int = 0
+    kaas_store_bytes: int = 4 << 30
+    kaas_store_key_bytes: int = 1 << 30
+    kaas_object_ttl_s: float = 86400.0
     # How replicas of functions with an sm_share are placed on sharing hosts' GPUs
     # (flashpoint/policy/share_placement.py): "fastgshare" (MaxRects) or "dilu" (best fit).
     share_policy: str = "fastgshare"
@@ -197,6 +206,9 @@ class ControllerConfig:
 
     def __post_init__(self) -> None:
         make_autoscaler(self.autoscaler, self.autoscaler_params)  # BadRequest names the fault
+        if not (self.worker_ping_interval_s > 0 and self.worker_ping_timeout_s > 0):
+            raise BadRequest("controller: worker_ping_interval_s and worker_ping_timeout_s "
+                             "must be > 0")
         if not (self.max_start_failures >= 1
                 and 0 < self.start_backoff_s <= self.start_backoff_max_s):
             raise BadRequest("controller: max_start_failures >= 1 and "
@@ -218,9 +230,10 @@ class ControllerConfig:
         if self.kaas_policy not in POLICY_NAMES:
             raise BadRequest(f"controller.kaas_policy {self.kaas_policy!r}: one of "
                              f"{list(POLICY_NAMES)}")
-        if self.kaas_workers < 0 or self.kaas_cache_bytes <= 0 or self.kaas_store_bytes < 0:
-            raise BadRequest("controller.kaas_workers and kaas_store_bytes must be >= 0, "
-                             "kaas_cache_bytes > 0")
+        if (self.kaas_workers < 0 or self.kaas_cache_bytes <= 0 or self.kaas_store_bytes < 0
+                or self.kaas_store_key_bytes < 0 or not self.kaas_object_ttl_s >= 0):
+            raise BadRequest("controller.kaas_workers, kaas_store_bytes, kaas_store_key_bytes "
+                             "and kaas_object_ttl_s must be >= 0, kaas_cache_bytes > 0")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ as ``{"code", "message", "details"}`` and are rebuilt as the same class on the o
     ├── BadRequest                      bad_request, 400
     │   ├── InvalidName                 invalid_name, 400
     │   ├── PayloadTooLarge             too_large, 413
+    │   │   └── ObjectQuotaExceeded     object_quota_exceeded, 413 (a KaaS store quota is full)
     │   ├── InvalidGeometry             invalid_geometry, 400 (a MIG geometry that cannot exist)
     │   ├── InvalidInput                invalid_input, 400 (a value the model cannot take: a token
     │   │                               id past the vocabulary, undecodable text or image)
@@ -95,6 +96,12 @@ class InvalidName(BadRequest):
 class PayloadTooLarge(BadRequest):
     code = "too_large"
     http_status = 413
+
+
+class ObjectQuotaExceeded(PayloadTooLarge):
+    """The KaaS object store's total or per-API-key quota has no room for an object."""
+
+    code = "object_quota_exceeded"
 
 
 class InvalidGeometry(BadRequest):

@@ -73,6 +73,8 @@ LATENCY = Histogram("flashpoint_request_seconds", "End-to-end invoke latency", [
                     buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
 COLD_STARTS = Histogram("flashpoint_cold_start_seconds", "Cold-start phase durations", ["phase"],
                         buckets=(.001, .01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60))
+WORKERS_SILENT = Counter("flashpoint_workers_silent_total",
+                         "Workers dropped for missing a ping on their connection")
 MAX_DISPATCH_ATTEMPTS = 3
 # A backlog left after dispatch wakes the control loop at most this often: the autoscaler's
 # inputs (rates, queue age) do not change faster, and waking per request cost ~60 us each.
@@ -530,6 +532,8 @@ class Controller:
         timings = {str(k): float(v) for k, v in (p.get("timings_s") or {}).items()}
         self.workers[rid] = WorkerHandle(conn, str(p.get("host_id", "")), timings,
                                          str(p.get("source", "")))
+        if id(conn) not in self._conn_replica:  # a new connection: watch it until it closes
+            self._spawn(self._watch_worker(rid, conn), f"watch:{rid}")
         self._conn_replica[id(conn)] = rid
         known = self.state.replicas.get(rid)
         if known is not None and known.phase == cs.ReplicaPhase.STARTING:
@@ -563,6 +567,34 @@ class Controller:
                                      code=str(p.get("code") or "start_failed"),
                                      now_s=time.monotonic()))
         return {"ok": True}
+
+    async def _watch_worker(self, rid: str, conn: Any) -> None:
+        """Ping a worker on its own connection until the connection closes.
+
+        A worker that misses one ping (stopped, wedged, cut off while its socket stays open)
+        is silent: its connection is closed here, which fails its in-flight calls with
+        PeerLost (``_send`` re-queues those requests for another replica, within their
+        deadlines) and reports the replica lost (``_on_disconnect``). Detection takes at most
+        ``worker_ping_interval_s + worker_ping_timeout_s`` instead of the websocket's 10 s.
+        """
+        interval_s, timeout_s = self.cc.worker_ping_interval_s, self.cc.worker_ping_timeout_s
+        while not conn.closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(conn.wait_closed(), interval_s)
+                return
+            try:
+                await conn.call("ping", {}, timeout_s=timeout_s)
+            except DeadlineExceeded:
+                log.warning("worker_silent", replica_id=rid, timeout_s=timeout_s)
+                WORKERS_SILENT.inc()
+                self._on_disconnect(conn)  # no new work for it from now on, not after close
+                await conn.close()  # fails its in-flight calls first; the close is bounded
+                return
+            except PeerLost:
+                return
+            except FlashpointError as exc:  # e.g. a worker too old to answer pings
+                log.warning("worker_ping_failed", replica_id=rid, error=exc.to_wire())
+                return
 
     def _on_disconnect(self, conn: Any) -> None:
         rid = self._conn_replica.pop(id(conn), None)

@@ -14,8 +14,9 @@ another version):
 - ``gw_kaas_invoke`` {v, request (KaasRequest dict), client, request_id, timeout_s}
                   -> {v, result (KaasResult wire dict)}
 - ``gw_kaas_status`` {v} -> {v, status}
-- ``gw_object_put`` {v, key, data (bytes)} -> {v}
+- ``gw_object_put`` {v, key, data (bytes), ttl_s?} -> {v}
 - ``gw_object_get`` {v, key} -> {v, data}
+- ``gw_object_delete`` {v, key} -> {v}
 
 The KaaS calls exist when the controller has a KaaS backend (it always does: its object
 store works even with ``kaas_workers = 0``, when invocations answer 503). The request is
@@ -34,7 +35,7 @@ from flashpoint.gateway.backend import FunctionInfo, InvokeResult
 from flashpoint.gateway.remote import GATEWAY_RPC_VERSION, result_to_wire
 from flashpoint.kaas.backend import KaasBackend
 from flashpoint.kaas.remote import FRAME_BUDGET_BYTES
-from flashpoint.kaas.spec import KaasRequest, check_key, check_object
+from flashpoint.kaas.spec import KaasRequest, check_key, check_object, check_ttl
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.spec import FunctionSpec
 from flashpoint.tensors import decode_tensors
@@ -84,7 +85,8 @@ class GatewayService:
         return {"gw_invoke": self._invoke, "gw_functions": self._functions,
                 "gw_register": self._register, "gw_delete": self._delete,
                 "gw_kaas_invoke": self._kaas_invoke, "gw_kaas_status": self._kaas_status,
-                "gw_object_put": self._object_put, "gw_object_get": self._object_get}
+                "gw_object_put": self._object_put, "gw_object_get": self._object_get,
+                "gw_object_delete": self._object_delete}
 
     async def _invoke(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         _check_version(payload)
@@ -149,7 +151,13 @@ class GatewayService:
     async def _object_put(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         kaas = self._kaas_backend(payload)
         key = check_key(payload.get("key"))
-        await kaas.put_object(key, check_object(payload.get("data"), kaas.max_buffer_bytes))
+        await kaas.put_object(key, check_object(payload.get("data"), kaas.max_buffer_bytes),
+                              ttl_s=check_ttl(payload.get("ttl_s")))
+        return {"v": GATEWAY_RPC_VERSION}
+
+    async def _object_delete(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        kaas = self._kaas_backend(payload)
+        await kaas.delete_object(check_key(payload.get("key")))
         return {"v": GATEWAY_RPC_VERSION}
 
     async def _object_get(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:

@@ -44,7 +44,9 @@ class KaasPool:
         self.workers = cc.kaas_workers
         self.cache_bytes = cc.kaas_cache_bytes
         self._broken = broken
-        self.store = MemoryObjectStore(cc.kaas_store_bytes)
+        self.store = MemoryObjectStore(cc.kaas_store_bytes,
+                                       tenant_quota_bytes=cc.kaas_store_key_bytes,
+                                       default_ttl_s=cc.kaas_object_ttl_s)
         self.pool = ExecutorPool([], cc.kaas_policy, allow_empty=True)
         self.service = KaasService(self.store, self.pool, capacity_bytes=cc.kaas_cache_bytes)
         self.max_buffer_bytes = self.service.max_buffer_bytes
@@ -100,8 +102,11 @@ class KaasPool:
     async def fetch_status(self) -> dict[str, Any]:
         return self.status()
 
-    async def put_object(self, key: str, data: bytes) -> None:
-        await self.service.put_object(key, data)
+    async def put_object(self, key: str, data: bytes, *, ttl_s: float | None = None) -> None:
+        await self.service.put_object(key, data, ttl_s=ttl_s)
+
+    async def delete_object(self, key: str) -> None:
+        await self.service.delete_object(key)
 
     async def get_object(self, key: str) -> bytes:
         return await self.service.get_object(key)

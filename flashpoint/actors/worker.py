@@ -182,7 +182,7 @@ class Worker:
         self.batcher.start()
         self._controller = ReconnectingClient(
             self._controller_url, {"infer": self._infer, "infer_many": self._infer_many,
-             "replica_status": self._status},
+             "replica_status": self._status, "ping": self._ping},
             secret=self.secret, on_connected=self._announce,
         )
         await self._controller.start()
@@ -218,7 +218,7 @@ class Worker:
         self._controller = ReconnectingClient(
             str(payload["controller_url"]),
             {"kaas_run": self._kaas_run, "kaas_reset": self._kaas_reset,
-             "replica_status": self._status},
+             "replica_status": self._status, "ping": self._ping},
             secret=self.secret, on_connected=self._announce)
         await self._controller.start()
         log.info("kaas_executor_loaded", **{k: round(v, 4) for k, v in timings.items()})
@@ -531,6 +531,11 @@ class Worker:
             return {"replica_id": "", "function": "", "stats": {}}
         return {"replica_id": rep.replica_id, "function": rep.spec.name,
                 "stats": batcher.stats.snapshot()}
+
+    async def _ping(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """The controller's liveness probe on this connection (answered by the event loop,
+        so a stopped or wedged process misses it; inference runs off the loop)."""
+        return {}
 
     async def _status(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         return {"depth": self.batcher.depth if self.batcher else 0,

@@ -5,9 +5,15 @@
                                         -> outputs (inline or stored keys), timings, cache
     GET  /v1/kaas/status        invoke  pool policy, queue, executors' cache hits/misses/
                                         evictions and use, registered kernels
-    PUT  /v1/objects/{key}      invoke  raw bytes -> 201 {"key", "size_bytes"}
-                                        (immutable: other bytes under a key are 409)
+    PUT  /v1/objects/{key}      invoke  raw bytes, ?ttl_s= -> 201 {"key", "size_bytes"}
+                                        (immutable: other bytes under a key are 409; a full
+                                        store or API-key quota is 413)
     GET  /v1/objects/{key}      invoke  raw bytes | 404
+    DELETE /v1/objects/{key}    invoke  204 | 404 (the key may then hold other bytes)
+
+Object keys live in the caller's namespace (``kaas/store.py``): every key a caller names
+(object routes, KaaS buffers, ``store_outputs``) is stored as ``t-<hash of its API key>/key``,
+so another API key can neither read nor overwrite it; callers only ever see their own keys.
 
 Host functions chain into kernel graphs through the object store: the native invoke takes
 ``"store_outputs": {output_name: key}`` and puts those outputs there (returned under
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import re
 from typing import Any
 
@@ -37,7 +44,7 @@ from aiohttp import web
 
 from flashpoint.errors import BadRequest
 from flashpoint.gateway.admission import effective_timeout_s
-from flashpoint.gateway.auth import Role
+from flashpoint.gateway.auth import Principal, Role
 from flashpoint.gateway.body import read_body
 from flashpoint.gateway.context import (
     OFFLOAD_BYTES,
@@ -47,7 +54,8 @@ from flashpoint.gateway.context import (
     request_id,
 )
 from flashpoint.kaas.backend import KaasBackend
-from flashpoint.kaas.spec import DTYPE_BYTES, KaasRequest, check_key, check_object
+from flashpoint.kaas.spec import DTYPE_BYTES, KaasRequest, check_key, check_object, check_ttl
+from flashpoint.kaas.store import scoped_key, tenant_namespace, unscoped_key
 
 _LABEL_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _EXTRA_KEYS = ("client", "timeout_s", "output_encoding")
@@ -67,9 +75,22 @@ def decode_store_outputs(body: Any) -> dict[str, str]:
     return dict(raw)
 
 
+def namespace(principal: Principal) -> str:
+    """The object-store namespace of the caller's API key."""
+    return tenant_namespace(principal.name)
+
+
+def scoped_request(req: KaasRequest, ns: str) -> KaasRequest:
+    """``req`` with every object key moved into namespace ``ns``."""
+    return dataclasses.replace(req, buffers=tuple(
+        dataclasses.replace(b, key=scoped_key(ns, b.key)) if b.key is not None else b
+        for b in req.buffers))
+
+
 async def store_outputs(kaas: KaasBackend, outputs: dict[str, np.ndarray],
-                        keys: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Put the named outputs into KaaS's object store; returns ``{name: {key, dtype, shape}}``."""
+                        keys: dict[str, str], ns: str) -> dict[str, dict[str, Any]]:
+    """Put the named outputs into KaaS's object store, in namespace ``ns``; returns
+    ``{name: {key, dtype, shape}}`` with the caller's keys."""
     missing = sorted(set(keys) - set(outputs))
     if missing:
         raise BadRequest(f"store_outputs names outputs the function did not produce: "
@@ -80,7 +101,7 @@ async def store_outputs(kaas: KaasBackend, outputs: dict[str, np.ndarray],
         if arr.dtype.name not in DTYPE_BYTES:
             raise BadRequest(f"output {name!r} of dtype {arr.dtype} cannot be stored; "
                              f"storable: {sorted(DTYPE_BYTES)}")
-        await kaas.put_object(key, arr.tobytes())  # ObjectExists (409) for other bytes
+        await kaas.put_object(scoped_key(ns, key), arr.tobytes())  # ObjectExists (409)
         stored[name] = {"key": key, "dtype": arr.dtype.name, "shape": list(arr.shape)}
     return stored
 
@@ -105,6 +126,7 @@ class KaasRoutes:
             web.get("/v1/kaas/status", self.status),
             web.put("/v1/objects/{key:.+}", self.put_object),
             web.get("/v1/objects/{key:.+}", self.get_object),
+            web.delete("/v1/objects/{key:.+}", self.delete_object),
         ]
 
     def _parse(self, body: Any) -> tuple[KaasRequest, dict[str, Any]]:
@@ -137,7 +159,8 @@ class KaasRoutes:
         encoding = extra.get("output_encoding", "list")
         if encoding not in ("list", "b64"):
             raise BadRequest("output_encoding must be 'list' or 'b64'")
-        plan = self.kaas.plan(req)
+        ns = namespace(principal)
+        plan = self.kaas.plan(scoped_request(req, ns))
         rid = request_id(request)
         timeout_s = effective_timeout_s(req_timeout, None, ctx.config)
         # The same admission as function invocations: per-caller rate limit, in-flight cap.
@@ -145,7 +168,8 @@ class KaasRoutes:
             ctx.caller(request, principal), "the KaaS pool",
             lambda: self.kaas.invoke(plan, client=client, request_id=rid, timeout_s=timeout_s),
             timeout_s=timeout_s)
-        outputs: dict[str, Any] = {name: {"key": key} for name, key in result.stored.items()}
+        outputs: dict[str, Any] = {name: {"key": unscoped_key(ns, key)}
+                                   for name, key in result.stored.items()}
         for name, arr in result.outputs.items():
             outputs[name] = _encode(arr, encoding)
         return json_response({"outputs": outputs, "timings_s": result.timings_s,
@@ -157,15 +181,32 @@ class KaasRoutes:
         return json_response(await self.kaas.fetch_status())
 
     async def put_object(self, request: web.Request) -> web.Response:
-        self.ctx.require(request, Role.INVOKE)
+        principal = self.ctx.require(request, Role.INVOKE)
         key = check_key(request.match_info["key"])
+        ttl_s = _query_ttl(request.query.get("ttl_s"))
         data = check_object(await read_body(request, self.ctx.config),
                             self.kaas.max_buffer_bytes)
-        await self.kaas.put_object(key, data)
+        await self.kaas.put_object(scoped_key(namespace(principal), key), data, ttl_s=ttl_s)
         return json_response({"key": key, "size_bytes": len(data)}, status=201)
 
     async def get_object(self, request: web.Request) -> web.Response:
-        self.ctx.require(request, Role.INVOKE)
-        key = check_key(request.match_info["key"])
+        principal = self.ctx.require(request, Role.INVOKE)
+        key = scoped_key(namespace(principal), check_key(request.match_info["key"]))
         return web.Response(body=await self.kaas.get_object(key),
                             content_type="application/octet-stream")
+
+    async def delete_object(self, request: web.Request) -> web.Response:
+        principal = self.ctx.require(request, Role.INVOKE)
+        key = scoped_key(namespace(principal), check_key(request.match_info["key"]))
+        await self.kaas.delete_object(key)
+        return web.Response(status=204)
+
+
+def _query_ttl(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest("ttl_s must be a number of seconds") from None
+    return check_ttl(value)

@@ -37,7 +37,7 @@ from flashpoint.gateway.context import (
     request_class,
     request_id,
 )
-from flashpoint.gateway.kaas import decode_store_outputs, store_outputs
+from flashpoint.gateway.kaas import decode_store_outputs, namespace, store_outputs
 from flashpoint.spec import FunctionSpec
 
 
@@ -244,7 +244,7 @@ class NativeRoutes:
         outputs = result.outputs
         stored = {}
         if to_store:
-            stored = await store_outputs(ctx.kaas, outputs, to_store)
+            stored = await store_outputs(ctx.kaas, outputs, to_store, namespace(principal))
             outputs = {k: v for k, v in outputs.items() if k not in to_store}
         payload = {
             "outputs": encode_native_outputs(outputs, declared),

@@ -79,13 +79,21 @@ class RemoteKaas:
             "gw_kaas_status", {"v": GATEWAY_RPC_VERSION}, CALL_TIMEOUT_S, connection_lost)
         return dict(reply["status"])
 
-    async def put_object(self, key: str, data: bytes) -> None:
+    async def put_object(self, key: str, data: bytes, *, ttl_s: float | None = None) -> None:
         if len(data) > self.max_buffer_bytes:
             raise PayloadTooLarge(f"objects are at most {self.max_buffer_bytes} bytes through "
                                   "this gateway (one RPC frame to the controller)")
+        payload: dict[str, Any] = {"v": GATEWAY_RPC_VERSION, "key": key, "data": bytes(data)}
+        if ttl_s is not None:
+            payload["ttl_s"] = ttl_s
+        await self._backend.call_retrying("gw_object_put", payload, OBJECT_TIMEOUT_S,
+                                          connection_lost)
+
+    async def delete_object(self, key: str) -> None:
+        # A re-sent delete whose first try landed answers 404: harmless for the caller.
         await self._backend.call_retrying(
-            "gw_object_put", {"v": GATEWAY_RPC_VERSION, "key": key, "data": bytes(data)},
-            OBJECT_TIMEOUT_S, connection_lost)
+            "gw_object_delete", {"v": GATEWAY_RPC_VERSION, "key": key}, OBJECT_TIMEOUT_S,
+            connection_lost)
 
     async def get_object(self, key: str) -> bytes:
         reply = await self._backend.call_retrying(

@@ -63,8 +63,13 @@ class KaasBackend(Protocol):
         """Pool policy, queue, executors with their cache counters, registered kernels."""
         ...
 
-    async def put_object(self, key: str, data: bytes) -> None:
-        """Store immutable bytes; ObjectExists (409) for other bytes under ``key``."""
+    async def put_object(self, key: str, data: bytes, *, ttl_s: float | None = None) -> None:
+        """Store immutable bytes (expiring after ``ttl_s``, else the store's default);
+        ObjectExists (409) for other bytes under ``key``, ObjectQuotaExceeded (413)."""
+        ...
+
+    async def delete_object(self, key: str) -> None:
+        """Remove ``key`` (its name may then hold other bytes); ObjectNotFound (404)."""
         ...
 
     async def get_object(self, key: str) -> bytes:

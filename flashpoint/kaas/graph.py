@@ -99,6 +99,13 @@ def plan_graph(req: KaasRequest, library: KernelLibrary) -> GraphPlan:
                         f"kernel {k.name!r}: output {name!r} is {got.dtype} "
                         f"{list(got.shape)}, the kernel produces {dtype} {list(shape)}",
                         kernel=k.name, buffer=name)
+        if kdef.launch_check is not None and k.grid is not None and k.block is not None:
+            try:
+                kdef.launch_check([(buffers[n].dtype, buffers[n].shape) for n in k.inputs],
+                                  [(buffers[n].dtype, buffers[n].shape) for n in k.outputs],
+                                  [lit.value for lit in k.literals], k.grid, k.block)
+            except (BufferMismatch, InvalidKernelGraph) as e:
+                raise type(e)(f"kernel {k.name!r}: {e.message}", kernel=k.name) from None
     order = _toposort(req, writer)
     _check_reads(req, buffers, writer, order)
     return GraphPlan(req, order, tuple(defs), buffers)

@@ -24,6 +24,10 @@ from flashpoint.errors import BufferMismatch, UnknownKernel
 Meta = tuple[str, tuple[int, ...]]  # (dtype, shape)
 InferFn = Callable[[Sequence[Meta], Sequence[int | float]], list[Meta]]
 RunFn = Callable[[Sequence[Any], Sequence[Any], Sequence[int | float], Any], None]
+# (input metas, output metas, literal values, grid, block) -> None, or a typed 400: a raw
+# kernel's proof that its launch stays inside the buffers it touches.
+LaunchCheckFn = Callable[[Sequence[Meta], Sequence[Meta], Sequence[int | float],
+                          tuple[int, ...], tuple[int, ...]], None]
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class KernelDef:
     run: RunFn
     infer: InferFn | None = None
     raw: bool = False  # needs grid and block
+    launch_check: LaunchCheckFn | None = None  # checked at validation, before any buffer
 
 
 class KernelLibrary:

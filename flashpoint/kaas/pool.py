@@ -60,6 +60,11 @@ class ExecutorHandle(Protocol):
         """Start over with empty caches (exclusive reassignment: a cold start)."""
         ...
 
+    def forget(self, keys: list[str]) -> None:
+        """Objects ``keys`` were deleted or expired: drop cached copies before the next
+        request runs (their keys may come back with other bytes)."""
+        ...
+
 
 class LocalExecutorHandle:
     """An in-process executor, run on a thread so the event loop stays free.
@@ -73,6 +78,7 @@ class LocalExecutorHandle:
         self.executor_id = executor.executor_id
         self.restart_s = restart_s
         self.restarts = 0
+        self._forget: set[str] = set()
 
     def cached_keys(self) -> frozenset[str]:
         return self.executor.cached_keys()
@@ -81,7 +87,18 @@ class LocalExecutorHandle:
         return self.executor.cache.free_bytes
 
     async def run(self, plan: GraphPlan, client: str, request_id: str = "") -> KaasResult:
-        return await asyncio.to_thread(self.executor.run, plan, client=client)
+        forget, self._forget = sorted(self._forget), set()
+        return await asyncio.to_thread(self._run, plan, client, forget)
+
+    def _run(self, plan: GraphPlan, client: str, forget: list[str]) -> KaasResult:
+        if forget:
+            self.executor.forget(forget)
+        return self.executor.run(plan, client=client)
+
+    def forget(self, keys: list[str]) -> None:
+        # Applied by the next run: the listener may be called on the executor's own thread
+        # (an expiry noticed while it reads the store), which holds the executor's lock.
+        self._forget.update(keys)
 
     async def restart(self) -> None:
         self.restarts += 1
@@ -144,6 +161,11 @@ class ExecutorPool:
             owners = {w: c for w, c in self._memory.owners.items() if w != executor_id}
             self._memory = replace(self._memory, owners=owners)
         return handle
+
+    def forget(self, keys: list[str]) -> None:
+        """Objects ``keys`` left the data layer: every executor drops its cached copies."""
+        for handle in self._handles.values():
+            handle.forget(keys)
 
     def min_capacity_bytes(self) -> int | None:
         caps = [h.executor.cache.capacity_bytes for h in self._handles.values()

@@ -200,6 +200,12 @@ class WorkerExecutorHandle:
                 raise
         return result
 
+    def forget(self, keys: list[str]) -> None:
+        """Deleted or expired objects: the worker drops them with the next request."""
+        self._forget.update(keys)
+        self._held -= set(keys)
+        self._cached -= {f"obj:{k}" for k in keys}
+
     async def restart(self) -> None:
         self.restarts += 1
         self._absorb(await self.conn.call("kaas_reset", {}, timeout_s=self.run_timeout_s))

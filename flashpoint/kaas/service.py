@@ -19,7 +19,7 @@ from flashpoint.kaas.graph import GraphPlan, plan_graph
 from flashpoint.kaas.library import KernelLibrary, default_library
 from flashpoint.kaas.pool import ExecutorPool, LocalExecutorHandle
 from flashpoint.kaas.spec import BufferKind, KaasRequest
-from flashpoint.kaas.store import MemoryObjectStore, ObjectStore
+from flashpoint.kaas.store import DataLayer, MemoryObjectStore
 
 
 class KaasService:
@@ -29,12 +29,14 @@ class KaasService:
     tell (remote executors that are not up yet); by default the pool's smallest local one.
     """
 
-    def __init__(self, store: ObjectStore, pool: ExecutorPool,
+    def __init__(self, store: DataLayer, pool: ExecutorPool,
                  library: KernelLibrary | None = None, *,
                  max_buffer_bytes: int | None = None,
                  capacity_bytes: int | None = None) -> None:
         self.store = store
         self.pool = pool
+        # A deleted or expired key may come back with other bytes: no executor keeps a copy.
+        store.add_removal_listener(pool.forget)
         self.library = library or default_library()
         cap = capacity_bytes or pool.min_capacity_bytes()
         self.max_buffer_bytes = max_buffer_bytes or cap or (1 << 31)
@@ -68,8 +70,11 @@ class KaasService:
     async def fetch_status(self) -> dict[str, Any]:
         return self.status()
 
-    async def put_object(self, key: str, data: bytes) -> None:
-        self.store.put(key, data)
+    async def put_object(self, key: str, data: bytes, *, ttl_s: float | None = None) -> None:
+        self.store.put(key, data, ttl_s=ttl_s)
+
+    async def delete_object(self, key: str) -> None:
+        self.store.delete(key)
 
     async def get_object(self, key: str) -> bytes:
         return self.store.get(key)
@@ -79,7 +84,7 @@ class KaasService:
 
 
 def local_service(n_executors: int = 4, *, policy: str = "affinity",
-                  capacity_bytes: int = 256 << 20, store: ObjectStore | None = None,
+                  capacity_bytes: int = 256 << 20, store: DataLayer | None = None,
                   devices: Sequence[str] = ("cpu",), **executor_kwargs: Any) -> KaasService:
     """A service with ``n_executors`` in-process executors (round-robin over ``devices``)."""
     from flashpoint.kaas.executor import Executor  # torch: only where executors run

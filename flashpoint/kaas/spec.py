@@ -68,6 +68,19 @@ def check_key(key: Any) -> str:
     return key
 
 
+MAX_TTL_S = 366 * 86400.0
+
+
+def check_ttl(ttl_s: Any) -> float | None:
+    """An object's optional time to live: a number of seconds in (0, one year]."""
+    if ttl_s is None:
+        return None
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) \
+            or not 0 < ttl_s <= MAX_TTL_S:
+        raise BadRequest(f"ttl_s must be a number of seconds in (0, {MAX_TTL_S:.0f}]")
+    return float(ttl_s)
+
+
 def check_object(data: Any, max_bytes: int) -> bytes:
     """An object's bytes as a writer sent them: 1 to ``max_bytes`` bytes."""
     if not isinstance(data, bytes) or not data:

@@ -19,6 +19,7 @@ from flashpoint.cluster import LocalCluster
 from flashpoint.config import ClusterConfig, load_config
 from flashpoint.gateway.standalone import StandaloneGateway
 from flashpoint.kaas import KAAS_FUNCTION
+from flashpoint.kaas.store import scoped_key, tenant_namespace
 
 from .conftest import start_noop_cluster, wait_for
 
@@ -171,7 +172,9 @@ async def test_kaas_and_objects_through_a_standalone_gateway(kaas_cluster: Local
         async with aiohttp.ClientSession() as s:
             async with s.put(f"{url}/v1/objects/w", data=W.tobytes()) as r:
                 assert r.status == 201, await r.text()
-            assert ctl.kaas.store.get("w") == W.tobytes()  # in the controller's store
+            # in the controller's store, in the namespace of a caller without auth
+            assert ctl.kaas.store.get(scoped_key(tenant_namespace("anonymous"), "w")) \
+                == W.tobytes()
             async with s.put(f"{url}/v1/objects/w", data=b"\x01" * 8) as r:
                 assert (r.status, (await r.json())["code"]) == (409, "object_exists")
 

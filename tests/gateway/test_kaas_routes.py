@@ -12,16 +12,18 @@ from kaas.helpers import buf, chain_request, kern
 
 from flashpoint.gateway import GatewayConfig, make_app
 from flashpoint.kaas.service import local_service
+from flashpoint.kaas.store import scoped_key, tenant_namespace
 
 from .conftest import INVOKE_KEY, FakeBackend, ThreadedServer
 
 W = np.arange(16, dtype=np.float32).reshape(4, 4) / 8
+W_KEY = scoped_key(tenant_namespace("anonymous"), "w")  # "w" of a caller without auth
 
 
 @pytest.fixture
 def kaas():
     svc = local_service(2, capacity_bytes=64 << 10)
-    svc.store.put("w", W.tobytes())
+    svc.store.put(W_KEY, W.tobytes())
     return svc
 
 
@@ -140,7 +142,7 @@ def _bad(**changes) -> dict:
 ])
 async def test_bad_requests(kaas_server: ThreadedServer, kaas, body, status, code):
     if code == "buffer_cache_full":
-        kaas.store.put("w", W.tobytes())  # present, so the size is what fails
+        kaas.store.put(W_KEY, W.tobytes())  # present, so the size is what fails
     async with aiohttp.ClientSession(kaas_server.url) as s:
         async with s.post("/v1/kaas/invoke", json=body) as r:
             text = await r.text()
@@ -163,8 +165,11 @@ async def test_invoke_role_required(backend: FakeBackend, kaas):
         async with aiohttp.ClientSession(server.url) as s:
             async with s.post("/v1/kaas/invoke", json=chain_request()) as r:
                 assert r.status == 401
-            async with s.post("/v1/kaas/invoke", json=chain_request(),
-                              headers={"Authorization": f"Bearer {INVOKE_KEY}"}) as r:
+            auth = {"Authorization": f"Bearer {INVOKE_KEY}"}
+            # This key's own "w" (the fixture's is the anonymous caller's).
+            async with s.put("/v1/objects/w", data=W.tobytes(), headers=auth) as r:
+                assert r.status == 201
+            async with s.post("/v1/kaas/invoke", json=chain_request(), headers=auth) as r:
                 assert r.status == 200
     finally:
         server.stop()
