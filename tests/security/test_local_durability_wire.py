@@ -56,3 +56,38 @@ async def test_body_labelled_compressed_but_plain_is_400(encoding: str):
                 assert await r.read() == plain
     finally:
         await runner.cleanup()
+
+
+# -- 11. wire hygiene: the data-plane header decoder is as strict as the RPC codec ---------
+
+def test_data_plane_header_refuses_ext_types_and_out_of_range_values():
+    import msgpack
+
+    from flashpoint.errors import ProtocolError
+    from flashpoint.rpc import frames
+    from flashpoint.transfer.wire import decode_header
+
+    ext = msgpack.packb({"op": "get", "key": msgpack.ExtType(5, b"\x00" * 8)}, use_bin_type=True)
+    with pytest.raises(ProtocolError):
+        frames.decode(msgpack.packb([frames.RESPONSE, 1, {"x": msgpack.ExtType(5, b"1")}]))
+    with pytest.raises(ProtocolError):
+        decode_header(ext)
+    # a timestamp is an ext type too (-1)
+    with pytest.raises(ProtocolError):
+        decode_header(msgpack.packb({"op": "status", "t": msgpack.Timestamp(1, 0)},
+                                    datetime=False))
+    bad = [{"op": "chain", "stall_timeout_s": float("nan")},
+           {"op": "chain", "timeout_s": float("inf")},
+           {"op": "chain", "timeout_s": -1.0},
+           {"op": "chain", "orphan_grace_s": 1e300},
+           {"op": "chain", "position": -1},
+           {"op": "chain", "position": 2**40},
+           {"op": "chain", "position": 1.5},
+           {"op": "chain", "timeout_s": True},
+           {"op": "get", "chunks": [float("nan")]}]
+    for header in bad:
+        with pytest.raises(ProtocolError):
+            decode_header(msgpack.packb(header, use_bin_type=True))
+    good = {"op": "chain", "transfer_id": "t1", "stall_timeout_s": 10.0, "orphan_grace_s": 2,
+            "timeout_s": 3600.0, "position": 2, "bitmap": b"\xff", "chunks": [0, 1]}
+    assert decode_header(msgpack.packb(good, use_bin_type=True)) == good
