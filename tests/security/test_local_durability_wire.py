@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import gzip
 import json
+import os
+import struct
 import zlib
 
 import aiohttp
@@ -91,3 +95,103 @@ def test_data_plane_header_refuses_ext_types_and_out_of_range_values():
     good = {"op": "chain", "transfer_id": "t1", "stall_timeout_s": 10.0, "orphan_grace_s": 2,
             "timeout_s": 3600.0, "position": 2, "bitmap": b"\xff", "chunks": [0, 1]}
     assert decode_header(msgpack.packb(good, use_bin_type=True)) == good
+
+
+# -- 11. wire hygiene: before authentication the RPC server holds little ------------------
+
+async def _raw_ws_upgrade(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    """A bare WebSocket upgrade on /rpc; returns the stream and the server's first frame."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write((f"GET /rpc HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                  f"Sec-WebSocket-Version: 13\r\n\r\n").encode())
+    await writer.drain()
+    async with asyncio.timeout(10):
+        head = await reader.readuntil(b"\r\n\r\n")
+    return reader, writer, head
+
+
+async def _read_to_eof(reader: asyncio.StreamReader, timeout_s: float) -> None:
+    """Until the server closes (EOF or a reset: it may close with our bytes unread)."""
+    async with asyncio.timeout(timeout_s):
+        try:
+            while await reader.read(65536):
+                pass
+        except ConnectionResetError:
+            pass
+
+
+async def test_rpc_server_cuts_off_a_big_message_before_authentication():
+    from prometheus_client import REGISTRY
+
+    from flashpoint.rpc.server import RpcServer
+
+    def refused() -> float:
+        return REGISTRY.get_sample_value("flashpoint_rpc_preauth_refused_total",
+                                         {"reason": "preauth_bytes"}) or 0.0
+
+    before = refused()
+    # A long handshake timeout: only the byte budget can end this connection quickly.
+    server = RpcServer({}, secret=b"s" * 32, handshake_timeout_s=60.0, heartbeat_s=None)
+    _, port = await server.start()
+    try:
+        reader, writer, head = await _raw_ws_upgrade(port)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        # A binary frame claiming 8 MiB (masked, as from a client), then 1 MiB of it.
+        size = 8 << 20
+        writer.write(bytes([0x82, 0x80 | 127]) + struct.pack("!Q", size) + b"\0\0\0\0")
+        for _ in range(16):
+            writer.write(b"\0" * (64 << 10))
+        try:
+            await writer.drain()
+        except ConnectionError:
+            pass
+        await _read_to_eof(reader, timeout_s=10.0)  # closed long before the 60 s handshake
+        writer.close()
+        assert refused() == before + 1
+    finally:
+        await server.stop()
+
+
+async def test_rpc_server_caps_handshakes_and_connections():
+    from flashpoint.rpc.client import connect
+    from flashpoint.rpc.server import RpcServer
+
+    async def ping(conn: object, payload: dict) -> dict:
+        return {"pong": True}
+
+    secret = b"s" * 32
+    # Handshakes: two peers that never prove anything hold both slots; a third gets a 503.
+    server = RpcServer({"ping": ping}, secret=secret, handshake_timeout_s=60.0,
+                       heartbeat_s=None, max_handshakes=2)
+    _, port = await server.start()
+    writers = []
+    try:
+        for _ in range(2):
+            _, writer, head = await _raw_ws_upgrade(port)
+            writers.append(writer)
+            assert head.startswith(b"HTTP/1.1 101"), head
+        _, writer, head = await _raw_ws_upgrade(port)
+        writers.append(writer)
+        assert head.startswith(b"HTTP/1.1 503"), head
+    finally:
+        for w in writers:
+            w.close()
+        await server.stop()
+    # Connections: three authenticated peers fill the server; a fourth gets a 503.
+    server = RpcServer({"ping": ping}, secret=secret, heartbeat_s=None, max_connections=3)
+    _, port = await server.start()
+    url = f"ws://127.0.0.1:{port}/rpc"
+    conns = []
+    try:
+        for _ in range(3):
+            conns.append(await connect(url, secret=secret, name="peer", connect_timeout_s=5.0))
+        _, writer, head = await _raw_ws_upgrade(port)
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 503"), head
+        assert (await conns[0].call("ping", {}, timeout_s=5.0)) == {"pong": True}
+    finally:
+        for c in conns:
+            await c.close()
+        await server.stop()
