@@ -195,3 +195,34 @@ async def test_rpc_server_caps_handshakes_and_connections():
         for c in conns:
             await c.close()
         await server.stop()
+
+
+# -- 9. durability: registrations are durable when acknowledged; bad rows are skipped ------
+
+async def test_function_table_is_durable_and_skips_bad_rows(tmp_path):
+    import sqlite3
+
+    from prometheus_client import REGISTRY
+
+    from flashpoint.actors.persist import FunctionTable
+    from flashpoint.spec import FunctionSpec
+
+    table = FunctionTable(tmp_path / "state.db")
+    await table.open()
+    with table._connect() as conn:
+        # 2 = FULL: a commit is fsynced before upsert returns and the registration is acked.
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    good = FunctionSpec(name="fine", model="m", model_version="1")
+    await table.upsert(good)
+    raw = sqlite3.connect(tmp_path / "state.db")
+    with raw:
+        raw.execute("INSERT INTO functions(name, spec_json) VALUES('broken', '{not json')")
+        raw.execute("INSERT INTO functions(name, spec_json) VALUES('wrong', ?)", ('{"name": 3}',))
+        raw.execute("INSERT INTO functions(name, spec_json) VALUES('blob', x'00ff')")
+    raw.close()
+    before = REGISTRY.get_sample_value("flashpoint_controller_function_rows_skipped_total") or 0
+    specs = await table.load()
+    assert [s.name for s in specs] == ["fine"]
+    after = REGISTRY.get_sample_value("flashpoint_controller_function_rows_skipped_total")
+    assert after == before + 3
