@@ -226,3 +226,39 @@ async def test_function_table_is_durable_and_skips_bad_rows(tmp_path):
     assert [s.name for s in specs] == ["fine"]
     after = REGISTRY.get_sample_value("flashpoint_controller_function_rows_skipped_total")
     assert after == before + 3
+
+
+async def test_failed_imds_polls_are_warned_and_counted():
+    from prometheus_client import REGISTRY
+    from structlog.testing import capture_logs
+
+    from flashpoint.spot.notice import WARN_EVERY_FAILURES, EvictionNotice, ImdsWatcher, watch
+
+    class BlockedImds(ImdsWatcher):
+        """Times out ``fail`` times, then reports an eviction (which ends ``watch``)."""
+
+        def __init__(self, fail: int) -> None:
+            super().__init__("http://169.254.169.254")
+            self.left = fail
+
+        async def poll(self, session):
+            if self.left:
+                self.left -= 1
+                raise TimeoutError("metadata service blocked")
+            return EvictionNotice("terminate", 0.0, "imds")
+
+    def failures() -> float:
+        return REGISTRY.get_sample_value("flashpoint_spot_notice_poll_failures_total",
+                                         {"watcher": "imds"}) or 0.0
+
+    async def on_notice(notice) -> None:
+        pass
+
+    before = failures()
+    n = WARN_EVERY_FAILURES + 2
+    with capture_logs() as logs:
+        await asyncio.wait_for(watch([BlockedImds(n)], on_notice, interval_s=0.0), 10)
+    assert failures() == before + n
+    warned = [e for e in logs if e["event"] == "eviction_poll_failed"]
+    assert [e["log_level"] for e in warned] == ["warning", "warning"]  # 1st and 31st, not 32
+    assert any(e["event"] == "eviction_poll_recovered" for e in logs)
