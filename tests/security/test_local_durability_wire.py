@@ -262,3 +262,66 @@ async def test_failed_imds_polls_are_warned_and_counted():
     warned = [e for e in logs if e["event"] == "eviction_poll_failed"]
     assert [e["log_level"] for e in warned] == ["warning", "warning"]  # 1st and 31st, not 32
     assert any(e["event"] == "eviction_poll_recovered" for e in logs)
+
+
+# -- 8. local attackers: the host cache directory is private and its files our own ----------
+
+def _foreign_owned_dir(tmp_path):
+    """A directory owned by another user: chown'd when we are root, else the temp dir's
+    parent-of-all (root-owned) as seen by an ordinary user."""
+    import tempfile
+
+    if os.geteuid() == 0:
+        d = tmp_path / "foreign"
+        d.mkdir(mode=0o777)
+        os.chown(d, 12345, 12345)
+        return d
+    return __import__("pathlib").Path(tempfile.gettempdir())
+
+
+def test_cache_dir_is_created_private_and_checked(tmp_path):
+    from flashpoint.errors import UnsafePath
+    from flashpoint.transfer.cache import HostCache, default_cache_dir, private_dir
+
+    assert f"-{os.geteuid()}-" in default_cache_dir("h1").name
+    d = tmp_path / "cache" / "h1"
+    cache = HostCache(d, 1 << 20, "h1")
+    cache.start()
+    assert (os.stat(d).st_mode & 0o777) == 0o700
+    os.chmod(d, 0o777)  # loosened by someone: tightened again
+    private_dir(d)
+    assert (os.stat(d).st_mode & 0o777) == 0o700
+    cache.close()
+    # A symlink planted where the directory goes (to a place the attacker reads) is refused.
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "planted"
+    link.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UnsafePath):
+        HostCache(link, 1 << 20, "h2").start()
+    with pytest.raises(UnsafePath):
+        private_dir(_foreign_owned_dir(tmp_path))
+
+
+def test_segment_files_never_follow_a_planted_symlink(tmp_path):
+    from flashpoint.transfer.node import make_synthetic
+    from flashpoint.transfer.segment import Segment
+
+    manifest = make_synthetic(tmp_path / "blob", tmp_path / "blob.json", size_bytes=1 << 20,
+                              chunk_size=256 << 10, seed=3)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    d = tmp_path / "cache"
+    d.mkdir(mode=0o700)
+    target = d / "segment"
+    target.symlink_to(victim)
+    seg = Segment(target, manifest)
+    try:
+        assert not target.is_symlink()
+        assert victim.read_bytes() == b"precious"  # neither truncated nor written through
+        assert (os.stat(target).st_mode & 0o777) == 0o600
+    finally:
+        seg.close()
+    target.unlink()
+    target.symlink_to(tmp_path / "blob")
+    with pytest.raises(OSError):  # ELOOP: a reader never maps through a symlink either
+        Segment.open_complete(target, manifest)
