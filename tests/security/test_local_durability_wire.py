@@ -325,3 +325,48 @@ def test_segment_files_never_follow_a_planted_symlink(tmp_path):
     target.symlink_to(tmp_path / "blob")
     with pytest.raises(OSError):  # ELOOP: a reader never maps through a symlink either
         Segment.open_complete(target, manifest)
+
+
+# -- 8. local attackers: the token socket charges a process to its own tenant only ---------
+
+async def test_token_socket_charges_the_bound_tenant_whatever_hello_claims(tmp_path):
+    from flashpoint.gpu import token_protocol as proto
+    from flashpoint.gpu.tokens import TokenManager
+
+    mgr = TokenManager(tmp_path / "tokens.sock", name="sec-test", verify_peers=True)
+    await mgr.start()
+    me = os.getpid()
+
+    async def hello(claimed: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_unix_connection(str(tmp_path / "tokens.sock"))
+        writer.write(proto.pack(proto.TokenMsg(proto.MsgType.HELLO, tenant=claimed, pid=me)))
+        await writer.drain()
+        return reader, writer
+
+    async def recv(reader: asyncio.StreamReader) -> proto.TokenMsg:
+        async with asyncio.timeout(5):
+            return proto.unpack(await reader.readexactly(proto.MSG_SIZE))
+
+    writers = []
+    try:
+        mgr.bind_pid(me, 7)
+        reader, writer = await hello(claimed=3)  # pretends to be tenant 3
+        writers.append(writer)
+        assert (await recv(reader)).type is proto.MsgType.MEM  # its memory cap
+        for seq, used_ns in ((1, 0), (2, 5_000_000)):
+            writer.write(proto.pack(proto.TokenMsg(proto.MsgType.REQUEST, seq=seq,
+                                                   used_ns=used_ns)))
+            grant = await recv(reader)
+            assert grant.type is proto.MsgType.GRANT and grant.seq == seq
+        usage = mgr.usage_by_tenant()
+        assert usage.get(7, 0) > 0 and 3 not in usage, usage
+        # A process bound to no tenant is refused: the manager closes on it.
+        mgr.unbind_pid(me)
+        reader, writer = await hello(claimed=7)
+        writers.append(writer)
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""
+    finally:
+        for w in writers:
+            w.close()
+        await mgr.stop()
