@@ -254,7 +254,7 @@ class HostConfig:
     cpu_devices: int = 2  # placement units offered when no GPU is present
     device_memory_bytes: int = 4 << 30  # per CPU device
     host_memory_bytes: int = 16 << 30
-    cache_dir: str = ""  # empty = /dev/shm/flashpoint-<host_id>, else a temp dir
+    cache_dir: str = ""  # empty = /dev/shm/flashpoint-<uid>-<host_id>-<pid> (0700), else a temp dir
     cache_bytes: int = 8 << 30
     heartbeat_interval_s: float = 1.0
     warm_pool_size: int = 2  # pre-started worker processes with torch imported

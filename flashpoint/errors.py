@@ -48,6 +48,7 @@ as ``{"code", "message", "details"}`` and are rebuilt as the same class on the o
     ├── FrameTooLarge                   frame_too_large, 413 (RPC frame over the limit)
     ├── ProtocolError                   protocol_error, 400 (malformed frame / unknown method)
     ├── IntegrityError                  integrity_error, 502 (bytes failed their sha256)
+    ├── UnsafePath                      unsafe_path, 500 (a local path another user could control)
     ├── RegistryError                   registry_error, 502
     ├── ModelFailed                     model_failed, 500 (the model raised while running)
     ├── KernelFailed                    kernel_failed, 500 (a KaaS kernel raised while running)
@@ -250,6 +251,12 @@ class ProtocolError(FlashpointError):
 class IntegrityError(FlashpointError):
     code = "integrity_error"
     http_status = 502
+
+
+class UnsafePath(FlashpointError):
+    """A local path another user could control (owner, mode or a symlink), refused."""
+
+    code = "unsafe_path"
 
 
 class RegistryError(FlashpointError):

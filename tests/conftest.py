@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 
+import pytest
+import structlog
 from hypothesis import settings
 
 # CI decides whether a submission lands, so there a property test runs the same examples on
@@ -18,3 +22,16 @@ if os.environ.get("CI"):
 # setting, flashpoint/actors/host.py _preload): most never serve a Hugging Face model, and
 # two cores spend ~2 s of CPU per import. A test that measures a warm HF cold start sets it.
 os.environ.setdefault("FLASHPOINT_PRELOAD_TRANSFORMERS", "0")
+
+
+@pytest.fixture(autouse=True)
+def info_logs() -> Iterator[None]:
+    """structlog passes info events to every test, whatever level an earlier test configured
+    (the CLI's commands configure WARNING, and that filter is process-wide): a test that
+    captures an info event must not depend on which tests ran before it."""
+    old = structlog.get_config()["wrapper_class"]
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    try:
+        yield
+    finally:
+        structlog.configure(wrapper_class=old)

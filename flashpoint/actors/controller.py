@@ -173,6 +173,8 @@ class Controller:
                 await self._apply_function(spec, persist=False)
             except FlashpointError as exc:
                 log.error("function_restore_failed", function=spec.name, error=exc.to_wire())
+            except Exception as exc:  # one bad function must not stop the controller starting
+                log.error("function_restore_failed", function=spec.name, error=repr(exc)[:300])
         tls = server_context(self.cc.tls_cert_path, self.cc.tls_key_path, setting="controller")
         gw = self.config.gateway
         app = web.Application(client_max_size=gw.max_body_bytes)

@@ -415,6 +415,7 @@ class HostManager:
                 worker = await self._take_worker()
                 worker.replica_id, worker.device_id = rt.replica_id, rt.device_id
                 worker.function = KAAS_FUNCTION
+                self.gpu.bind_worker(rt.replica_id, worker.proc.pid)  # before its CUDA starts
                 rt.worker = worker
                 reply = await worker.conn.call("load_kaas", {
                     "replica_id": rt.replica_id, "host_id": self.host_id,
@@ -626,6 +627,7 @@ class HostManager:
                 worker = await self._take_worker()
                 worker.replica_id, worker.device_id = rt.replica_id, rt.device_id
                 worker.function, worker.model_key = spec.name, model_key
+                self.gpu.bind_worker(rt.replica_id, worker.proc.pid)  # before its CUDA starts
                 rt.worker = worker
                 device = self._worker_device(rt)
                 dev = self.gpu.device(rt.device_id)

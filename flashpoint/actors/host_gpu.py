@@ -136,6 +136,11 @@ class HostGpu:
         assert self.sharing is not None
         return self.sharing.attach(replica_id, device, share)
 
+    def bind_worker(self, replica_id: str, pid: int) -> None:
+        """The worker process serving ``replica_id`` (its hook is charged to its tenant)."""
+        if self.sharing is not None:
+            self.sharing.bind_worker(replica_id, pid)
+
     def detach(self, replica_id: str) -> None:
         if self.sharing is not None:
             self.sharing.detach(replica_id)

@@ -2,6 +2,11 @@
 
 SQLite, one row per function (its spec as JSON). Calls are small and rare, so they run on a
 thread with a fresh connection each time rather than holding a connection across threads.
+
+Durability: WAL with ``synchronous=FULL``, so a commit is on disk (the WAL fsynced) before
+:meth:`FunctionTable.upsert` returns and the controller acknowledges the registration
+(``NORMAL`` may lose the last commits on power loss). A row that cannot be read back is
+skipped, logged and counted, never fatal: one bad row must not crash-loop the controller.
 """
 
 from __future__ import annotations
@@ -9,9 +14,19 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from prometheus_client import Counter
+
+from flashpoint.log import get_logger
 from flashpoint.spec import FunctionSpec
+
+log = get_logger(__name__)
+
+BAD_ROWS = Counter("flashpoint_controller_function_rows_skipped_total",
+                   "Stored function rows that could not be read back at start (skipped)")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS functions (
@@ -26,11 +41,18 @@ class FunctionTable:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def _connect(self) -> sqlite3.Connection:
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """A connection for one transaction: committed (durably) on a clean exit, rolled
+        back on an error, closed either way."""
         conn = sqlite3.connect(self.path, timeout=10.0)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        return conn
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            with conn:
+                yield conn
+        finally:
+            conn.close()
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,11 +64,23 @@ class FunctionTable:
         await asyncio.to_thread(_init)
 
     async def load(self) -> list[FunctionSpec]:
-        def _load() -> list[str]:
+        """Every stored function that reads back as a valid spec; the others are skipped,
+        each logged (``function_row_skipped``) and counted."""
+        def _load() -> list[tuple[object, object]]:
             with self._connect() as conn:
-                return [r[0] for r in conn.execute("SELECT spec_json FROM functions ORDER BY name")]
+                return list(conn.execute("SELECT name, spec_json FROM functions ORDER BY name"))
 
-        return [FunctionSpec.from_dict(json.loads(s)) for s in await asyncio.to_thread(_load)]
+        specs = []
+        for name, text in await asyncio.to_thread(_load):
+            try:
+                if not isinstance(text, (str, bytes)):
+                    raise ValueError(f"spec_json is {type(text).__name__}, not text")
+                specs.append(FunctionSpec.from_dict(json.loads(text)))
+            except Exception as exc:  # noqa: BLE001 - any bad row is skipped, never fatal
+                BAD_ROWS.inc()
+                log.error("function_row_skipped", function=str(name)[:200], path=str(self.path),
+                          error=f"{type(exc).__name__}: {exc}"[:300])
+        return specs
 
     async def upsert(self, spec: FunctionSpec) -> None:
         def _upsert() -> None:

@@ -347,11 +347,15 @@ class Worker:
 
         t0 = time.perf_counter()
         manifest = Manifest.from_json(payload["manifest_json"])
-        with open(payload["cache_path"], "rb") as fh:
+        # O_NOFOLLOW: the host's private cache directory holds files, never symlinks.
+        fd = os.open(payload["cache_path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
             # MAP_PRIVATE: zero-copy views; a stray write copies a page instead of corrupting
             # the bytes every other worker on this host shares.
-            mapping = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_PRIVATE,
+            mapping = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE,
                                 prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
         stage = payload.get("stage")
         if stage is not None:
             # A partition stage (execute-while-load): only its own layers' bytes need to be

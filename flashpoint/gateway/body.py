@@ -66,6 +66,16 @@ def _looks_compressed(data: bytes, encoding: str) -> bool:
     return not stripped.startswith((b"{", b"["))
 
 
+def _inflated_by_aiohttp(request: web.Request) -> bool:
+    """Whether the server inflates encoded bodies itself (its ``auto_decompress``, aiohttp's
+    default True). aiohttp has no public accessor: its ``Server`` keeps the runner's keyword
+    arguments; anything unexpected there counts as True, which keeps the sniffing below."""
+    server_kwargs = getattr(getattr(request.protocol, "_manager", None), "_kwargs", None)
+    if not isinstance(server_kwargs, dict):
+        return True
+    return bool(server_kwargs.get("auto_decompress", True))
+
+
 def body_if_complete(request: web.Request, config: GatewayConfig) -> bytes | None:
     """The body of the common small request, without a coroutine: an uncompressed body of a
     declared length within ``max_body_bytes`` that came whole with the headers. None for
@@ -127,7 +137,9 @@ async def read_body(request: web.Request, config: GatewayConfig) -> bytes:
         raise BadRequest(f"could not read the request body: {type(e).__name__}") from None
     if identity:
         return data
-    if _looks_compressed(data, encoding):
+    if not _inflated_by_aiohttp(request) or _looks_compressed(data, encoding):
+        # Not inflated by aiohttp: the body must be what its Content-Encoding says (a body
+        # labelled gzip that is not gzip is a 400, never served as if it were plain).
         if len(data) > config.max_body_bytes:
             raise PayloadTooLarge(
                 f"request body is over the {config.max_body_bytes}-byte limit")

@@ -37,7 +37,7 @@ import contextlib
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -145,6 +145,8 @@ class _Tenant:
     device_id: str
     tenant: int
     share: GpuShare | None
+    # Its worker processes, once bound (a token manager charges a connection by its pid).
+    pids: set[int] = field(default_factory=set)
 
 
 class HostSharing:
@@ -233,10 +235,15 @@ class HostSharing:
         d = self._dir(unit)
         d.mkdir(parents=True, exist_ok=True)
         unit.socket_path = str(d / "tokens.sock")
-        mgr = TokenManager(unit.socket_path, self._token_config, name=unit.device.device_id)
+        # verify_peers: a connection's tenant is the one bound to its process (bind_worker).
+        mgr = TokenManager(unit.socket_path, self._token_config, name=unit.device.device_id,
+                           verify_peers=True)
         await mgr.start()
         unit.manager = mgr
         for t in self._tenants.values():  # quotas registered before a restart of the unit
+            if t.device_id == unit.device.device_id:
+                for pid in t.pids:
+                    mgr.bind_pid(pid, t.tenant)
             if t.device_id == unit.device.device_id and t.share is not None:
                 mgr.set_quota(t.tenant, _token_quota(t.share))
                 mgr.set_memory_limit(t.tenant, t.share.memory_bytes)
@@ -304,9 +311,25 @@ class HostSharing:
                 unit.manager.set_memory_limit(t.tenant, share.memory_bytes)
         return env
 
+    def bind_worker(self, replica_id: str, pid: int) -> None:
+        """The worker process ``pid`` (and its children) serves ``replica_id``: its hook's
+        connection is charged to that replica's tenant, whatever its HELLO claims; a hooked
+        process bound to no replica is refused. Called before the worker is told to load
+        (so before its CUDA initialises); a replica may have several processes."""
+        t = self._tenants.get(replica_id)
+        unit = self.units.get(t.device_id) if t is not None else None
+        if t is None or unit is None or unit.manager is None:
+            return
+        t.pids.add(pid)
+        unit.manager.bind_pid(pid, t.tenant)
+
     def detach(self, replica_id: str) -> None:
         """Forget a stopped replica (its tenant keeps its lifetime accounting)."""
-        self._tenants.pop(replica_id, None)
+        t = self._tenants.pop(replica_id, None)
+        unit = self.units.get(t.device_id) if t is not None else None
+        if t is not None and unit is not None and unit.manager is not None:
+            for pid in t.pids:
+                unit.manager.unbind_pid(pid)
 
     def set_share(self, replica_id: str, share: GpuShare) -> dict[str, Any]:
         """Change a running replica's share live (tokens); MPS fixes a client's thread

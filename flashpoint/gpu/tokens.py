@@ -8,6 +8,11 @@ grants out, and wakes up at the state's next deadline.  The host manager owns on
 per GPU or slice and calls :meth:`TokenManager.set_quota` when the controller changes a
 tenant's share.
 
+A connection's tenant is the one the host bound to the connecting process (``SO_PEERCRED``
+pid, or its nearest bound ancestor: :meth:`TokenManager.bind_pid`) when ``verify_peers`` is
+on (hosts turn it on): a process cannot report usage for, or take tokens of, another tenant
+by claiming its number in HELLO; a process bound to no tenant is refused.
+
 Run standalone (tests, benchmarks)::
 
     python -m flashpoint.gpu.tokens --socket /tmp/fp.sock --quota 1=0.3:0.3 --quota 2=0.7:1.0
@@ -22,6 +27,8 @@ import itertools
 import json
 import os
 import signal
+import socket
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -52,14 +59,22 @@ SHARE = Gauge("flashpoint_tokens_share", "A tenant's fraction of the GPU time ch
 MEMORY = Gauge("flashpoint_tokens_memory_bytes", "Device bytes a tenant's processes report",
                ["unit", "tenant"])
 WAITING = Gauge("flashpoint_tokens_waiting", "Processes waiting for a token", ["unit"])
+PEERS_REFUSED = Counter("flashpoint_tokens_peers_refused_total",
+                        "Hooked processes refused (bound to no tenant) or whose HELLO claimed "
+                        "another tenant than their own, by outcome", ["unit", "outcome"])
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+MAX_ANCESTORS = 16  # how far up the process tree a connecting process's tenant is looked for
 
 
 class TokenManager:
     """Serve time tokens for one GPU (or slice) on a Unix socket."""
 
     def __init__(self, socket_path: str | Path, config: TokenConfig | None = None,
-                 clock_ns: Callable[[], int] = time.monotonic_ns, name: str = "") -> None:
+                 clock_ns: Callable[[], int] = time.monotonic_ns, name: str = "", *,
+                 verify_peers: bool = False) -> None:
         self.socket_path = str(socket_path)
+        self.verify_peers = verify_peers
+        self._pid_tenants: dict[int, TenantId] = {}
         self.name = name or self.socket_path  # the metrics' "unit" label
         self._clock = clock_ns
         self.state = TokenState(config, clock_ns())
@@ -114,6 +129,32 @@ class TokenManager:
         processes gets its cap (limit minus what the others hold) at once."""
         self._write_caps(self.memory.set_limit(tenant, limit_bytes))
 
+    def bind_pid(self, pid: int, tenant: TenantId) -> None:
+        """Process ``pid`` (and its descendants) is ``tenant``'s (``verify_peers``)."""
+        self._pid_tenants[pid] = tenant
+
+    def unbind_pid(self, pid: int) -> None:
+        self._pid_tenants.pop(pid, None)
+
+    def _peer_tenant(self, writer: asyncio.StreamWriter, claimed: TenantId) -> TenantId | None:
+        """The tenant of the process at the other end; None = refuse it."""
+        if not self.verify_peers:
+            return claimed
+        sock = writer.get_extra_info("socket")
+        try:
+            pid, _uid, _gid = _PEERCRED.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        except (OSError, AttributeError, struct.error):
+            return None
+        for _ in range(MAX_ANCESTORS):
+            tenant = self._pid_tenants.get(pid)
+            if tenant is not None:
+                return tenant
+            pid = _parent_pid(pid)
+            if pid <= 1:
+                return None
+        return None
+
     def memory_by_tenant(self) -> dict[TenantId, int]:
         """Device bytes each tenant's connected processes last reported."""
         return self.memory.used_by_tenant()
@@ -132,10 +173,18 @@ class TokenManager:
             hello = proto.unpack(await reader.readexactly(proto.MSG_SIZE))
             if hello.type is not proto.MsgType.HELLO:
                 raise ProtocolError(f"expected HELLO, got {hello.type.name}")
-            self.state.connect(client, hello.tenant, self._clock())
+            tenant = self._peer_tenant(writer, hello.tenant)
+            if tenant is None:
+                PEERS_REFUSED.labels(self.name, "unbound").inc()
+                raise ProtocolError(f"process {hello.pid} is bound to no tenant")
+            if tenant != hello.tenant:
+                PEERS_REFUSED.labels(self.name, "wrong_tenant").inc()
+                log.warning("token_tenant_mismatch", client=client, pid=hello.pid,
+                            claimed=hello.tenant, tenant=tenant)
+            self.state.connect(client, tenant, self._clock())
             self._writers[client] = writer
             self.pids[client] = hello.pid
-            self._write_caps(self.memory.connect(client, hello.tenant))  # the hook waits for it
+            self._write_caps(self.memory.connect(client, tenant))  # the hook waits for it
             while True:
                 msg = proto.unpack(await reader.readexactly(proto.MSG_SIZE))
                 now = self._clock()
@@ -218,6 +267,16 @@ class TokenManager:
                 self._publish_metrics()
             except Exception:  # noqa: BLE001 - logged; the next tick tries again
                 log.exception("token_tick_failed")
+
+
+def _parent_pid(pid: int) -> int:
+    """``pid``'s parent from ``/proc`` (0 when it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read(4096)
+        return int(stat[stat.rindex(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _parse_quota(text: str) -> tuple[int, TenantQuota]:

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import hmac
 import secrets
+from collections.abc import Callable
 
 from flashpoint.errors import AuthFailed, ConnectFailed, FlashpointError, PeerLost, ProtocolError, from_wire
 from flashpoint.rpc import frames
@@ -37,11 +38,14 @@ def check_secret(secret: bytes) -> bytes:
 
 
 async def server_handshake(
-    channel: Channel, secret: bytes, *, name: str, timeout_s: float = HANDSHAKE_TIMEOUT_S
+    channel: Channel, secret: bytes, *, name: str, timeout_s: float = HANDSHAKE_TIMEOUT_S,
+    on_verified: Callable[[], None] | None = None,
 ) -> str:
     """Run the server side; returns the peer's name. On failure tells the peer, closes the
     channel and raises AuthFailed; PeerLost when the peer closed the channel first (a
-    client that gave up: its connect was cancelled or timed out on its side)."""
+    client that gave up: its connect was cancelled or timed out on its side).
+    ``on_verified`` runs once the proof checked out, before the peer hears so (and so
+    before it can send anything else)."""
     nonce_s = secrets.token_bytes(NONCE_BYTES)
     try:
         async with asyncio.timeout(timeout_s):
@@ -52,6 +56,8 @@ async def server_handshake(
             if not hmac.compare_digest(frame.mac, _mac(secret, b"client", nonce_s, frame.nonce)):
                 raise AuthFailed("peer does not know the cluster secret")
             reply = _mac(secret, b"server", frame.nonce, nonce_s)
+            if on_verified is not None:
+                on_verified()
             await channel.send(frames.encode(frames.Welcome(name, reply)))
             return frame.name
     except TimeoutError:

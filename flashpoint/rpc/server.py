@@ -14,12 +14,20 @@ from typing import Any
 
 from aiohttp import web
 
-from flashpoint.errors import FlashpointError, PeerLost
+from flashpoint.errors import FlashpointError, PeerLost, Unavailable
 from flashpoint.log import get_logger
 from flashpoint.rpc import frames
 from flashpoint.rpc.auth import HANDSHAKE_TIMEOUT_S, check_secret, server_handshake
 from flashpoint.rpc.channel import Channel, WebSocketChannel
 from flashpoint.rpc.connection import Handler, RpcConnection
+from flashpoint.rpc.preauth import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_HANDSHAKES,
+    PREAUTH_MAX_BYTES,
+    REFUSED,
+    PreAuthGate,
+    install_gate,
+)
 
 log = get_logger(__name__)
 
@@ -32,6 +40,9 @@ class RpcServer:
 
     ``on_connect(conn)`` runs after the handshake, once the connection is live (it may call
     the peer); ``on_disconnect(conn)`` runs after it closed. Either may be sync or async.
+    At most ``max_handshakes`` peers are authenticating and ``max_connections`` channels are
+    open at once (more get a 503); an unauthenticated peer may send ``preauth_max_bytes``
+    (see ``rpc/preauth.py``).
     """
 
     def __init__(
@@ -45,6 +56,9 @@ class RpcServer:
         on_disconnect: ConnHook | None = None,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
         heartbeat_s: float | None = HEARTBEAT_S,
+        max_handshakes: int = DEFAULT_MAX_HANDSHAKES,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        preauth_max_bytes: int = PREAUTH_MAX_BYTES,
     ) -> None:
         self._handlers = dict(handlers)
         self._secret = check_secret(secret)
@@ -58,6 +72,11 @@ class RpcServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
         self._accepting = True
+        self.max_handshakes = max_handshakes
+        self.max_connections = max_connections
+        self.preauth_max_bytes = preauth_max_bytes
+        self._handshaking = 0
+        self._open_channels = 0
 
     @property
     def accepting(self) -> bool:
@@ -127,31 +146,60 @@ class RpcServer:
     async def _handle_ws(self, request: web.Request) -> web.StreamResponse:
         if not self._accepting:
             raise web.HTTPServiceUnavailable(text="rpc server is stopping")
+        refusal = self._over_capacity()
+        if refusal is not None:
+            log.warning("rpc peer refused", name=self.name, peer=str(request.remote), error=refusal)
+            raise web.HTTPServiceUnavailable(text=refusal, headers={"Retry-After": "1"})
         ws = web.WebSocketResponse(
             max_msg_size=self.max_frame_bytes,
             heartbeat=self._heartbeat_s,
             compress=False,
             timeout=2.0,
         )
-        await ws.prepare(request)
-        await self.serve_channel(WebSocketChannel(ws, peer=str(request.remote)))
+        self._handshaking += 1  # counted from here so the prepare's await cannot overshoot
+        try:
+            await ws.prepare(request)
+            gate = install_gate(request, self.preauth_max_bytes)
+        except BaseException:
+            self._handshaking -= 1
+            raise
+        await self.serve_channel(WebSocketChannel(ws, peer=str(request.remote)), gate=gate,
+                                 counted=True)
         return ws
+
+    def _over_capacity(self) -> str | None:
+        if self._handshaking >= self.max_handshakes:
+            REFUSED.labels("handshakes").inc()
+            return f"{self._handshaking} peers already authenticating (max {self.max_handshakes})"
+        if self._open_channels + self._handshaking >= self.max_connections:
+            REFUSED.labels("connections").inc()
+            return f"rpc server at its {self.max_connections}-connection limit"
+        return None
 
     def accept_channel(self, channel: Channel) -> None:
         """Serve an in-process channel in a task this server owns."""
         if not self._accepting:
             raise RuntimeError("rpc server is not accepting")
+        refusal = self._over_capacity()
+        if refusal is not None:
+            raise Unavailable(refusal, retry_after_s=1.0)
+        self._handshaking += 1
         task = asyncio.get_running_loop().create_task(
-            self.serve_channel(channel), name=f"rpc-serve:{self.name}<-{channel.peer}"
+            self.serve_channel(channel, counted=True), name=f"rpc-serve:{self.name}<-{channel.peer}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def serve_channel(self, channel: Channel) -> None:
-        """Authenticate ``channel`` and serve it until it closes."""
+    async def serve_channel(self, channel: Channel, *, gate: PreAuthGate | None = None,
+                            counted: bool = False) -> None:
+        """Authenticate ``channel`` and serve it until it closes. ``counted``: the caller
+        already counted it as authenticating (the connection caps)."""
+        if not counted:
+            self._handshaking += 1
         try:
             peer_name = await server_handshake(
-                channel, self._secret, name=self.name, timeout_s=self._handshake_timeout_s
+                channel, self._secret, name=self.name, timeout_s=self._handshake_timeout_s,
+                on_verified=gate.open if gate is not None else None,
             )
         except PeerLost as exc:
             # Not a refusal: the client closed first (its connect was cancelled or timed out
@@ -162,6 +210,15 @@ class RpcServer:
         except FlashpointError as exc:
             log.warning("rpc peer refused", name=self.name, peer=channel.peer, error=exc.message)
             return
+        finally:
+            self._handshaking -= 1
+        self._open_channels += 1
+        try:
+            await self._serve_authenticated(channel, peer_name)
+        finally:
+            self._open_channels -= 1
+
+    async def _serve_authenticated(self, channel: Channel, peer_name: str) -> None:
         conn = RpcConnection(
             channel,
             self._handlers,

@@ -32,11 +32,18 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client import Counter
 
 from flashpoint.errors import BadRequest
 from flashpoint.log import get_logger
 
 log = get_logger("flashpoint.spot")
+
+POLL_FAILURES = Counter("flashpoint_spot_notice_poll_failures_total",
+                        "Eviction-notice polls that failed (a blocked metadata service means "
+                        "no spot drain), by watcher", ["watcher"])
+# A failing watcher warns when its failures start, then every this many in a row.
+WARN_EVERY_FAILURES = 30
 
 DEFAULT_LEAD_S = 120.0  # AWS's two-minute warning
 TOKEN_PATH = "/latest/api/token"
@@ -147,15 +154,27 @@ Watcher = ImdsWatcher | FileWatcher
 async def watch(watchers: list[Watcher], on_notice: Callable[[EvictionNotice], Awaitable[None]],
                 *, interval_s: float = 2.0) -> EvictionNotice:
     """Poll every watcher each ``interval_s`` until one gives a notice; hand it to
-    ``on_notice`` once and return it. A failing poll is logged and retried next round."""
+    ``on_notice`` once and return it. A failing poll is counted (``POLL_FAILURES``), warned
+    about when a watcher starts failing and every ``WARN_EVERY_FAILURES`` in a row after,
+    and retried next round: a blocked metadata service must not silently disable drains."""
+    failing = [0] * len(watchers)  # consecutive failures per watcher
     async with aiohttp.ClientSession() as session:
         while True:
-            for w in watchers:
+            for i, w in enumerate(watchers):
+                kind = "imds" if isinstance(w, ImdsWatcher) else "file"
                 try:
                     notice = await w.poll(session)
                 except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-                    log.debug("eviction_poll_failed", watcher=type(w).__name__, error=repr(exc))
+                    POLL_FAILURES.labels(kind).inc()
+                    failing[i] += 1
+                    if (failing[i] - 1) % WARN_EVERY_FAILURES == 0:
+                        log.warning("eviction_poll_failed", watcher=kind, error=repr(exc)[:300],
+                                    consecutive_failures=failing[i])
                     continue
+                if failing[i]:
+                    log.info("eviction_poll_recovered", watcher=kind,
+                             consecutive_failures=failing[i])
+                    failing[i] = 0
                 if notice is not None:
                     log.warning("eviction_notice", action=notice.action, source=notice.source,
                                 remaining_s=round(notice.remaining_s(), 1))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import tempfile
 import time
 from collections import OrderedDict
@@ -38,7 +39,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from flashpoint.errors import IntegrityError, NoCapacity
+from flashpoint.errors import IntegrityError, NoCapacity, UnsafePath
 from flashpoint.log import get_logger
 from flashpoint.registry.manifest import Manifest
 from flashpoint.transfer.segment import Segment
@@ -91,10 +92,43 @@ class CacheEntry:
 
 
 def default_cache_dir(host_id: str) -> Path:
+    """``/dev/shm/flashpoint-<uid>-<host_id>`` (else under the temp dir); :func:`private_dir`
+    makes sure it is ours and private before anything goes in it."""
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / f"flashpoint-{host_id}"
-    return Path(tempfile.gettempdir()) / f"flashpoint-cache-{host_id}"
+        return shm / f"flashpoint-{os.geteuid()}-{host_id}"
+    return Path(tempfile.gettempdir()) / f"flashpoint-cache-{os.geteuid()}-{host_id}"
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` mode 0700, or check an existing one: a real directory (not a symlink)
+    owned by this user; group and other access is removed. :class:`UnsafePath` otherwise.
+
+    ``/dev/shm`` and the temp dir are world-writable and the names are predictable, so another
+    local user could create the directory (or a symlink) first and read or swap model bytes.
+    The checks run on an ``O_NOFOLLOW`` descriptor, so the path cannot change under them.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:  # ELOOP: a symlink; ENOTDIR: a file
+        raise UnsafePath(f"cache directory {path} is not a plain directory: {exc.strerror}",
+                         path=str(path)) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise UnsafePath(f"cache directory {path} belongs to uid {st.st_uid}, not to this "
+                             f"user ({os.geteuid()}); remove it or set [host] cache_dir",
+                             path=str(path))
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return path
 
 
 class HostCache:
@@ -114,10 +148,10 @@ class HostCache:
         CACHE_CAPACITY.labels(host_id).set(capacity_bytes)
 
     def start(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         # Leftovers from a previous run are not trusted (no bitmap kept with them).
         for p in self.directory.iterdir():
-            if p.is_file():
+            if p.is_symlink() or not p.is_dir():
                 p.unlink(missing_ok=True)
 
     def close(self) -> None:
@@ -244,7 +278,7 @@ class HostCache:
         if entry is not None:
             return entry.segment
         self._make_room(manifest.blob_size)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         segment = Segment(self.directory / key, manifest)
         entry = self._entries[key] = CacheEntry(key, segment, source=source)
         for fut in self._entry_waiters.pop(key, []):

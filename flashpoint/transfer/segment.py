@@ -54,7 +54,7 @@ class Segment:
         self._alloc_error: NoCapacity | None = None
         self._closed = False
         if _readonly:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 if os.fstat(fd).st_size != manifest.blob_size:
                     raise BadRequest(f"{self.path}: size differs from the manifest's blob_size")
@@ -62,7 +62,10 @@ class Segment:
             finally:
                 os.close(fd)
         else:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            # A fresh file of our own, never one (or a symlink) someone else put there first.
+            self.path.unlink(missing_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
             try:
                 os.ftruncate(fd, manifest.blob_size)
                 self._mmap = mmap.mmap(fd, manifest.blob_size, mmap.MAP_SHARED,
@@ -96,7 +99,7 @@ class Segment:
             self._wake()
 
         def work() -> None:  # owns its fd: a cancelled await never closes it under the thread
-            fd = os.open(self.path, os.O_RDWR)
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 pos, n = 0, first_step
                 while pos < size and not self._closed:

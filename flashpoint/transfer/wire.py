@@ -28,6 +28,7 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
+import math
 import secrets
 import socket
 import struct
@@ -341,20 +342,33 @@ class DataConn:
             self.sock.close()
 
 
+# Header fields that are durations or positions: bounded like the RPC codec's request
+# ``timeout_s`` (rpc/frames.py), so a peer cannot send NaN, a negative or a week-plus wait.
+MAX_HEADER_TIMEOUT_S = 7 * 24 * 3600.0
+_DURATION_FIELDS = ("timeout_s", "stall_timeout_s", "orphan_grace_s")
+_COUNT_FIELDS = ("position",)
+_MAX_COUNT = 2**32
+
+
 def decode_header(body: bytes) -> dict[str, Any]:
     """A header's msgpack body as a dict nested at most MAX_HEADER_DEPTH levels;
     ProtocolError for anything else.
 
     ``skip`` first: it builds nothing and fails on lengths the body cannot back, which msgpack
-    would otherwise start allocating for (as in ``rpc.frames._check_claims``).
+    would otherwise start allocating for (as in ``rpc.frames._check_claims``). Like the RPC
+    codec, ext types are refused, lengths are bounded by the body, every float must be
+    finite, and the duration and position fields must be in range.
     """
+    limit = max(len(body), 1)
     try:
-        unpacker = msgpack.Unpacker(max_buffer_size=max(len(body), 1))
+        unpacker = msgpack.Unpacker(max_buffer_size=limit)
         unpacker.feed(body)
         unpacker.skip()
-        header = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        header = msgpack.unpackb(body, raw=False, strict_map_key=True, max_bin_len=limit,
+                                 max_str_len=limit, max_array_len=limit, max_map_len=limit,
+                                 max_ext_len=0)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise ProtocolError(f"malformed header: {exc}") from None
+        raise ProtocolError(f"malformed header: {type(exc).__name__}: {exc}"[:200]) from None
     if not isinstance(header, dict):
         raise ProtocolError("header must be a map")
     stack: list[tuple[Any, int]] = [(header, 1)]
@@ -365,6 +379,19 @@ def decode_header(body: bytes) -> dict[str, Any]:
         for child in node.values() if isinstance(node, dict) else node:
             if isinstance(child, (dict, list)):
                 stack.append((child, depth + 1))
+            elif isinstance(child, float) and not math.isfinite(child):
+                raise ProtocolError("header numbers must be finite")
+    for name in _DURATION_FIELDS:
+        v = header.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not 0 < v <= MAX_HEADER_TIMEOUT_S):
+            raise ProtocolError(f"header {name} must be a positive number of seconds "
+                                f"up to {MAX_HEADER_TIMEOUT_S:.0f}")
+    for name in _COUNT_FIELDS:
+        v = header.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                              or not 0 <= v < _MAX_COUNT):
+            raise ProtocolError(f"header {name} must be an integer in [0, 2**32)")
     return header
 
 

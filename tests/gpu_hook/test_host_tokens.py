@@ -69,6 +69,8 @@ async def test_tokens_host_shares_30_70_through_late_configured_hook(kit, tmp_pa
         assert ta != tb and 0 not in (ta, tb)
         (pa, sa), (pb, sb) = [await start_worker(kit, sharing, tmp_path, n) for n in "ab"]
         procs = [pa, pb]
+        sharing.bind_worker("rep-a", pa.pid)  # as the host does before the deploy
+        sharing.bind_worker("rep-b", pb.pid)
         await asyncio.sleep(0.3)  # they sit in the pool, hook loaded, unconfigured
         outs = await asyncio.wait_for(asyncio.gather(*(
             p.communicate(json.dumps({"env": e, "seconds": 4.0, "kernel_us": 1000}).encode()
@@ -187,6 +189,7 @@ async def test_memory_limit_is_per_replica_across_its_processes(kit, tmp_path, r
         mgr = sharing.units[devices[0].device_id].manager
         for name in "ab":
             proc, _ = await start_worker(kit, sharing, tmp_path, name)
+            sharing.bind_worker("rep", proc.pid)  # as the host does before the deploy
             w = AllocWorker(proc)
             workers.append(w)
             proc.stdin.write(json.dumps({"env": env, "mode": "alloc"}).encode() + b"\n")

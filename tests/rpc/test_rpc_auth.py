@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import structlog
 from structlog.testing import capture_logs
 
 from flashpoint.errors import AuthFailed, ConnectFailed, PeerLost
@@ -108,16 +105,6 @@ async def test_a_client_that_leaves_mid_handshake_is_peer_lost_not_refused() -> 
     assert b.closed
 
 
-@pytest.fixture
-def info_logs() -> Iterator[None]:
-    """structlog passes info events whatever level an earlier test configured (the CLI's
-    commands configure WARNING, and that filter is process-wide)."""
-    old = structlog.get_config()["wrapper_class"]
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-    try:
-        yield
-    finally:
-        structlog.configure(wrapper_class=old)
 
 
 async def test_server_logs_a_peer_that_left_as_info_and_a_bad_secret_as_warning(
