@@ -95,11 +95,13 @@ class RemoteBackend:
     """``InvokeBackend`` over RPC to the controller at ``controller_url``."""
 
     def __init__(self, controller_url: str, *, secret: bytes, refresh_s: float = 0.5,
-                 max_frame_bytes: int | None = None) -> None:
+                 max_frame_bytes: int | None = None, name: str = "gateway-admin") -> None:
+        """``secret`` is the key of principal ``name`` (rpc/roles.py): ``"gateway"``'s, or
+        the cluster secret itself under any non-role name."""
         kwargs: dict[str, Any] = {}
         if max_frame_bytes is not None:
             kwargs["max_frame_bytes"] = max_frame_bytes
-        self._client = ReconnectingClient(controller_url, secret=secret, name="gateway",
+        self._client = ReconnectingClient(controller_url, secret=secret, name=name,
                                           backoff=RECONNECT, **kwargs)
         self.refresh_s = refresh_s
         self._functions: dict[str, FunctionInfo] = {}

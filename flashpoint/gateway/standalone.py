@@ -18,6 +18,7 @@ from flashpoint.gateway.config import GatewayConfig
 from flashpoint.gateway.remote import RemoteBackend
 from flashpoint.gateway.remote_kaas import RemoteKaas
 from flashpoint.log import get_logger
+from flashpoint.rpc import roles
 
 log = get_logger(__name__)
 
@@ -50,8 +51,11 @@ class StandaloneGateway:
     @classmethod
     async def start(cls, config: ClusterConfig, *, port: int | None = None) -> StandaloneGateway:
         gw = config.gateway
-        check_secret(config.secret, gw.listen_host, "the gateway")
-        backend = RemoteBackend(controller_rpc_url(config), secret=config.secret.encode(),
+        # Its own credential (rpc/roles.py): from the environment, or derived from the secret.
+        cred, given = roles.credential_from_env(str(roles.Role.GATEWAY), config.secret.encode())
+        if not given:
+            check_secret(config.secret, gw.listen_host, "the gateway")
+        backend = RemoteBackend(controller_rpc_url(config), secret=cred.key, name=cred.principal,
                                 refresh_s=gw.refresh_s,
                                 # inputs travel in one frame: room for the largest body
                                 max_frame_bytes=max(gw.max_body_bytes * 2, 64 << 20))

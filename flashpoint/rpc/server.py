@@ -17,7 +17,7 @@ from aiohttp import web
 from flashpoint.errors import FlashpointError, PeerLost
 from flashpoint.log import get_logger
 from flashpoint.rpc import frames
-from flashpoint.rpc.auth import HANDSHAKE_TIMEOUT_S, check_secret, server_handshake
+from flashpoint.rpc.auth import HANDSHAKE_TIMEOUT_S, Keyring, check_secret, server_handshake
 from flashpoint.rpc.channel import Channel, WebSocketChannel
 from flashpoint.rpc.connection import Handler, RpcConnection
 
@@ -38,7 +38,7 @@ class RpcServer:
         self,
         handlers: Mapping[str, Handler],
         *,
-        secret: bytes,
+        secret: bytes | Keyring,
         name: str = "server",
         max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
         on_connect: ConnHook | None = None,
@@ -47,7 +47,8 @@ class RpcServer:
         heartbeat_s: float | None = HEARTBEAT_S,
     ) -> None:
         self._handlers = dict(handlers)
-        self._secret = check_secret(secret)
+        # A keyring (rpc/roles.py) gives each client name its own key.
+        self._secret = secret if callable(secret) else check_secret(secret)
         self.name = name
         self.max_frame_bytes = max_frame_bytes
         self._on_connect = on_connect
