@@ -277,6 +277,26 @@ async def _wait_deployed(args: argparse.Namespace) -> int:
         await asyncio.sleep(0.25)
 
 
+def keys_env(cfg: ClusterConfig, role: str, host_id: str | None) -> str:
+    """The environment-file lines that let a host (or a gateway) join without the cluster
+    secret: its own credential and, for a host, the data plane's key (rpc/roles.py)."""
+    import socket
+
+    from flashpoint.config import DEFAULT_SECRET
+    from flashpoint.errors import BadRequest
+    from flashpoint.rpc import roles
+
+    if cfg.secret == DEFAULT_SECRET:
+        raise BadRequest("keys derived from the development secret are public; set the "
+                         "cluster secret (FLASHPOINT_SECRET) first")
+    secret = cfg.secret.encode()
+    if role == "gateway":
+        return f"{roles.CREDENTIAL_ENV}={roles.Credential.derive(secret, 'gateway').token()}"
+    principal = roles.host_principal(host_id or cfg.host.host_id or socket.gethostname())
+    return (f"FLASHPOINT_SECRET={roles.data_key(secret).decode()}\n"
+            f"{roles.CREDENTIAL_ENV}={roles.Credential.derive(secret, principal).token()}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="flashpoint", description=__doc__)
     p.add_argument("--config", help="TOML configuration (see configs/)")
@@ -290,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     gateway.add_argument("--port", type=int, help="listen port (default: [gateway] listen_port)")
     host = sub.add_parser("host", help="run one host manager")
     host.add_argument("--host-id")
+    keys = sub.add_parser("keys", help="print the environment lines of a host's or a gateway's "
+                          "own credential (run where the cluster secret is)")
+    keys.add_argument("role", choices=["host", "gateway"])
+    keys.add_argument("host_id", nargs="?", help="the host's id (its hostname by default)")
     model = sub.add_parser("model", help="model registry commands")
     msub = model.add_subparsers(dest="model_cmd", required=True)
     push = msub.add_parser(
@@ -379,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.run(_run_gateway(cfg, args.port))
     elif args.cmd == "host":
         uvloop.run(_run_host(cfg, args.host_id))
+    elif args.cmd == "keys":
+        print(keys_env(cfg, args.role, args.host_id))
     elif args.cmd == "model" and args.model_cmd in ("list", "delete"):
         uvloop.run(_model_admin(cfg, args))
     elif args.cmd == "model":

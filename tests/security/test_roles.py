@@ -4,7 +4,7 @@ what its role needs, and a host's (or its workers') calls speak only for that ho
 from __future__ import annotations
 
 import asyncio
-import os
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +16,7 @@ import pytest
 from flashpoint.actors import controller_state as cs
 from flashpoint.actors.controller import Controller
 from flashpoint.actors.host import HostManager
-from flashpoint.cli import make_store
-from flashpoint.cluster import LocalCluster
+from flashpoint.cli import keys_env, make_store
 from flashpoint.config import ClusterConfig, load_config
 from flashpoint.errors import AuthFailed, BadRequest, Forbidden
 from flashpoint.models.publish import publish
@@ -28,6 +27,13 @@ pytestmark = pytest.mark.timeout(120)
 
 SECRET = b"roles-test-cluster-secret"
 V = 1  # gateway protocol version (flashpoint/gateway/remote.py)
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch) -> None:
+    """Neither the cluster secret nor a credential leaks in from the caller's environment."""
+    monkeypatch.delenv("FLASHPOINT_SECRET", raising=False)
+    monkeypatch.delenv(roles.CREDENTIAL_ENV, raising=False)
 
 
 def _config(tmp_path: Path, **host: Any) -> ClusterConfig:
@@ -183,40 +189,51 @@ def test_a_host_takes_only_its_own_credential(tmp_path: Path, monkeypatch) -> No
     monkeypatch.setenv(roles.CREDENTIAL_ENV, "host/h1:not-hex")
     with pytest.raises(BadRequest):
         HostManager(cfg, None, host_id="h1")
+    with pytest.raises(BadRequest, match="development secret"):  # its keys would be public
+        keys_env(load_config(), "gateway", None)
 
 
-async def test_workers_never_hold_the_cluster_secret_and_still_serve(tmp_path: Path) -> None:
+async def test_a_host_given_only_its_keys_serves_and_its_workers_hold_no_secret(
+        tmp_path: Path, monkeypatch) -> None:
     cfg = _config(tmp_path)
     store = make_store(cfg)
     await publish(store, "noop", "tiny", "1", model_name="noop")
-    cluster = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(cluster.start(), 90)
+    # What `flashpoint keys host h1` prints for the host's environment file: no cluster secret.
+    env_file = dict(line.split("=", 1) for line in keys_env(cfg, "host", "h1").splitlines())
+    assert SECRET.decode() not in env_file.values()
+    ctl = Controller(cfg, store)
+    await asyncio.wait_for(ctl.start(), 30)
+    monkeypatch.setenv(roles.CREDENTIAL_ENV, env_file[roles.CREDENTIAL_ENV])
+    host = HostManager(dataclasses.replace(
+        cfg, secret=env_file["FLASHPOINT_SECRET"],
+        host=dataclasses.replace(cfg.host, controller_url=ctl.rpc_url)), store, host_id="h1")
     pids: list[int] = []
     try:
-        host = cluster.hosts[0]
+        await asyncio.wait_for(host.start(), 60)
+        await host.wait_pool_ready(60)
         pids = [w.proc.pid for w in host.workers.values()]
-        assert pids
+        assert pids and "h1" in ctl.state.hosts
         for pid in pids:
             env = dict(kv.split(b"=", 1) for kv in
                        Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
             assert SECRET not in env.values()
             assert env[b"FLASHPOINT_SECRET"] == roles.data_key(SECRET)
             assert Credential.parse(env[roles.CREDENTIAL_ENV.encode()].decode()) == \
-                Credential.derive(SECRET, roles.worker_principal(host.host_id))
+                Credential.derive(SECRET, roles.worker_principal("h1"))
         x = np.arange(6, dtype=np.float32).reshape(2, 3)
         body = {"inputs": {"x": {"data": x.ravel().tolist(), "shape": [2, 3],
                                  "datatype": "FP32"}}}
-        url = cluster.controller.url
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
-            async with s.post(f"{url}/v1/functions", json={"name": "nf", "model": "noop"}) as r:
+            async with s.post(f"{ctl.url}/v1/functions", json={"name": "nf", "model": "noop"}) as r:
                 assert r.status == 201, await r.text()
-            async with s.post(f"{url}/v1/functions/nf/invoke", json=body) as r:
+            async with s.post(f"{ctl.url}/v1/functions/nf/invoke", json=body) as r:
                 assert r.status == 200, await r.text()
                 out = await r.json()
         np.testing.assert_allclose(np.asarray(out["outputs"]["y"]["data"]).reshape(2, 3), x)
+        assert ctl.workers[out["replica_id"]].conn.peer_name == "worker/h1"
     finally:
-        await asyncio.wait_for(cluster.stop(), 60)
+        await asyncio.wait_for(ctl.stop(), 30)
+        await asyncio.wait_for(host.stop(), 30)
     for pid in pids:  # leak check
         status = Path(f"/proc/{pid}/status")
         assert not status.exists() or "zombie" in status.read_text().lower(), f"worker {pid} leaked"
-    assert os.environ.get(roles.CREDENTIAL_ENV) is None
