@@ -487,7 +487,9 @@ class Controller:
                         for d in p.get("devices", []))
         gpus = tuple(cs.GpuRecord(int(g["gpu_index"]), str(g.get("model") or ""), bool(g.get("mig")))
                      for g in p.get("gpus") or () if isinstance(g, dict) and "gpu_index" in g)
-        replicas = tuple((str(r[0]), str(r[1]), str(r[2]), bool(r[3])) for r in p.get("replicas", []))
+        replicas = tuple((str(r[0]), str(r[1]), str(r[2]), bool(r[3])) for r in p.get("replicas", [])
+                         # a host reports only its own replicas, never another host's
+                         if (k := self.state.replicas.get(str(r[0]))) is None or k.host_id == host_id)
         for r in replicas:  # a worker of another host claimed one of these before we knew it
             if (w := self.workers.get(r[0])) is not None and getattr(w, "host_id", host_id) != host_id:
                 self.workers.pop(r[0], None)

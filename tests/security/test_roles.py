@@ -100,6 +100,10 @@ async def test_a_host_speaks_only_for_its_own_id(controller) -> None:
                 await conn.call(method, payload, timeout_s=5)
         assert "h2" not in controller.state.hosts
         _place(controller, "r2", "h2")
+        # Reporting another host's replica as its own does not make the controller forget it.
+        await conn.call("register_host", {**_registration("h1"),
+                                          "replicas": [["r2", "f", "cpu:9", True]]}, timeout_s=5)
+        assert controller.state.replicas["r2"].host_id == "h2"
         with pytest.raises(Forbidden):  # another host's replica
             await conn.call("replica_failed", {"replica_id": "r2", "reason": "x"}, timeout_s=5)
         assert "r2" in controller.state.replicas
