@@ -315,6 +315,22 @@ def _serve(cfg: ClusterConfig, args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {e.message}") from None
 
 
+def keys_env(cfg: ClusterConfig, role: str, host_id: str | None) -> str:
+    """The environment-file lines that let a host (or a gateway) join without the cluster
+    secret: its own credential and, for a host, the data plane's key (rpc/roles.py)."""
+    import socket
+
+    from flashpoint.rpc import roles
+
+    _require_secret(cfg, f"keys {role}")  # keys from this process's random secret join nothing
+    secret = cfg.secret.encode()
+    if role == "gateway":
+        return f"{roles.CREDENTIAL_ENV}={roles.Credential.derive(secret, 'gateway').token()}"
+    principal = roles.host_principal(host_id or cfg.host.host_id or socket.gethostname())
+    return (f"FLASHPOINT_SECRET={roles.data_key(secret).decode()}\n"
+            f"{roles.CREDENTIAL_ENV}={roles.Credential.derive(secret, principal).token()}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="flashpoint", description=__doc__)
     p.add_argument("--config", help="TOML configuration (see configs/)")
@@ -337,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
                                            "cluster secret or an API key")
     host = sub.add_parser("host", help="run one host manager")
     host.add_argument("--host-id")
+    keys = sub.add_parser("keys", help="print the environment lines of a host's or a gateway's "
+                          "own credential (run where the cluster secret is)")
+    keys.add_argument("role", choices=["host", "gateway"])
+    keys.add_argument("host_id", nargs="?", help="the host's id (its hostname by default)")
     model = sub.add_parser("model", help="model registry commands")
     msub = model.add_subparsers(dest="model_cmd", required=True)
     push = msub.add_parser(
@@ -427,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         _require_secret(cfg, args.cmd)
     if args.cmd in ("up", "controller", "gateway", "host"):
         _serve(cfg, args)
+    elif args.cmd == "keys":
+        print(keys_env(cfg, args.role, args.host_id))
     elif args.cmd == "model" and args.model_cmd in ("list", "delete"):
         uvloop.run(_model_admin(cfg, args))
     elif args.cmd == "model":

@@ -35,6 +35,7 @@ from flashpoint.errors import (
     BadRequest,
     DeadlineExceeded,
     FlashpointError,
+    Forbidden,
     FunctionNotFound,
     ModelFailed,
     ModelLoadFailed,
@@ -56,6 +57,7 @@ from flashpoint.policy.request_class import RequestClass, SloCompliance
 from flashpoint.policy.share_placement import ReplicaShare
 from flashpoint.policy.sourcing import REGISTRY
 from flashpoint.registry.manifest import Manifest
+from flashpoint.rpc import roles
 from flashpoint.rpc.tls import server_context
 from flashpoint.spec import FunctionSpec, TensorSpec
 from flashpoint.spot.cost import TABLE3_PRICES, CostMeter
@@ -180,12 +182,14 @@ class Controller:
         app = web.Application(client_max_size=gw.max_body_bytes)
         add_routes(app, self, gateway_config(gw), kaas=self.kaas,
                    process_registry=prometheus_client.REGISTRY)
+        # Each peer proves its own key and may call only what its role needs (rpc/roles.py).
         self._rpc = RpcServer(
-            {"register_host": self._register_host, "heartbeat": self._heartbeat,
+            roles.guard({"register_host": self._register_host, "heartbeat": self._heartbeat,
              "replica_ready": self._replica_ready, "replica_failed": self._replica_failed,
              "stage_ready": self._stage_ready, "host_draining": self._host_draining,
-             **GatewayService(self, self.kaas).handlers()},
-            secret=self.config.secret.encode(), on_disconnect=self._on_disconnect,
+             **GatewayService(self, self.kaas).handlers()}),
+            secret=roles.controller_keyring(self.config.secret.encode()),
+            on_disconnect=self._on_disconnect,
         )
         self._rpc.add_to_app(app, "/rpc")
         self._runner = web.AppRunner(app, access_log=None, **RUNNER_KWARGS)
@@ -424,7 +428,7 @@ class Controller:
             manifest = self._manifests[fn.model_key]
             io = manifest.io.to_dict()
             client = PipelineClient(
-                Endpoint.from_wire(eps[0]), self.config.secret.encode(),
+                Endpoint.from_wire(eps[0]), roles.data_key(self.config.secret.encode()),
                 timeout_s=fn.spec.timeout_s, name=f"controller:{cmd.group_id}",
                 input_names=[t["name"] for t in io.get("inputs", [])] or None)
             # The group's cold start is its slowest stage's, phase by phase.
@@ -492,13 +496,19 @@ class Controller:
     # RPC handlers ------------------------------------------------------------------------
     async def _register_host(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
         host_id = str(p["host_id"])
+        roles.check_host(conn, host_id)
         self.hosts[host_id] = HostHandle(conn, p.get("data_endpoint"))
         devices = tuple(cs.DeviceRecord(str(d["device_id"]), str(d["kind"]), int(d["memory_bytes"]),
                                         int(d.get("gpu_index", -1)), str(d.get("mig_profile", "")))
                         for d in p.get("devices", []))
         gpus = tuple(cs.GpuRecord(int(g["gpu_index"]), str(g.get("model") or ""), bool(g.get("mig")))
                      for g in p.get("gpus") or () if isinstance(g, dict) and "gpu_index" in g)
-        replicas = tuple((str(r[0]), str(r[1]), str(r[2]), bool(r[3])) for r in p.get("replicas", []))
+        replicas = tuple((str(r[0]), str(r[1]), str(r[2]), bool(r[3])) for r in p.get("replicas", [])
+                         # a host reports only its own replicas, never another host's
+                         if (k := self.state.replicas.get(str(r[0]))) is None or k.host_id == host_id)
+        for r in replicas:  # a worker of another host claimed one of these before we knew it
+            if (w := self.workers.get(r[0])) is not None and getattr(w, "host_id", host_id) != host_id:
+                self.workers.pop(r[0], None)
         self._apply(cs.HostRegistered(host_id, devices, int(p.get("ram_bytes", 0)),
                                       frozenset(p.get("cached_models", [])), replicas, time.monotonic(),
                                       str(p.get("leaf") or ""),
@@ -512,6 +522,7 @@ class Controller:
 
     async def _heartbeat(self, conn: Any, p: dict[str, Any]) -> None:
         host_id = str(p.get("host_id"))
+        roles.check_host(conn, host_id)
         if host_id not in self.state.hosts:
             return
         handle = self.hosts.get(host_id)
@@ -531,8 +542,9 @@ class Controller:
 
     async def _replica_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
         rid = str(p["replica_id"])
+        host_id = self._check_replica_host(conn, rid, str(p.get("host_id", "")))
         timings = {str(k): float(v) for k, v in (p.get("timings_s") or {}).items()}
-        self.workers[rid] = WorkerHandle(conn, str(p.get("host_id", "")), timings,
+        self.workers[rid] = WorkerHandle(conn, host_id, timings,
                                          str(p.get("source", "")))
         if id(conn) not in self._conn_replica:  # a new connection: watch it until it closes
             self._spawn(self._watch_worker(rid, conn), f"watch:{rid}")
@@ -545,8 +557,20 @@ class Controller:
         log.info("replica_warm", replica_id=rid, timings=timings)
         return {"ok": True}
 
+    def _check_replica_host(self, conn: Any, rid: str, host_id: str) -> str:
+        """A host or worker may speak only for replicas placed on its own host (one the
+        controller does not know yet, after its restart, only in its host's name)."""
+        me = roles.principal_of(conn)
+        if me.role is roles.Role.ADMIN:
+            return host_id
+        rep = self.state.replicas.get(rid)
+        if (rep.host_id if rep is not None else host_id or me.host_id) != me.host_id:
+            raise Forbidden(f"{me} may not speak for replica {rid!r}")
+        return me.host_id
+
     async def _stage_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
         rid = str(p["replica_id"])
+        self._check_replica_host(conn, rid, str(p.get("host_id", "")))
         self._stage_endpoints[rid] = Endpoint.from_wire(p.get("pipeline_endpoint")).to_wire()
         self._stage_timings[rid] = {str(k): float(v) for k, v in (p.get("timings_s") or {}).items()}
         log.info("stage_ready", replica_id=rid, source=p.get("source"),
@@ -557,6 +581,7 @@ class Controller:
     async def _host_draining(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
         remaining = float(p.get("remaining_s", 0.0))
         host_id = str(p.get("host_id", ""))
+        roles.check_host(conn, host_id)
         log.warning("host_draining", host_id=host_id, remaining_s=round(remaining, 1),
                     action=p.get("action"))
         now = time.monotonic()
@@ -564,6 +589,7 @@ class Controller:
         return {"ok": True}
 
     async def _replica_failed(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
+        self._check_replica_host(conn, str(p["replica_id"]), str(p.get("host_id", "")))
         self._apply(cs.ReplicaFailed(str(p["replica_id"]), str(p.get("reason", "")),
                                      bool(p.get("during_start", False)),
                                      code=str(p.get("code") or "start_failed"),

@@ -50,6 +50,7 @@ from flashpoint.gpu.inventory import Device
 from flashpoint.ids import new_id
 from flashpoint.log import bind_ids, get_logger
 from flashpoint.registry.manifest import Manifest
+from flashpoint.rpc import roles
 from flashpoint.spec import FunctionSpec
 from flashpoint.transfer.admission import TransferAdmission
 from flashpoint.transfer.cache import CacheEntry, HostCache, default_cache_dir
@@ -107,7 +108,11 @@ class HostManager:
         self.hc = config.host
         self.store = store
         self.host_id = host_id or self.hc.host_id or socket.gethostname()
-        self.secret = config.secret.encode()
+        # Its own credential for the controller (rpc/roles.py); with one from the environment
+        # the configured secret is the data plane's key, else the cluster secret to derive from.
+        self.credential, given = roles.credential_from_env(
+            roles.host_principal(self.host_id), config.secret.encode())
+        self.secret = config.secret.encode() if given else roles.data_key(config.secret.encode())
         cache_dir = (Path(self.hc.cache_dir) / self.host_id if self.hc.cache_dir
                      else default_cache_dir(f"{self.host_id}-{os.getpid()}"))
         self.cache = HostCache(cache_dir, self.hc.cache_bytes, self.host_id,
@@ -167,7 +172,8 @@ class HostManager:
             admission=self.admission)
         bound = await self.dataplane.start()
         self.data_endpoint = Endpoint(self.host_id, self.hc.data_advertise_host or bound.addr, bound.port)
-        self._server = RpcServer({"worker_hello": self._worker_hello}, secret=self.secret)
+        self._server = RpcServer({"worker_hello": self._worker_hello},
+                                 secret=roles.host_keyring(self.host_id, self.credential.key))
         host, port = await self._server.start(self.hc.listen_host, 0)
         self._local_url = f"ws://{host}:{port}/rpc"
         self._spawn_task(self._refill(), "refill")
@@ -179,7 +185,8 @@ class HostManager:
              "dissolve_stage": self._dissolve_stage, "link_stage": self._link_stage,
              "begin_completion": self._begin_completion,
              "set_replica_share": self._set_replica_share, "apply_mig": self._apply_mig},
-            secret=self.secret, on_connected=self._register,
+            secret=self.credential.key, name=self.credential.principal,
+            on_connected=self._register,
         )
         await self._controller.start()
         self._spawn_task(self._heartbeat_loop(), "heartbeat")
@@ -782,7 +789,10 @@ class HostManager:
     async def _spawn_worker(self) -> WorkerProcess:
         worker_id = new_id(f"w-{self.host_id}")
         env = dict(os.environ)
-        env["FLASHPOINT_SECRET"] = self.config.secret
+        # Workers get the data plane's key and their own credential, never the host's.
+        env["FLASHPOINT_SECRET"] = self.secret.decode()
+        env[roles.CREDENTIAL_ENV] = roles.Credential(
+            roles.worker_principal(self.host_id), roles.worker_key(self.credential.key)).token()
         env.update(self.gpu.spawn_env())  # LD_PRELOAD of the hook on a tokens host
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "flashpoint.actors.worker", "--host-url", self._local_url,

@@ -47,6 +47,7 @@ from flashpoint.errors import BadRequest, FlashpointError, InvalidInput, Unavail
 from flashpoint.gpu.worker_env import apply_env
 from flashpoint.log import bind_ids, configure, get_logger
 from flashpoint.policy.request_class import RequestClass
+from flashpoint.rpc.roles import CREDENTIAL_ENV, Credential
 from flashpoint.spec import FunctionSpec
 from flashpoint.tensors import decode_tensors, encode_tensors
 
@@ -74,11 +75,13 @@ class Worker:
     """The worker process's actor."""
 
     def __init__(self, worker_id: str, host_url: str, secret: bytes, torch_threads: int,
-                 *, preload_transformers: bool = False) -> None:
+                 *, preload_transformers: bool = False, credential: Credential | None = None) -> None:
         self.preload_transformers = preload_transformers
         self.worker_id = worker_id
         self.host_url = host_url
-        self.secret = secret
+        self.secret = secret  # the data plane's key (stage servers, pulls)
+        # What it proves to its host and the controller (rpc/roles.py): its host's workers'.
+        self.credential = credential or Credential("worker", secret)
         self.torch_threads = torch_threads
         self.replica: LoadedReplica | None = None
         self.batcher: Any = None
@@ -117,7 +120,7 @@ class Worker:
                             "dissolve_stage": self._dissolve_stage,
                             "set_next_hop": self._set_next_hop,
                             "replica_stats": self._replica_stats},
-            secret=self.secret, connect_timeout_s=10.0,
+            secret=self.credential.key, name=self.credential.principal, connect_timeout_s=10.0,
         )
         self._host_conn.add_close_callback(lambda *_: self._done.set())
         await self._host_conn.call("worker_hello", {"worker_id": self.worker_id, "pid": os.getpid()},
@@ -183,7 +186,8 @@ class Worker:
         self._controller = ReconnectingClient(
             self._controller_url, {"infer": self._infer, "infer_many": self._infer_many,
              "replica_status": self._status, "ping": self._ping},
-            secret=self.secret, on_connected=self._announce,
+            secret=self.credential.key, name=self.credential.principal,
+            on_connected=self._announce,
         )
         await self._controller.start()
 
@@ -219,7 +223,8 @@ class Worker:
             str(payload["controller_url"]),
             {"kaas_run": self._kaas_run, "kaas_reset": self._kaas_reset,
              "replica_status": self._status, "ping": self._ping},
-            secret=self.secret, on_connected=self._announce)
+            secret=self.credential.key, name=self.credential.principal,
+            on_connected=self._announce)
         await self._controller.start()
         log.info("kaas_executor_loaded", **{k: round(v, 4) for k, v in timings.items()})
         return {"timings_s": timings}
@@ -592,8 +597,10 @@ def main(argv: list[str] | None = None) -> int:
     configure(os.environ.get("FLASHPOINT_WORKER_LOG_LEVEL", "WARNING"))
     secret = os.environ.get("FLASHPOINT_SECRET", "").encode()
     bind_ids(worker_id=args.worker_id)
+    token = os.environ.get(CREDENTIAL_ENV)
     worker = Worker(args.worker_id, args.host_url, secret, args.torch_threads,
-                    preload_transformers=args.preload_transformers)
+                    preload_transformers=args.preload_transformers,
+                    credential=Credential.parse(token) if token else None)
     try:
         import uvloop
 

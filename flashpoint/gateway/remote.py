@@ -97,11 +97,13 @@ class RemoteBackend:
 
     def __init__(self, controller_url: str, *, secret: bytes, refresh_s: float = 0.5,
                  max_frame_bytes: int | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, name: str = "gateway-admin") -> None:
+        """``secret`` is the key of principal ``name`` (rpc/roles.py): ``"gateway"``'s, or
+        the cluster secret itself under any non-role name."""
         kwargs: dict[str, Any] = {"ssl_context": ssl_context}
         if max_frame_bytes is not None:
             kwargs["max_frame_bytes"] = max_frame_bytes
-        self._client = ReconnectingClient(controller_url, secret=secret, name="gateway",
+        self._client = ReconnectingClient(controller_url, secret=secret, name=name,
                                           backoff=RECONNECT, **kwargs)
         self.refresh_s = refresh_s
         self._functions: dict[str, FunctionInfo] = {}

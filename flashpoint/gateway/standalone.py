@@ -18,6 +18,7 @@ from flashpoint.gateway.config import GatewayConfig
 from flashpoint.gateway.remote import RemoteBackend
 from flashpoint.gateway.remote_kaas import RemoteKaas
 from flashpoint.log import get_logger
+from flashpoint.rpc import roles
 from flashpoint.rpc.tls import client_context, server_context
 
 log = get_logger(__name__)
@@ -53,10 +54,13 @@ class StandaloneGateway:
     @classmethod
     async def start(cls, config: ClusterConfig, *, port: int | None = None) -> StandaloneGateway:
         gw = config.gateway
-        check_secret(config.secret, gw.listen_host, "the gateway")
+        # Its own credential (rpc/roles.py): from the environment, or derived from the secret.
+        cred, given = roles.credential_from_env(str(roles.Role.GATEWAY), config.secret.encode())
+        if not given:
+            check_secret(config.secret, gw.listen_host, "the gateway")
         tls = server_context(gw.tls_cert_path, gw.tls_key_path, setting="gateway")
         check_http_auth(gw.api_keys, gw.listen_host, config.insecure, "the gateway")
-        backend = RemoteBackend(controller_rpc_url(config), secret=config.secret.encode(),
+        backend = RemoteBackend(controller_rpc_url(config), secret=cred.key, name=cred.principal,
                                 refresh_s=gw.refresh_s,
                                 ssl_context=client_context(gw.tls_ca_path, setting="gateway"),
                                 # inputs travel in one frame: room for the largest body

@@ -6,7 +6,9 @@
                       or ERROR(0, auth_failed) and close
 
 Both sides check with :func:`hmac.compare_digest`. The whole exchange is bounded by
-``timeout_s``. Each side returns the peer's self-reported name (for logs only).
+``timeout_s``. Each side returns the peer's name. A server given a keyring (a function of the
+client's name, rpc/roles.py) checks the proof with that name's key, so the name it returns
+is authenticated; with one shared secret it is self-reported (for logs only).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from collections.abc import Callable
 from flashpoint.errors import AuthFailed, ConnectFailed, FlashpointError, PeerLost, ProtocolError, from_wire
 from flashpoint.rpc import frames
 from flashpoint.rpc.channel import Channel
+
+Keyring = Callable[[str], bytes | None]  # client name -> its key, None: unknown
 
 HANDSHAKE_TIMEOUT_S = 5.0
 NONCE_BYTES = 32
@@ -38,8 +42,8 @@ def check_secret(secret: bytes) -> bytes:
 
 
 async def server_handshake(
-    channel: Channel, secret: bytes, *, name: str, timeout_s: float = HANDSHAKE_TIMEOUT_S,
-    on_verified: Callable[[], None] | None = None,
+    channel: Channel, secret: bytes | Keyring, *, name: str,
+    timeout_s: float = HANDSHAKE_TIMEOUT_S, on_verified: Callable[[], None] | None = None,
 ) -> str:
     """Run the server side; returns the peer's name. On failure tells the peer, closes the
     channel and raises AuthFailed; PeerLost when the peer closed the channel first (a
@@ -53,9 +57,12 @@ async def server_handshake(
             frame = frames.decode(await channel.recv(), HANDSHAKE_MAX_FRAME_BYTES)
             if not isinstance(frame, frames.Proof):
                 raise AuthFailed("expected a handshake proof")
-            if not hmac.compare_digest(frame.mac, _mac(secret, b"client", nonce_s, frame.nonce)):
+            key = secret(frame.name) if callable(secret) else secret
+            if key is None:
+                raise AuthFailed(f"unknown principal {frame.name[:64]!r}")
+            if not hmac.compare_digest(frame.mac, _mac(key, b"client", nonce_s, frame.nonce)):
                 raise AuthFailed("peer does not know the cluster secret")
-            reply = _mac(secret, b"server", frame.nonce, nonce_s)
+            reply = _mac(key, b"server", frame.nonce, nonce_s)
             if on_verified is not None:
                 on_verified()
             await channel.send(frames.encode(frames.Welcome(name, reply)))

@@ -17,7 +17,7 @@ from aiohttp import web
 from flashpoint.errors import FlashpointError, PeerLost, Unavailable
 from flashpoint.log import get_logger
 from flashpoint.rpc import frames
-from flashpoint.rpc.auth import HANDSHAKE_TIMEOUT_S, check_secret, server_handshake
+from flashpoint.rpc.auth import HANDSHAKE_TIMEOUT_S, Keyring, check_secret, server_handshake
 from flashpoint.rpc.channel import Channel, WebSocketChannel
 from flashpoint.rpc.connection import Handler, RpcConnection
 from flashpoint.rpc.preauth import (
@@ -49,7 +49,7 @@ class RpcServer:
         self,
         handlers: Mapping[str, Handler],
         *,
-        secret: bytes,
+        secret: bytes | Keyring,
         name: str = "server",
         max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
         on_connect: ConnHook | None = None,
@@ -61,7 +61,8 @@ class RpcServer:
         preauth_max_bytes: int = PREAUTH_MAX_BYTES,
     ) -> None:
         self._handlers = dict(handlers)
-        self._secret = check_secret(secret)
+        # A keyring (rpc/roles.py) gives each client name its own key.
+        self._secret = secret if callable(secret) else check_secret(secret)
         self.name = name
         self.max_frame_bytes = max_frame_bytes
         self._on_connect = on_connect

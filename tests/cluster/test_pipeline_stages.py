@@ -19,6 +19,7 @@ from flashpoint.models.publish import load_module, publish
 from flashpoint.pipeline import PipelineClient
 from flashpoint.registry.local import LocalStore
 from flashpoint.registry.manifest import byte_range_for_layers
+from flashpoint.rpc import roles
 from flashpoint.spec import FunctionSpec
 from flashpoint.tensors import decode_tensors, encode_tensors
 from flashpoint.transfer.plan import Endpoint
@@ -119,7 +120,7 @@ async def test_stages_serve_a_pipeline_then_complete_into_whole_replicas(tmp_pat
             return zoo.run_example(reference, x).numpy()
 
         served = 0
-        async with PipelineClient(ep_a, cfg.secret.encode(), timeout_s=20) as client:
+        async with PipelineClient(ep_a, roles.data_key(cfg.secret.encode()), timeout_s=20) as client:
             async def one(seed: int) -> None:
                 x = inputs(seed)
                 np.testing.assert_allclose(await client.infer(x), expected(x), rtol=1e-4,
