@@ -11,7 +11,8 @@ gathered from other processes (a host's workers' replica counters, actors/replic
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import hmac
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -47,17 +48,26 @@ class MetricsEndpoint:
 
     ``extra``, if given, is awaited on every scrape for collectors rendered after the
     registries (in a registry of their own, for that scrape only); if it raises, the scrape
-    still answers with the registries (the hook's failure is logged).
+    still answers with the registries (the hook's failure is logged). With ``keys``, a
+    scrape must carry one of them as ``Authorization: Bearer <key>`` (401 otherwise).
     """
 
     def __init__(self, listen: str,
                  registries: Sequence[CollectorRegistry] = (REGISTRY,),
-                 extra: ExtraCollectors | None = None) -> None:
+                 extra: ExtraCollectors | None = None,
+                 keys: Collection[str] | None = None) -> None:
+        self._keys = frozenset(keys) if keys else None
         self._host, self._port = parse_listen(listen)
         self._registries = tuple(registries)
         self._extra = extra
         self._runner: web.AppRunner | None = None
         self.url = ""
+
+    def _authorized(self, request: web.Request) -> bool:
+        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        assert self._keys is not None
+        return scheme.lower() == "bearer" and any(
+            hmac.compare_digest(key.encode(), k.encode()) for k in self._keys)
 
     async def start(self) -> str:
         """Start serving; returns the base URL (``http://host:port``)."""
@@ -72,6 +82,10 @@ class MetricsEndpoint:
         return self.url
 
     async def _handle(self, request: web.Request) -> web.Response:
+        if self._keys is not None and not self._authorized(request):
+            return web.json_response({"error": "this /metrics needs an API key (Bearer)",
+                                      "code": "unauthorized"}, status=401,
+                                     headers={"WWW-Authenticate": "Bearer"})
         if self._extra is None:
             return render(self._registries)
         scrape = CollectorRegistry(auto_describe=False)

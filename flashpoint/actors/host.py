@@ -197,9 +197,11 @@ class HostManager:
             self._spawn_task(watch(watchers, self.on_eviction_notice,
                                    interval_s=self.hc.spot_poll_interval_s), "spot-watch")
         if self.hc.metrics_listen:
+            gw = self.config.gateway  # the cluster's API keys, when scrapes must carry one
             self.metrics = MetricsEndpoint(  # + its replicas' counters, asked at each scrape
                 self.hc.metrics_listen,
-                extra=lambda: replica_collectors(self.workers.values(), self.host_id))
+                extra=lambda: replica_collectors(self.workers.values(), self.host_id),
+                keys=list(gw.api_keys) if gw.metrics_require_key else None)
             await self.metrics.start()
         log.info("host_started", devices=[d.device_id for d in self.devices], url=self._local_url,
                  data_endpoint=str(self.data_endpoint),

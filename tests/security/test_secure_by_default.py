@@ -122,3 +122,25 @@ def test_the_command_line_refuses_in_one_line(tmp_path: Path):
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().endswith("set api_keys (`flashpoint secret generate` makes one) "
                                      "or pass --insecure")
+
+
+async def test_a_hosts_own_metrics_can_require_a_key():
+    """A host's /metrics (`[host] metrics_listen`) honours `[gateway] metrics_require_key`
+    with the cluster's API keys, as the controller's does."""
+    import aiohttp
+
+    from flashpoint.exposition import MetricsEndpoint
+
+    for keys, anonymous_status in ((None, 200), ([KEY], 401)):
+        endpoint = MetricsEndpoint("127.0.0.1:0", keys=keys)
+        url = await endpoint.start()
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+                async with s.get(f"{url}/metrics") as r:
+                    assert r.status == anonymous_status
+                async with s.get(f"{url}/metrics", headers={"Authorization": "Bearer nope"}) as r:
+                    assert r.status == (401 if keys else 200)
+                async with s.get(f"{url}/metrics", headers={"Authorization": f"Bearer {KEY}"}) as r:
+                    assert r.status == 200 and "python_info" in await r.text()
+        finally:
+            await endpoint.stop()
