@@ -70,9 +70,11 @@ __all__ = ["ExperimentConfig", "RunResult", "run_grid", "report_markdown", "add_
 
 AUTOSCALERS = ("atl", "tsk", "owk", "smstar")
 #: twitter, azure: synthetic traces with the thesis's statistics; azure_llm: the real Azure
-#: LLM conversation trace (``../shared/traces``), timestamps as they are, no thesis numbers.
+#: LLM conversation trace (shipped in the package, ``sim/data/``, CC-BY 4.0 with attribution
+#: there), timestamps as they are, no thesis numbers; ``--trace-file`` reads another log of
+#: the same columns instead.
 TRACES = ("twitter", "azure", "azure_llm")
-AZURE_LLM_CSV = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure_llm_conv_2023.csv"
+AZURE_LLM_CSV = Path(__file__).resolve().parent / "data" / "azure_llm_conv_2023.csv"
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,9 @@ class ExperimentConfig:
     #: where every host must fetch it and chaining matters).
     start: str = "warm"
     jobs: int = 1  # rows run in this many processes (results do not depend on it)
+    #: the request log the azure_llm trace reads (TIMESTAMP,ContextTokens,GeneratedTokens);
+    #: empty: the one shipped in the package
+    trace_file: str = ""
 
     def __post_init__(self) -> None:
         if self.start not in ("warm", "cold"):
@@ -154,9 +159,10 @@ def request_log(kind: str, cfg: ExperimentConfig) -> RequestLog:
     timestamps (cut to ``duration_s``, thinned or replicated by ``trace_scale``)."""
     if kind != "azure_llm":
         return requests_from_rates(rate_trace(kind, cfg), cfg.seed)
-    if not AZURE_LLM_CSV.exists():
-        raise ValueError(f"trace azure_llm needs {AZURE_LLM_CSV}")
-    full = load_azure_llm_csv(AZURE_LLM_CSV)
+    path = Path(cfg.trace_file) if cfg.trace_file else AZURE_LLM_CSV
+    if not path.is_file():
+        raise ValueError(f"trace azure_llm needs {path}: no such file")
+    full = load_azure_llm_csv(path)
     n = bisect.bisect_left(full.arrivals_s, float(cfg.duration_s))
     # Token counts are not used as work: the thesis's models run fixed-size inputs.
     log = RequestLog(full.name, full.arrivals_s[:n])
@@ -642,6 +648,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration-s", type=int)
     p.add_argument("--trace-scale", type=float, help="multiply the trace's rates")
     p.add_argument("--traces", default="twitter", help=f"comma list of {','.join(TRACES)}")
+    p.add_argument("--trace-file", default="",
+                   help="a request log (CSV: TIMESTAMP,ContextTokens,GeneratedTokens) for the "
+                        "azure_llm trace instead of the one shipped with Flashpoint")
     p.add_argument("--models", default="t5", help=f"comma list of {','.join(THESIS_MODELS)}")
     p.add_argument("--autoscalers", default=",".join(AUTOSCALERS))
     p.add_argument("--techniques", default=",".join(t.value for t in Technique))
@@ -676,6 +685,7 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     over["fairness"] = bool(getattr(args, "fairness", False))
     over["start"] = getattr(args, "start", "warm")
     over["jobs"] = getattr(args, "jobs", 1)
+    over["trace_file"] = getattr(args, "trace_file", "") or ""
     return replace(cfg, **over)  # type: ignore[arg-type]
 
 

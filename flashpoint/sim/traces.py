@@ -7,7 +7,7 @@ Two shapes of input (seed 004 §6, "Traces"):
   SPECIFIED, so :func:`requests_from_rates` draws Poisson arrivals inside each second, the
   arrival process its analytical model assumes);
 * a :class:`RequestLog` — one timestamp per request, e.g. the real Azure LLM trace in
-  ``../shared/traces/azure_llm_conv_2023.csv`` (:func:`load_azure_llm_csv`).
+  ``flashpoint/sim/data/azure_llm_conv_2023.csv`` (:func:`load_azure_llm_csv`).
 
 The Twitter (2018-04 stream) and Azure Functions 2019 traces themselves are not in the
 project, so :func:`twitter_like` and :func:`azure_functions_like` synthesise seeded traces

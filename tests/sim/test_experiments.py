@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -81,9 +80,8 @@ def test_real_azure_llm_trace_runs_with_its_own_timestamps(monkeypatch):
     from flashpoint.sim import experiments
     from flashpoint.sim.experiments import request_log
 
-    # the test's copy of ../shared/traces/azure_llm_conv_2023.csv
-    monkeypatch.setattr(experiments, "AZURE_LLM_CSV",
-                        Path(__file__).parent / "data" / "azure_llm_conv_2023.csv")
+    assert experiments.AZURE_LLM_CSV.is_file()  # shipped in the package, not read from outside
+    assert "flashpoint" in experiments.AZURE_LLM_CSV.parts
     cfg = replace(TINY, traces=("azure_llm",), duration_s=300, autoscalers=("atl",),
                   techniques=(Technique.BL, Technique.LC_MC))
     log = request_log("azure_llm", cfg)
@@ -273,3 +271,18 @@ def test_report_has_the_gf_baseline_beside_table_8_1(tiny_results):
     assert "| bart |" in text and "18.59%" in text and "37.66%" in text  # Table 8.1, bart
     assert "GF beside BL, per autoscaler:" in text and "* bart/atl: GF cold start" in text
     assert "* bart/owk: LC cold start" in text and "grows with load" in text
+
+
+def test_a_trace_file_replaces_the_shipped_log(tmp_path):
+    from flashpoint.sim.experiments import request_log
+
+    path = tmp_path / "mine.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:15:46.6805900,374,44\n"
+                    "2023-11-16 18:15:50.9951690,396,109\n"
+                    "2023-11-16 18:15:51.9461440,879,55\n")
+    cfg = replace(TINY, traces=("azure_llm",), duration_s=300, trace_scale=1.0,
+                  trace_file=str(path))
+    assert len(request_log("azure_llm", cfg)) == 3
+    with pytest.raises(ValueError, match="no such file"):
+        request_log("azure_llm", replace(cfg, trace_file=str(tmp_path / "absent.csv")))

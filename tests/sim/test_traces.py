@@ -3,11 +3,10 @@ the Azure LLM CSV loads into a sorted log."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from flashpoint.sim.experiments import AZURE_LLM_CSV as AZURE_CSV  # shipped in the package
 from flashpoint.sim.traces import (
     RateTrace,
     RequestLog,
@@ -16,8 +15,6 @@ from flashpoint.sim.traces import (
     requests_from_rates,
     twitter_like,
 )
-
-AZURE_CSV = Path(__file__).parent / "data" / "azure_llm_conv_2023.csv"  # a copy of shared/traces
 
 
 @pytest.mark.parametrize("make,median,ratio", [(twitter_like, 57.0, 4.68),
