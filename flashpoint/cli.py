@@ -14,12 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from flashpoint.config import ClusterConfig, load_config
-
-
-def make_store(config: ClusterConfig) -> Any:
-    from flashpoint.registry import open_store
-
-    return open_store(config.registry)
+from flashpoint.registry import make_store
 
 
 def _config(args: argparse.Namespace) -> ClusterConfig:

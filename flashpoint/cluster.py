@@ -16,6 +16,7 @@ from flashpoint.actors.host import HostManager
 from flashpoint.config import ClusterConfig
 from flashpoint.errors import Unavailable
 from flashpoint.log import configure
+from flashpoint.registry import make_store
 from flashpoint.spot.provider import LocalProvider
 
 
@@ -24,8 +25,6 @@ class LocalCluster:
         self.config = config
         self.n_hosts = hosts
         if store is None:
-            from flashpoint.cli import make_store
-
             store = make_store(config)
         self.store = store
         self.controller = Controller(config, store)

@@ -52,7 +52,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 async def run_demo(cfg: ClusterConfig, *, hosts: int, preset: str, requests: int,
                    concurrency: int) -> int:
-    from flashpoint.cli import make_store
+    from flashpoint.registry import make_store
     from flashpoint.cluster import LocalCluster
     from flashpoint.models.publish import publish
 

@@ -43,7 +43,7 @@ from flashpoint.registry.manifest import (
 from flashpoint.registry.store import ModelStore, read_verified
 
 if TYPE_CHECKING:
-    from flashpoint.config import RegistryConfig
+    from flashpoint.config import ClusterConfig, RegistryConfig
     from flashpoint.registry.format import (
         DTYPES,
         LayerTensors,
@@ -82,6 +82,12 @@ def open_store(config: RegistryConfig) -> ModelStore:
     raise BadRequest(f"unknown registry kind {config.kind!r}; use 'local' or 's3'")
 
 
+def make_store(config: ClusterConfig) -> ModelStore:
+    """The store a cluster config's ``[registry]`` section names (the CLI, ``LocalCluster``
+    and the demo all open theirs here)."""
+    return open_store(config.registry)
+
+
 __all__ = [
     "ALIGN_BYTES",
     "DEFAULT_CHUNK_SIZE",
@@ -106,6 +112,7 @@ __all__ = [
     "from_state_dict",
     "layer_range",
     "make_manifest",
+    "make_store",
     "open_store",
     "parse_header",
     "read_verified",

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flashpoint.cli import make_store
+from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.config import ClusterConfig, load_config
 from flashpoint.models import zoo

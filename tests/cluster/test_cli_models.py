@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flashpoint.cli import make_store
+from flashpoint.registry import make_store
 from flashpoint.config import load_config
 from flashpoint.models.publish import publish
 

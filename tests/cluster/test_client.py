@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from flashpoint import AsyncClient, Client
-from flashpoint.cli import make_store
+from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.errors import (
     BadRequest,

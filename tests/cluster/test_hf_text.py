@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashpoint.cli import make_store
+from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.models.publish import publish
 from flashpoint.models.sources import publish_source

@@ -14,7 +14,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from flashpoint.cli import make_store
+from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.models import zoo
 from flashpoint.models.publish import publish

@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from flashpoint.cli import make_store
+from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.models.publish import publish
 

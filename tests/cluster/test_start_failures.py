@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import tritonclient.http as triton
 
-from flashpoint.cli import make_store
+from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.gateway.standalone import StandaloneGateway
 from flashpoint.models import zoo

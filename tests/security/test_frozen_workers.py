@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashpoint.cli import make_store
+from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.config import load_config
 from flashpoint.models.publish import publish
