@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flashpoint.errors import BufferMismatch, InvalidKernelGraph, KernelFailed, Unavailable
-from flashpoint.kaas.library import KernelDef, KernelLibrary, LaunchCheckFn, Meta
+from flashpoint.kaas.kernel_def import KernelDef, KernelLibrary, LaunchCheckFn, Meta
 
 _NUMPY_LITERAL = {"i32": "int32", "i64": "int64", "f32": "float32", "f64": "float64"}
 
