@@ -40,10 +40,10 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from flashpoint.sim.cluster import ClusterConfig, RunMetrics, SimCluster, Technique
+from flashpoint.sim.cluster import ClusterConfig, SimCluster, Technique
 from flashpoint.sim.explain import (
     gf_vs_bl_lines,
     lc_vs_gf_lines,
@@ -56,6 +56,7 @@ from flashpoint.sim.fairness import HOLD_PARAM, Knob, search
 from flashpoint.sim.models import THESIS_MODELS, ModelProfile, thesis_model
 from flashpoint.sim.network import Topology
 from flashpoint.sim.plots import plots_markdown, write_plots
+from flashpoint.sim.results import RunResult
 from flashpoint.sim.traces import (
     RateTrace,
     RequestLog,
@@ -119,29 +120,6 @@ class ExperimentConfig:
 SMALL = ExperimentConfig()
 #: The thesis's scale (seed 004 §6): 1,600 GPUs (200 hosts × 8, 20 per leaf), 1 h.
 FULL = ExperimentConfig(n_hosts=200, gpus_per_host=8, hosts_per_leaf=20, duration_s=3600)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    trace: str
-    model: str
-    autoscaler: str
-    technique: Technique
-    metrics: RunMetrics = field(compare=False)
-    #: Fairness tuning (None when not tuned): the parameters and values the row ran with,
-    #: its replica-seconds over BL's, how many runs the search took, and why it missed ±5%.
-    tuned: tuple[tuple[str, float], ...] | None = field(default=None, compare=False)
-    resource_ratio: float | None = field(default=None, compare=False)
-    tuning_runs: int = field(default=0, compare=False)
-    #: Every run of the search: (threshold, scale-down delay, ratio).
-    tuning_trace: tuple[tuple[float, float, float], ...] = field(default=(), compare=False)
-    fairness_note: str = field(default="", compare=False)
-
-    @property
-    def avg_replicas(self) -> float:
-        """The thesis's resource figure: replica-seconds over the served duration."""
-        span = self.metrics.sim_end_s or 1.0
-        return self.metrics.replica_s / span
 
 
 def rate_trace(kind: str, cfg: ExperimentConfig) -> RateTrace:

@@ -17,7 +17,7 @@ from flashpoint.sim.cluster import RunMetrics, Technique
 from flashpoint.sim.models import thesis_model
 
 if TYPE_CHECKING:
-    from flashpoint.sim.experiments import RunResult
+    from flashpoint.sim.results import RunResult
 
 __all__ = ["sources_summary", "why_ratio_row", "why_t5_atl_row", "lcmc_vs_lc_lines",
            "slow_cold_start_lines", "gf_vs_bl_lines", "lc_vs_gf_lines"]

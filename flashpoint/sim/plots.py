@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from flashpoint.sim.experiments import RunResult
+    from flashpoint.sim.results import RunResult
 
 __all__ = ["write_plots", "plots_markdown"]
 
