@@ -306,7 +306,7 @@ class HostConfig:
 
         if self.metrics_listen:
             parse_listen(self.metrics_listen)
-        from flashpoint.gpu.mig_profiles import SPECS
+        from flashpoint.policy.mig_table import SPECS
 
         parse_mode(self.gpu_sharing)  # BadRequest names the choices
         bad = [m for m in self.fake_gpus if m not in SPECS]

@@ -18,7 +18,7 @@ Corrections to the paper, following the digest:
   as printed it sits inside ``else``, so a fallback to (4g,3g) could never reconfigure.
 - FBR is profiled per (model, slice), not once against the whole GPU: bandwidth is
   partitioned per slice, so one FBR would be wrong on small slices (digest §2.3).
-- Slice memory comes from the GPU's MIG table (flashpoint.gpu.mig_profiles): the paper's
+- Slice memory comes from the GPU's MIG table (flashpoint.policy.mig_table): the paper's
   15 GB / 20 GB thresholds hold only on an A100-40GB (digest §7.16).
 Choices the paper leaves open (digest §7.17), made here and configurable: how tags enter η
 (the FBRs of the BE batches first-fit puts on the slice are added), α, T_low, T_high, and the
@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from flashpoint.errors import BadRequest
-from flashpoint.gpu.mig_profiles import SPECS, GpuModelSpec
+from flashpoint.policy.mig_table import SPECS, GpuModelSpec
 
 FULL_SLICE = "7g"
 
