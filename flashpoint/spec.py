@@ -7,10 +7,13 @@ the persistence layer; ``to_dict``/``from_dict`` are their only wire and storage
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flashpoint.errors import BadRequest
 from flashpoint.ids import validate_name, validate_version
+
+if TYPE_CHECKING:
+    from flashpoint.policy.fastgshare import FunctionProfile
 
 # KServe Open Inference Protocol datatypes (plus BF16, which the spec lists too).
 DATATYPES = (
@@ -77,7 +80,7 @@ class FastProfileSpec:
             points.append(tuple(float(pt[k]) for k in keys))
         return cls(batch, tuple(points))  # type: ignore[arg-type]
 
-    def to_profile(self, function: str) -> Any:
+    def to_profile(self, function: str) -> FunctionProfile:
         """The policy's :class:`~flashpoint.policy.fastgshare.FunctionProfile` (BadRequest
         for a grid that is not full, or a point out of range)."""
         from flashpoint.policy.fastgshare import FunctionProfile, ProfilePoint
@@ -127,7 +130,8 @@ class FunctionSpec:
     gpu_memory_bytes: int = 0
     # FaST-GShare profile (FastProfileSpec): without an explicit sm_share, the controller
     # picks the replica's SM share and time quota from it and slo_ms (RPR's most efficient
-    # configuration meeting the SLO, policy/share_placement.share_from_profile).
+    # configuration meeting the SLO: policy/share_placement.resolve_share, which asks
+    # policy/fastgshare.share_from_profile).
     fast_profile: FastProfileSpec | None = None
     # PROTEAN's per-batch device memory of this model (profiled; 0 = the replica's bytes):
     # the footprint the MIG reconfigurator turns best-effort demand into (policy/protean.py).

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from flashpoint.errors import BadRequest
 from flashpoint.policy import dilu, fastgshare
-from flashpoint.spec import FunctionSpec
 
 POLICY_NAMES = ("fastgshare", "dilu")
 SHARING_MODES = ("mps", "tokens")  # host modes that enforce a share ([host] gpu_sharing)
@@ -63,8 +62,35 @@ class ReplicaShare:
             raise BadRequest(f"malformed share {d!r:.200}") from None
 
 
-def resolve_share(spec: FunctionSpec) -> tuple[FunctionSpec, str]:
-    """``spec`` with its GPU share filled in from its FaST profile, and why.
+class ProfileSource(Protocol):
+    """A function's FaST profile as registered (``spec.FastProfileSpec``)."""
+
+    def to_profile(self, function: str) -> fastgshare.FunctionProfile: ...
+
+
+class SharedFunction(Protocol):
+    """What :func:`resolve_share` reads of a function (``spec.FunctionSpec`` has it; a
+    frozen dataclass, so the answer is a copy). Named here so that policy/ does not import
+    the API layer's spec module."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def sm_share(self) -> float: ...
+    @property
+    def sm_limit(self) -> float: ...
+    @property
+    def slo_ms(self) -> float: ...
+    @property
+    def fast_profile(self) -> ProfileSource | None: ...
+
+
+SpecT = TypeVar("SpecT", bound=SharedFunction)
+
+
+def resolve_share(spec: SpecT) -> tuple[SpecT, str]:
+    """``spec`` (a dataclass such as ``FunctionSpec``) with its GPU share filled in from its
+    FaST profile, and why.
 
     An explicit ``sm_share`` wins (returned unchanged, reason ""); so does a spec without a
     profile. Otherwise :func:`fastgshare.share_from_profile` picks the configuration from
