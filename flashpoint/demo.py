@@ -52,9 +52,9 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 async def run_demo(cfg: ClusterConfig, *, hosts: int, preset: str, requests: int,
                    concurrency: int) -> int:
-    from flashpoint.registry import make_store
     from flashpoint.cluster import LocalCluster
     from flashpoint.models.publish import publish
+    from flashpoint.registry import make_store
 
     home = Path(tempfile.mkdtemp(prefix="flashpoint-demo-"))
     cfg = cfg.with_home(home)

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.config import ClusterConfig, load_config
 from flashpoint.models import zoo
 from flashpoint.models.publish import publish
+from flashpoint.registry import make_store
 
 
 def cluster_config(tmp_path: Path, **host: object) -> ClusterConfig:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from flashpoint.registry import make_store
 from flashpoint.config import load_config
 from flashpoint.models.publish import publish
+from flashpoint.registry import make_store
 
 pytestmark = pytest.mark.timeout(120)
 

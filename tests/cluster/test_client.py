@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from flashpoint import AsyncClient, Client
-from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.errors import (
     BadRequest,
@@ -29,6 +28,7 @@ from flashpoint.errors import (
 from flashpoint.models import zoo
 from flashpoint.models.publish import publish
 from flashpoint.models.tiny_hf import make_text_classifier
+from flashpoint.registry import make_store
 
 from .conftest import cluster_config, start_noop_cluster
 

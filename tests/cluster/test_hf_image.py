@@ -15,10 +15,10 @@ import torch
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.models.sources import publish_source
 from flashpoint.models.tiny_hf import make_image_classifier
+from flashpoint.registry import make_store
 
 from .conftest import cluster_config
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.models.publish import publish
 from flashpoint.models.sources import publish_source
 from flashpoint.models.tiny_hf import make_text_classifier
+from flashpoint.registry import make_store
 
 from .conftest import cluster_config
 

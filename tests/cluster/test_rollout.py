@@ -14,10 +14,10 @@ import aiohttp
 import numpy as np
 import pytest
 
-from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.models import zoo
 from flashpoint.models.publish import publish
+from flashpoint.registry import make_store
 
 from .conftest import cluster_config, wait_for
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.models.publish import publish
+from flashpoint.registry import make_store
 
 from .conftest import cluster_config, wait_for
 

@@ -16,11 +16,11 @@ import aiohttp
 import pytest
 import tritonclient.http as triton
 
-from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.gateway.standalone import StandaloneGateway
 from flashpoint.models import zoo
 from flashpoint.models.publish import publish, publish_module
+from flashpoint.registry import make_store
 
 from .conftest import cluster_config, wait_for
 

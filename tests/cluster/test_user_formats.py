@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.models.sources import PushOptions, publish_source
 from flashpoint.models.sources.base import parse_tensor_spec
+from flashpoint.registry import make_store
 
 from .conftest import cluster_config
 

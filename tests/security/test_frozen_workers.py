@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashpoint.registry import make_store
 from flashpoint.cluster import LocalCluster
 from flashpoint.config import load_config
 from flashpoint.models.publish import publish
+from flashpoint.registry import make_store
 from flashpoint.spec import FunctionSpec
 
 pytestmark = pytest.mark.timeout(120)

@@ -178,9 +178,9 @@ async def wait_for(what: str, cond: Any, timeout_s: float, state: Any = None) ->
 async def test_a_forged_push_changes_nothing_that_any_worker_loads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from flashpoint.actors.host import HostManager
-    from flashpoint.registry import make_store
     from flashpoint.cluster import LocalCluster
     from flashpoint.models.publish import publish
+    from flashpoint.registry import make_store
 
     loads: list[dict[str, Any]] = []
     real_take = HostManager._take_worker

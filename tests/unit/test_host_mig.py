@@ -97,8 +97,8 @@ async def test_deploys_refused_while_draining_and_mig_off_is_typed(run_dir):
 
 
 async def test_apply_mig_over_rpc_and_controller_sees_slices(tmp_path):
-    from flashpoint.registry import make_store
     from flashpoint.cluster import LocalCluster
+    from flashpoint.registry import make_store
 
     cfg = load_config(overrides={
         "log_level": "WARNING",
