@@ -8,16 +8,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import NewType
 
 from flashpoint.errors import InvalidName
-
-HostId = NewType("HostId", str)
-DeviceId = NewType("DeviceId", str)  # unique within a host, e.g. "cpu:0", "cuda:1"
-ReplicaId = NewType("ReplicaId", str)
-FunctionName = NewType("FunctionName", str)
-ModelName = NewType("ModelName", str)
-RequestId = NewType("RequestId", str)
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -49,3 +41,36 @@ def new_id(prefix: str) -> str:
     # 64 random bits straight from the OS: what uuid4().hex[:16] gave, without building a
     # UUID object (a quarter of the cost on every request).
     return f"{prefix}-{os.urandom(8).hex()}"
+
+
+class ModelKey(str):
+    """One model version, ``name@version``: how caches, transfers, stage holds, roll-outs and
+    logs name it. A ``str`` so that its wire and log form is that very string and a key read
+    back from a peer compares equal to one built here; build it with :meth:`of` (or
+    ``Manifest.key``, ``FunctionSpec.model_key``) and read its parts with :attr:`name` and
+    :attr:`version`, never by formatting or splitting the string by hand. Names and versions
+    cannot contain ``@`` (:func:`validate_name`, :func:`validate_version`), so the split is
+    exact."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, name: str, version: str) -> ModelKey:
+        return cls(f"{name}@{version}")
+
+    @classmethod
+    def parse(cls, key: str) -> ModelKey:
+        """``key`` as a ModelKey; InvalidName when it has no ``@`` between two parts."""
+        name, at, version = key.rpartition("@")
+        if not at or not name or not version:
+            raise InvalidName(f"invalid model key {key!r:.80}: expected name@version",
+                              field="model_key")
+        return key if isinstance(key, ModelKey) else cls(key)
+
+    @property
+    def name(self) -> str:
+        return self.rpartition("@")[0]
+
+    @property
+    def version(self) -> str:
+        return self.rpartition("@")[2]

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flashpoint.errors import BadRequest
-from flashpoint.ids import validate_name, validate_version
+from flashpoint.ids import ModelKey, validate_name, validate_version
 
 if TYPE_CHECKING:
     from flashpoint.policy.fastgshare import FunctionProfile
@@ -183,9 +183,9 @@ class FunctionSpec:
             raise BadRequest("canary_pct must be a percentage in (0, 100]")
 
     @property
-    def model_key(self) -> str:
+    def model_key(self) -> ModelKey:
         """``model@version``: how caches, transfers and roll-outs name a model version."""
-        return f"{self.model}@{self.model_version}"
+        return ModelKey.of(self.model, self.model_version)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

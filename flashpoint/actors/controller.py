@@ -45,7 +45,7 @@ from flashpoint.errors import (
     from_wire,
 )
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult
-from flashpoint.ids import new_id
+from flashpoint.ids import ModelKey, new_id
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
 from flashpoint.partition.cache import PlanCache
@@ -845,7 +845,7 @@ class Controller:
     async def _manifest(self, model: str, version: str) -> Manifest:
         """The registry's manifest of ``model@version``: what every deploy and transfer of
         it pins (versions are immutable: one registry round trip per version)."""
-        key = f"{model}@{version}"
+        key = ModelKey.of(model, version)
         manifest = self._manifests.get(key)
         if manifest is None:
             manifest = await self.store.get_manifest(model, version)
@@ -869,12 +869,12 @@ class Controller:
         """The model version's partition plan table (cached) and C(1) for Eq 4.14."""
         why = why_not_staged(manifest.entry_point, manifest.config)
         if why is not None:
-            raise BadRequest(f"model {spec.model}@{spec.model_version} cannot run in stages "
+            raise BadRequest(f"model {spec.model_key} cannot run in stages "
                              f"(max_stages > 1): {why}")
         keys = ("bytes", "exec_time_s", "output_bytes")
         if not manifest.layers or any(not all(k in layer.profile for k in keys)
                                       for layer in manifest.layers):
-            raise BadRequest(f"model {spec.model}@{spec.model_version} has no per-layer profile; "
+            raise BadRequest(f"model {spec.model_key} has no per-layer profile; "
                              "publish it with profiling (flashpoint model push --profile) "
                              "to allow max_stages > 1")
         cc = self.cc

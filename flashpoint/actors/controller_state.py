@@ -110,6 +110,7 @@ from flashpoint.actors.controller_messages import (
 from flashpoint.actors.controller_messages import (
     Tick as Tick,
 )
+from flashpoint.ids import ModelKey
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.policy import autoscale
 from flashpoint.policy.partitioning import (
@@ -640,8 +641,8 @@ class ControllerState:
             tid = f"t-{self.epoch}{next(self._transfer_seq)}"
             self.receiving[(target.host_id, key)] = now_s
             self.inbound[(target.host_id, key)] = (tid, host.host_id)
-            model, version = key.rsplit("@", 1)
-            cmds.append(StartChain(tid, host.host_id, model, version, (target.host_id,),
+            mk = ModelKey.parse(key)
+            cmds.append(StartChain(tid, host.host_id, mk.name, mk.version, (target.host_id,),
                                    (REGISTRY,)))
         return cmds
 
@@ -776,7 +777,7 @@ class ControllerState:
         for c in cmds:
             if not isinstance(c, DeployReplica):
                 continue
-            key = f"{c.spec.model}@{c.spec.model_version}"
+            key = c.spec.model_key
             if c.stage is None:
                 by_model.setdefault(key, []).append(c)
                 continue
@@ -816,8 +817,8 @@ class ControllerState:
                 if chain.sender != REGISTRY:
                     for host in chain.receivers:
                         self.inbound[(host, key)] = (tid, chain.sender)
-                    model, version = key.rsplit("@", 1)
-                    extra.append(StartChain(tid, chain.sender, model, version, chain.receivers,
+                    mk = ModelKey.parse(key)
+                    extra.append(StartChain(tid, chain.sender, mk.name, mk.version, chain.receivers,
                                             fallback))
             for d in deploys:
                 if d.host_id in per_host:

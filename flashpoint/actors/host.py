@@ -47,7 +47,7 @@ from flashpoint.errors import (
 from flashpoint.exposition import MetricsEndpoint
 from flashpoint.gpu.host_sharing import GpuShare
 from flashpoint.gpu.inventory import Device
-from flashpoint.ids import new_id
+from flashpoint.ids import ModelKey, new_id
 from flashpoint.log import bind_ids, get_logger
 from flashpoint.registry.manifest import Manifest
 from flashpoint.rpc import roles
@@ -498,12 +498,12 @@ class HostManager:
 
     async def _fill_logged(self, manifest: Manifest, sources: list[Any], timeout_s: float,
                            first: tuple[int, int] | None = None) -> None:
-        key = f"{manifest.name}@{manifest.version}"
+        key = manifest.key
         try:
             await self.cache.ensure(manifest, sources, timeout_s=timeout_s, first=first,
                                     hold=lambda: self.stage_holds.wait(key))
         except Exception as exc:  # waiters on the segment see it; this is the log line
-            log.warning("fill_failed", model=f"{manifest.name}@{manifest.version}", error=repr(exc))
+            log.warning("fill_failed", model=key, error=repr(exc))
             self.stage_holds.release(key, "fill failed")  # nothing left to hold back
 
     async def _obtain(self, spec: FunctionSpec, source: dict[str, Any] | None,
@@ -518,7 +518,7 @@ class HostManager:
         from flashpoint.registry.manifest import byte_range_for_layers
         from flashpoint.transfer.chain import send_chain
 
-        key = f"{spec.model}@{spec.model_version}"
+        key = spec.model_key
         timeout_s = self.config.controller.deploy_timeout_s
         if manifest is None:  # the registry is the root of trust, never a cached copy
             manifest = await self.store.get_manifest(spec.model, spec.model_version)
@@ -598,7 +598,7 @@ class HostManager:
         """Stream a model this host holds down a chain the controller built."""
         from flashpoint.transfer.chain import send_chain
 
-        key = f"{payload.get('model')}@{payload.get('version')}"
+        key = ModelKey.of(str(payload.get("model")), str(payload.get("version")))
         entry = self.cache.get(key)
         if entry is None:
             raise ModelNotFound(f"{key} is not in host {self.host_id}'s RAM")
@@ -627,7 +627,7 @@ class HostManager:
     async def _cold_start(self, rt: ReplicaTask, spec: FunctionSpec, source: dict[str, Any] | None,
                           manifest: Manifest | None, pinned: str | None = None) -> None:
         bind_ids(replica_id=rt.replica_id)
-        model_key = f"{spec.model}@{spec.model_version}"
+        model_key = spec.model_key
         try:
             entry, label = await self._obtain(spec, source, manifest, rt.stage, pinned)
             hit = label == "local"
@@ -865,7 +865,7 @@ def _pinned_digest(payload: dict[str, Any], manifest: Manifest | None) -> str | 
         raise BadRequest("manifest_digest must be a string")
     if manifest is not None:
         if digest is not None and digest != manifest.digest:
-            raise IntegrityError(f"deploy of {manifest.name}@{manifest.version}: its manifest "
+            raise IntegrityError(f"deploy of {manifest.key}: its manifest "
                                  "does not have the digest it pins")
         return manifest.digest
     return digest

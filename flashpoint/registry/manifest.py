@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flashpoint.errors import BadRequest, IntegrityError
-from flashpoint.ids import validate_name, validate_version
+from flashpoint.ids import ModelKey, validate_name, validate_version
 from flashpoint.spec import TensorSpec
 
 FORMAT_VERSION = 1
@@ -181,7 +181,7 @@ class Manifest:
     # Non-persistent module buffers carried in the blob (not in the module's state dict).
     buffers: tuple[str, ...] = ()
     # How a worker serves it: "tensor" (tensors in, tensors out), "text-classification",
-    # "image-classification", "handler" (flashpoint/models/serving.py).
+    # "image-classification", "handler" (flashpoint/models/serving/).
     task: str = "tensor"
     # What it was published from: "zoo", "hf", "torchscript", "export", "handler".
     source_format: str = "zoo"
@@ -189,6 +189,11 @@ class Manifest:
     trusted_code: bool = False
 
     # -- derived ------------------------------------------------------------------------
+
+    @property
+    def key(self) -> ModelKey:
+        """``name@version``: this version's name in caches, transfers and logs."""
+        return ModelKey.of(self.name, self.version)
 
     @property
     def num_chunks(self) -> int:

@@ -154,12 +154,12 @@ def profile_from_manifest(manifest: Any, *, load_bytes_per_s: float = LOAD_BYTES
 
         text = Path(manifest).read_text() if Path(str(manifest)).exists() else str(manifest)
         manifest = Manifest.from_json(text)
-    layers = _layers_of(manifest.layers, f"{manifest.name}@{manifest.version}")
+    layers = _layers_of(manifest.layers, manifest.key)
     size = int(manifest.blob_size)
     return ModelProfile(
         manifest.name, size, size / load_bytes_per_s, size / to_device_bytes_per_s,
         sum(layer.exec_s for layer in layers), layers, request_overhead_s,
-        source=f"manifest {manifest.name}@{manifest.version} (measured per-layer profile)",
+        source=f"manifest {manifest.key} (measured per-layer profile)",
     )
 
 

@@ -72,7 +72,7 @@ class TransferAdmission:
             left = deadline - time.monotonic()
             if left <= 0:
                 log.warning("transfer_unannounced", transfer_id=transfer_id[:100],
-                            model=f"{manifest.name}@{manifest.version}")
+                            model=manifest.key)
                 raise Forbidden(f"transfer {transfer_id[:100]!r} was not announced by the "
                                 "controller; refusing it")
             try:
@@ -81,8 +81,8 @@ class TransferAdmission:
                 continue
         if digest != manifest.digest:
             log.warning("transfer_manifest_mismatch", transfer_id=transfer_id[:100],
-                        model=f"{manifest.name}@{manifest.version}",
+                        model=manifest.key,
                         pinned=digest[:16], got=manifest.digest[:16])
             raise IntegrityError(f"transfer {transfer_id[:100]!r} carries a manifest of "
-                                 f"{manifest.name}@{manifest.version} other than the one the "
+                                 f"{manifest.key} other than the one the "
                                  "controller pinned; refusing it")

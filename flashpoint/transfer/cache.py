@@ -251,7 +251,7 @@ class HostCache:
         ``name@version`` *and* the manifest's digest. A held entry of the same version with
         another digest is never returned: unpinned, it is dropped (the caller refetches);
         in use, IntegrityError."""
-        key = f"{manifest.name}@{manifest.version}"
+        key = manifest.key
         entry = self._entries.get(key)
         if entry is None or entry.digest == manifest.digest:
             return entry
@@ -273,7 +273,7 @@ class HostCache:
 
     def open_for_receive(self, manifest: Manifest, source: str = "") -> Segment:
         """The segment to fill for ``manifest``: the existing one, or a new one with its RAM reserved."""
-        key = f"{manifest.name}@{manifest.version}"
+        key = manifest.key
         entry = self.entry_for(manifest)
         if entry is not None:
             return entry.segment
@@ -348,7 +348,7 @@ class HostCache:
         Returns ``(entry, hit)``; ``hit`` is True when no bytes had to move for this call
         (held already, or another caller's fill was joined).
         """
-        key = f"{manifest.name}@{manifest.version}"
+        key = manifest.key
         entry = self.entry_for(manifest)
         if entry is not None:
             if not entry.complete:

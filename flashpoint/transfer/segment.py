@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Protocol
 
 from flashpoint.errors import BadRequest, DeadlineExceeded, NoCapacity
+from flashpoint.ids import ModelKey
 from flashpoint.registry.manifest import Manifest
 
 
-def segment_key(manifest: Manifest) -> str:
-    return f"{manifest.name}@{manifest.version}"
+def segment_key(manifest: Manifest) -> ModelKey:
+    return manifest.key
 
 
 class Segment:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from flashpoint.errors import BadRequest, InvalidName
-from flashpoint.ids import new_id, validate_name, validate_version
+from flashpoint.ids import ModelKey, new_id, validate_name, validate_version
+from flashpoint.spec import FunctionSpec
 
 
 @pytest.mark.parametrize("name", ["a", "0", "resnet50", "my-fn.v2_x", "a" * 63, "a.b", "a-"])
@@ -52,3 +55,26 @@ def test_new_id():
     a, b = new_id("req"), new_id("req")
     assert a.startswith("req-") and len(a) == 4 + 16
     assert a != b
+
+
+def test_model_key_is_its_wire_string_and_splits_exactly():
+    key = ModelKey.of("bert-small", "v1.2")
+    assert key == "bert-small@v1.2" and isinstance(key, str)  # the wire and log form
+    assert (key.name, key.version) == ("bert-small", "v1.2")
+    assert {key: 1}["bert-small@v1.2"] == 1  # a key read back from a peer finds it
+    parsed = ModelKey.parse("bert-small@v1.2")
+    assert parsed == key and parsed.version == "v1.2"
+    assert ModelKey.parse(key) is key
+    assert json.loads(json.dumps({"m": key})) == {"m": "bert-small@v1.2"}
+
+
+@pytest.mark.parametrize("bad", ["", "bert", "@v1", "bert@", "@"])
+def test_model_key_parse_refuses_what_is_not_name_at_version(bad):
+    with pytest.raises(InvalidName):
+        ModelKey.parse(bad)
+
+
+def test_a_spec_names_its_model_version_by_model_key():
+    spec = FunctionSpec(name="fn", model="m", model_version="3")
+    assert spec.model_key == ModelKey.of("m", "3") == "m@3"
+    assert isinstance(spec.model_key, ModelKey)
