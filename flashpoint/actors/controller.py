@@ -45,7 +45,7 @@ from flashpoint.errors import (
     from_wire,
 )
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult
-from flashpoint.ids import ModelKey, new_id
+from flashpoint.ids import ModelKey
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
 from flashpoint.partition.cache import PlanCache
@@ -977,9 +977,6 @@ class Controller:
 
     def is_ready(self) -> bool:
         return any(h.alive for h in self.state.hosts.values())
-
-    def new_request_id(self) -> str:
-        return new_id("req")
 
 
 def _replace_io(spec: FunctionSpec, io: dict[str, Any]) -> FunctionSpec:

@@ -204,7 +204,8 @@ class ReplicaRecord:
     stage: tuple[int, int] | None = None
     group_id: str | None = None
     compute: float = 0.0  # fraction of its device's compute it reserves
-    share: ReplicaShare | None = None  # its GPU share on a sharing host (actors/sharing.py)
+    share: ReplicaShare | None = None  # its GPU share on a sharing host (policy/share_placement.py;
+    # the host enforces it, gpu/host_sharing.py)
     # The model version it runs ("name@version"); a function rolling to another version has
     # replicas of both (policy/rollout.py).
     model_key: str = ""
