@@ -70,7 +70,7 @@ async def main(args: argparse.Namespace) -> dict:
 
     from flashpoint.cluster import LocalCluster
     from flashpoint.models import zoo
-    from flashpoint.models.publish import publish
+    from flashpoint.models.sources import publish
     from flashpoint.registry.s3 import S3Store
     from flashpoint.spec import FunctionSpec
 

@@ -52,8 +52,7 @@ async def _until(cond: Any, timeout_s: float, what: str) -> None:
 
 async def cold_from_ram(rounds: int, home: Path) -> dict[str, Any]:
     from flashpoint.cluster import LocalCluster
-    from flashpoint.models.publish import publish
-    from flashpoint.models.sources import publish_source
+    from flashpoint.models.sources import publish, publish_source
     from flashpoint.models.tiny_hf import make_text_classifier
     from flashpoint.registry.local import LocalStore
     from flashpoint.spec import FunctionSpec
@@ -179,8 +178,7 @@ async def warm_invoke(home: Path, requests: int) -> dict[str, Any]:
     import aiohttp
 
     from flashpoint.cluster import LocalCluster
-    from flashpoint.models.publish import publish
-    from flashpoint.models.sources import publish_source
+    from flashpoint.models.sources import publish, publish_source
     from flashpoint.models.tiny_hf import make_text_classifier
     from flashpoint.registry.local import LocalStore
 

@@ -112,7 +112,7 @@ async def _gateway_alone() -> tuple[web.AppRunner, str]:
 
 async def main(args: argparse.Namespace) -> dict:
     from flashpoint.cluster import LocalCluster
-    from flashpoint.models.publish import publish
+    from flashpoint.models.sources import publish
 
     home = Path(tempfile.mkdtemp(prefix="fp-bench-invoke-"))
     cfg = load_config(overrides={"controller": {"listen_port": 0}, "log_level": "WARNING",

@@ -57,7 +57,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from flashpoint.models import zoo  # noqa: E402
-from flashpoint.models.publish import load_module, publish, resolve_entry_point  # noqa: E402
+from flashpoint.models.publish import load_module, resolve_entry_point  # noqa: E402
+from flashpoint.models.sources import publish  # noqa: E402
 from flashpoint.registry import LocalStore, to_state_dict  # noqa: E402
 from flashpoint.registry.manifest import PAD_PREFIX, Manifest  # noqa: E402
 

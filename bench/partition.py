@@ -71,7 +71,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.multicast import LabProc  # noqa: E402
 from flashpoint.models import zoo  # noqa: E402
-from flashpoint.models.publish import publish  # noqa: E402
+from flashpoint.models.sources import publish  # noqa: E402
 from flashpoint.partition.model import CostModel, LayerProfile, Plan  # noqa: E402
 from flashpoint.partition.solver import best_plan_with_parts  # noqa: E402
 from flashpoint.pipeline.client import PipelineClient  # noqa: E402

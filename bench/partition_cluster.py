@@ -57,7 +57,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from flashpoint.models import build, example_inputs, run_example  # noqa: E402
-from flashpoint.models.publish import publish  # noqa: E402
+from flashpoint.models.sources import publish  # noqa: E402
 from flashpoint.partition.model import CostModel, LayerProfile  # noqa: E402
 from flashpoint.partition.table import plan_table  # noqa: E402
 from flashpoint.registry import LocalStore  # noqa: E402

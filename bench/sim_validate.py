@@ -189,7 +189,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     import aiohttp
 
     from flashpoint.models import zoo
-    from flashpoint.models.publish import publish
+    from flashpoint.models.sources import publish
     from flashpoint.registry import LocalStore
     from flashpoint.testing.netcluster import FAKE_AWS_ENV, FIRST_HOST, REGISTRY, UNSET_ENV, NetCluster
     from flashpoint.testing.netns import NetLab

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 from flashpoint.cluster import LocalCluster  # noqa: E402
 from flashpoint.config import load_config  # noqa: E402
 from flashpoint.models import zoo  # noqa: E402
-from flashpoint.models.publish import publish  # noqa: E402
+from flashpoint.models.sources import publish  # noqa: E402
 from flashpoint.registry.local import LocalStore  # noqa: E402
 
 FN = "soak-fn"

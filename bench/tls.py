@@ -91,7 +91,7 @@ def _mac_costs(repeat: int = 200) -> list[dict]:
 async def _cluster(home: Path, *, tls: tuple[str, str] | None):
     from flashpoint.cli import make_store
     from flashpoint.cluster import LocalCluster
-    from flashpoint.models.publish import publish
+    from flashpoint.models.sources import publish
 
     cfg = load_config(overrides={"controller": {"listen_port": 0}, "log_level": "WARNING",
                                  "host": {"cpu_devices": 1, "warm_pool_size": 1,

@@ -53,7 +53,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 async def run_demo(cfg: ClusterConfig, *, hosts: int, preset: str, requests: int,
                    concurrency: int) -> int:
     from flashpoint.cluster import LocalCluster
-    from flashpoint.models.publish import publish
+    from flashpoint.models.sources import publish
     from flashpoint.registry import make_store
 
     home = Path(tempfile.mkdtemp(prefix="flashpoint-demo-"))
@@ -166,7 +166,7 @@ async def _partitioned_cold_start(s: aiohttp.ClientSession, url: str, store: Any
     model, starts one stage per host, serves them as a pipeline, and dissolves the group
     once both hosts hold the whole model. Returns the lines to print; deletes the function
     after, so the scale-out that follows has the devices."""
-    from flashpoint.models.publish import publish
+    from flashpoint.models.sources import publish
 
     m = await publish(store, "bert", preset=preset, version="2", model_name="bert", profile=True)
     lines = [f"  pushed bert v2 with per-layer profiles ({len(m.layers)} layers)"]

@@ -47,7 +47,7 @@ async def main(args: argparse.Namespace) -> dict:
     from flashpoint.cluster import LocalCluster
     from flashpoint.gpu.inventory import nvml_devices
     from flashpoint.models import zoo
-    from flashpoint.models.publish import publish
+    from flashpoint.models.sources import publish
     from flashpoint.spec import FunctionSpec
 
     gpus = nvml_devices()

@@ -9,11 +9,11 @@ from flashpoint.models.publish import (
     load_module,
     load_stage,
     module_layers,
-    publish,
     publish_module,
     resolve_entry_point,
     write_module_blob,
 )
+from flashpoint.models.sources import publish  # after .publish: the name is the function
 from flashpoint.models.zoo import (
     MODELS,
     PRESET_NAMES,

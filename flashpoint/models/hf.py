@@ -15,13 +15,15 @@ unless an admin trusts it, and this entry point refuses it always (the bundle pa
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from flashpoint.errors import BadRequest, RegistryError
+from flashpoint.errors import BadRequest, RegistryError, UnsupportedModel
 
 ENTRY_POINT = "flashpoint.models.hf:build_empty"
 
@@ -147,3 +149,28 @@ def layer_plan(module: nn.Module) -> tuple[list[str], Callable[[str], str]]:
         return "embeddings" if order.get(owner, len(order)) < first_block else "head"
 
     return ["embeddings", *block_names, "head"], layer_of
+
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model")
+"""A tokenizer's vocabulary is in one of these; without any, transformers builds an empty
+tokenizer that maps every text to unknown tokens (a model that answers nonsense)."""
+
+
+def check_tokenizer(source: Path) -> Any:
+    """The tokenizer of a Hugging Face directory, loaded offline; UnsupportedModel naming
+    what is missing or broken."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    if not any((source / f).is_file() for f in TOKENIZER_FILES):
+        raise UnsupportedModel(f"{source}: no tokenizer (expected one of "
+                               f"{', '.join(TOKENIZER_FILES)})")
+
+    try:
+        return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    except Exception as e:  # transformers raises many types for a bad directory
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UnsupportedModel(f"{source}: the tokenizer does not load (expected "
+                               f"tokenizer.json or the tokenizer's vocabulary files): "
+                               f"{first}"[:400]) from None

@@ -36,6 +36,8 @@ import torch
 from torch import nn
 
 from flashpoint.errors import BadRequest, RegistryError
+from flashpoint.models.hf import check_tokenizer
+from flashpoint.models.module_tensors import bind_tensors
 from flashpoint.partition.stageable import HF_STAGED_FAMILIES, hf_why_not_staged
 
 EMBEDDINGS = "embeddings"
@@ -227,14 +229,12 @@ def bind(stage: HFStage, views: Mapping[str, torch.Tensor], buffers: Sequence[st
     """Assign the blob's tensors (full names, ``model.bert.embeddings.word_embeddings.weight``)
     and carried non-persistent buffers to the stage's parts; every part's tensors must be
     there (RegistryError otherwise)."""
-    from flashpoint.models.publish import _bind
-
     left = set(views)
     for path, part in zip(stage.paths, stage.parts, strict=True):
         prefix = f"model.{path}."
         state = {n[len(prefix):]: t for n, t in views.items() if n.startswith(prefix)}
         part_buffers = [n[len(prefix):] for n in buffers if n.startswith(prefix)]
-        _bind(part, state, part_buffers, f"stage part {path!r}")
+        bind_tensors(part, state, part_buffers, f"stage part {path!r}")
         left -= {prefix + n for n in state}
     if left:
         raise RegistryError(f"stage {stage.layer_names[0]}..{stage.layer_names[-1]}: tensors "
@@ -246,9 +246,7 @@ def example_inputs(source: Any, config: Mapping[str, Any], *, batch: int = 1,
     """``input_ids, attention_mask`` of ``batch`` texts padded to ``seq_len`` tokens (at
     most the model's ``max_length``), tokenized with the source directory's tokenizer:
     the batch a profile is measured on."""
-    from flashpoint.models.sources.hf import _check_tokenizer
-
-    tokenizer = _check_tokenizer(source)
+    tokenizer = check_tokenizer(source)
     length = max(2, min(seq_len, int(config.get("max_length") or seq_len)))
     enc = tokenizer(["the quick brown fox jumps over the lazy dog"] * batch,
                     padding="max_length", truncation=True, max_length=length,

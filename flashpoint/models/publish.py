@@ -1,8 +1,10 @@
 """Publishing models into a store, and loading them back from blob bytes, zero-copy.
 
-``publish`` builds a built-in model, streams its weights in layer order into a blob file
+``publish_module`` streams a built module's weights in layer order into a blob file
 (tensor by tensor: the weights are in memory once, not twice) and ``put``s it with its
-manifest. ``load_module`` is what a worker calls on a blob in (shared) memory: it rebuilds
+manifest; every source format reaches it through
+:func:`~flashpoint.models.sources.publish_source` (``sources.publish`` for a built-in
+model). ``load_module`` is what a worker calls on a blob in (shared) memory: it rebuilds
 the empty module from the manifest's entry point on the ``meta`` device and assigns
 tensors that are views over the buffer, so loading copies no weight bytes on CPU. With
 ``copy=True`` it copies the bytes once, in bulk, into one private allocation (the CPU
@@ -28,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from flashpoint.errors import BadRequest, IntegrityError, RegistryError
 from flashpoint.ids import validate_name, validate_version
-from flashpoint.models import zoo
+from flashpoint.models.module_tensors import LayerPlan, bind_tensors
 from flashpoint.registry.format import LayerTensors, build_blob, from_state_dict, tensor_views
 from flashpoint.registry.local import TMP_DIR, LocalStore
 from flashpoint.registry.manifest import (
@@ -46,8 +48,6 @@ from flashpoint.registry.store import ModelStore
 
 Profiler = Callable[[nn.Module, BlobLayout], Mapping[str, Mapping[str, float]]]
 """Per-layer profiles of a module whose blob has the given layout (see ``profile.py``)."""
-LayerPlan = Callable[[nn.Module], tuple[Sequence[str] | None, Callable[[str], str] | None]]
-"""A built module's layers in execution order and the function naming a tensor's layer."""
 
 
 def nonpersistent_buffers(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -197,43 +197,6 @@ async def publish_module(
     return manifest
 
 
-async def publish(
-    store: ModelStore,
-    name: str,
-    preset: str | Mapping[str, Any] = "tiny",
-    version: str = "1",
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-    *,
-    model_name: str | None = None,
-    seed: int = 0,
-    profiles: Mapping[str, Mapping[str, float]] | None = None,
-    tmp_dir: str | Path | None = None,
-    profile: bool = False,
-    profile_device: str = "cpu",
-    profile_batch: int = 1,
-) -> Manifest:
-    """Publish built-in model ``name`` (a preset or config overrides) into ``store``.
-
-    The registry name is ``model_name``, by default ``"<name>-<preset>"`` for a preset
-    (``bert-tiny``) and ``name`` for a config dict. With ``profile=True`` every layer's
-    ``bytes``, ``exec_time_s`` and ``output_bytes`` are measured on ``profile_device`` for
-    a batch of ``profile_batch`` example inputs
-    (:func:`~flashpoint.models.profile.profile_layers`) and written into the manifest.
-    The built-in models are one format of :func:`~flashpoint.models.sources.publish_source`.
-    """
-    from flashpoint.models.sources import PushOptions, publish_source
-
-    zoo.get(name)
-    if model_name is None:
-        model_name = f"{name}-{preset}" if isinstance(preset, str) else name
-    options = PushOptions(
-        preset=preset if isinstance(preset, str) else "tiny",
-        extra=dict(preset) if not isinstance(preset, str) else {}, seed=seed, profile=profile,
-        profile_device=profile_device, profile_batch=profile_batch, profiles=profiles or {})
-    return await publish_source(store, model_name, name, version=version, fmt="zoo",
-                                options=options, chunk_size=chunk_size, tmp_dir=tmp_dir)
-
-
 BUILTIN_ENTRY_POINTS = frozenset({
     "flashpoint.models.bert:build_empty",
     "flashpoint.models.resnet:build_empty",
@@ -304,28 +267,6 @@ def _empty_module(manifest: Manifest, files: Mapping[str, bytes] | None = None) 
     if not isinstance(module, nn.Module):
         raise RegistryError(f"entry point {manifest.entry_point!r} returned no nn.Module")
     return module
-
-
-def _bind(module: nn.Module, views: Mapping[str, torch.Tensor], buffers: Sequence[str],
-          what: str) -> None:
-    """Assign the state dict's tensors and the carried non-persistent buffers."""
-    carried = set(buffers)
-    state = {n: t for n, t in views.items() if n not in carried}
-    try:
-        module.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as e:
-        raise RegistryError(f"blob does not fit {what}: {e}") from e
-    for name in buffers:
-        if name not in views:
-            continue
-        owner_path, _, attr = name.rpartition(".")
-        try:
-            owner = module.get_submodule(owner_path)
-        except AttributeError as e:
-            raise RegistryError(f"carried buffer {name!r} has no module in {what}") from e
-        if attr not in owner._buffers:
-            raise RegistryError(f"carried buffer {name!r} is not a buffer of {what}")
-        owner._buffers[attr] = views[name]
 
 
 def _finish(module: nn.Module, device: str | torch.device) -> nn.Module:
@@ -414,7 +355,7 @@ def load_module(
             module = _empty_module(manifest, files)
         views = tensor_views(manifest, bulk.view if bulk else buffer, buffer_offset=buffer_offset,
                              names=[*manifest.module_tensors(), *manifest.buffers])
-        _bind(module, views, manifest.buffers, manifest.entry_point)
+        bind_tensors(module, views, manifest.buffers, manifest.entry_point)
     finally:
         if bulk is not None:
             bulk.join()  # never leave a copy running behind a raised error
@@ -539,6 +480,6 @@ def load_stage(
         prefix = layer.name + "."
         sub_state = {n[len(prefix):]: views[n] for n in layer.tensors if n not in files}
         sub_buffers = [n[len(prefix):] for n in manifest.buffers if n in layer.tensors]
-        _bind(sub, sub_state, sub_buffers, f"layer {layer.name!r}")
+        bind_tensors(sub, sub_state, sub_buffers, f"layer {layer.name!r}")
     _finish(stage, device)
     return stage

@@ -14,7 +14,7 @@ import pytest
 from flashpoint.cluster import LocalCluster
 from flashpoint.config import ClusterConfig, load_config
 from flashpoint.models import zoo
-from flashpoint.models.publish import publish
+from flashpoint.models.sources import publish
 from flashpoint.registry import make_store
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flashpoint.config import load_config
-from flashpoint.models.publish import publish
+from flashpoint.models.sources import publish
 from flashpoint.registry import make_store
 
 pytestmark = pytest.mark.timeout(120)

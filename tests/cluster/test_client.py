@@ -26,7 +26,7 @@ from flashpoint.errors import (
     Unauthorized,
 )
 from flashpoint.models import zoo
-from flashpoint.models.publish import publish
+from flashpoint.models.sources import publish
 from flashpoint.models.tiny_hf import make_text_classifier
 from flashpoint.registry import make_store
 

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from flashpoint.cluster import LocalCluster
-from flashpoint.models.publish import publish
-from flashpoint.models.sources import publish_source
+from flashpoint.models.sources import publish, publish_source
 from flashpoint.models.tiny_hf import make_text_classifier
 from flashpoint.registry import make_store
 

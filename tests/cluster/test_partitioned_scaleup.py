@@ -16,7 +16,8 @@ import pytest
 from flashpoint.actors import controller_state as cs
 from flashpoint.cluster import LocalCluster
 from flashpoint.models import zoo
-from flashpoint.models.publish import load_module, publish
+from flashpoint.models.publish import load_module
+from flashpoint.models.sources import publish
 from flashpoint.registry.local import LocalStore
 
 from .conftest import cluster_config, wait_for

@@ -15,7 +15,8 @@ import pytest
 
 from flashpoint.cluster import LocalCluster
 from flashpoint.models import zoo
-from flashpoint.models.publish import load_module, publish
+from flashpoint.models.publish import load_module
+from flashpoint.models.sources import publish
 from flashpoint.pipeline import PipelineClient
 from flashpoint.registry.local import LocalStore
 from flashpoint.registry.manifest import byte_range_for_layers

@@ -16,7 +16,7 @@ import pytest
 
 from flashpoint.cluster import LocalCluster
 from flashpoint.models import zoo
-from flashpoint.models.publish import publish
+from flashpoint.models.sources import publish
 from flashpoint.registry import make_store
 
 from .conftest import cluster_config, wait_for

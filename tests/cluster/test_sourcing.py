@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from flashpoint.cluster import LocalCluster
-from flashpoint.models.publish import publish
+from flashpoint.models.sources import publish
 from flashpoint.registry import make_store
 
 from .conftest import cluster_config, wait_for

@@ -19,7 +19,8 @@ import tritonclient.http as triton
 from flashpoint.cluster import LocalCluster
 from flashpoint.gateway.standalone import StandaloneGateway
 from flashpoint.models import zoo
-from flashpoint.models.publish import publish, publish_module
+from flashpoint.models.publish import publish_module
+from flashpoint.models.sources import publish
 from flashpoint.registry import make_store
 
 from .conftest import cluster_config, wait_for

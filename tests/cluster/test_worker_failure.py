@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 
 from flashpoint.cluster import LocalCluster
-from flashpoint.models.publish import load_module, publish
+from flashpoint.models.publish import load_module
+from flashpoint.models.sources import publish
 from flashpoint.registry.local import LocalStore
 
 from .conftest import BertLoad, cluster_config, wait_for

@@ -26,7 +26,7 @@ import torch
 
 from flashpoint.actors.host import DATAPLANE_FAULT_ENV
 from flashpoint.models import build, example_inputs, run_example
-from flashpoint.models.publish import publish
+from flashpoint.models.sources import publish
 from flashpoint.registry import LocalStore
 from flashpoint.registry.manifest import Manifest
 from flashpoint.testing.netcluster import FAKE_AWS_ENV, REGISTRY, S3_PORT, UNSET_ENV, NetCluster, sha256_file

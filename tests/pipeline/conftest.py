@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from flashpoint.models import zoo
-from flashpoint.models.publish import load_module, publish
+from flashpoint.models.publish import load_module
+from flashpoint.models.sources import publish
 from flashpoint.registry.local import LocalStore
 from flashpoint.registry.manifest import Manifest
 from flashpoint.transfer.plan import Endpoint

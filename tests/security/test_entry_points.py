@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from flashpoint.errors import RegistryError
-from flashpoint.models.publish import BUILTIN_ENTRY_POINTS, publish, publish_module
-from flashpoint.models.sources import FORMATS, PushOptions, publish_source, register
+from flashpoint.models.publish import BUILTIN_ENTRY_POINTS, publish_module
+from flashpoint.models.sources import FORMATS, PushOptions, publish, publish_source, register
 from flashpoint.models.sources.base import Prepared
 from flashpoint.registry.local import LocalStore
 from flashpoint.registry.manifest import IoSignature, Manifest

@@ -17,7 +17,7 @@ import pytest
 
 from flashpoint.cluster import LocalCluster
 from flashpoint.config import load_config
-from flashpoint.models.publish import publish
+from flashpoint.models.sources import publish
 from flashpoint.registry import make_store
 from flashpoint.spec import FunctionSpec
 

@@ -179,7 +179,7 @@ async def test_a_forged_push_changes_nothing_that_any_worker_loads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from flashpoint.actors.host import HostManager
     from flashpoint.cluster import LocalCluster
-    from flashpoint.models.publish import publish
+    from flashpoint.models.sources import publish
     from flashpoint.registry import make_store
 
     loads: list[dict[str, Any]] = []

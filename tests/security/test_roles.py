@@ -19,7 +19,7 @@ from flashpoint.actors.host import HostManager
 from flashpoint.cli import keys_env, make_store
 from flashpoint.config import ClusterConfig, generate_secret, load_config
 from flashpoint.errors import AuthFailed, BadRequest, Forbidden
-from flashpoint.models.publish import publish
+from flashpoint.models.sources import publish
 from flashpoint.rpc import RpcServer, connect, roles
 from flashpoint.rpc.roles import Credential
 

@@ -10,17 +10,18 @@ start), and only then puts blob and manifest in the store.
 
 Formats: ``hf`` (a Hugging Face directory), ``torchscript`` / ``export`` (``.pt`` /
 ``.pt2`` archives), ``handler`` (a bundle of user code, admin-trusted only), ``zoo`` (the
-built-in models).
+built-in models; :func:`publish` is the short way to push one).
 """
 
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from flashpoint.errors import UnsupportedModel
+from flashpoint.models import zoo as model_zoo  # not "zoo": that is the .zoo adapter module here
 from flashpoint.models.sources.archive import ExportedArchive, TorchScriptArchive
 from flashpoint.models.sources.base import Prepared, PushOptions, SourceFormat
 from flashpoint.models.sources.handler import HandlerBundle
@@ -158,3 +159,38 @@ def _format_name(source: str | Path, fmt: str | None) -> str:
 
 __all__ = ["FORMATS", "Prepared", "PushOptions", "detect", "prepare", "publish_source",
            "register", "verify_blob"]
+
+
+async def publish(
+    store: ModelStore,
+    name: str,
+    preset: str | Mapping[str, Any] = "tiny",
+    version: str = "1",
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    model_name: str | None = None,
+    seed: int = 0,
+    profiles: Mapping[str, Mapping[str, float]] | None = None,
+    tmp_dir: str | Path | None = None,
+    profile: bool = False,
+    profile_device: str = "cpu",
+    profile_batch: int = 1,
+) -> Manifest:
+    """Publish built-in model ``name`` (a preset or config overrides) into ``store``.
+
+    The registry name is ``model_name``, by default ``"<name>-<preset>"`` for a preset
+    (``bert-tiny``) and ``name`` for a config dict. With ``profile=True`` every layer's
+    ``bytes``, ``exec_time_s`` and ``output_bytes`` are measured on ``profile_device`` for
+    a batch of ``profile_batch`` example inputs
+    (:func:`~flashpoint.models.profile.profile_layers`) and written into the manifest.
+    The built-in models are one format of :func:`publish_source` (``fmt="zoo"``).
+    """
+    model_zoo.get(name)
+    if model_name is None:
+        model_name = f"{name}-{preset}" if isinstance(preset, str) else name
+    options = PushOptions(
+        preset=preset if isinstance(preset, str) else "tiny",
+        extra=dict(preset) if not isinstance(preset, str) else {}, seed=seed, profile=profile,
+        profile_device=profile_device, profile_batch=profile_batch, profiles=profiles or {})
+    return await publish_source(store, model_name, name, version=version, fmt="zoo",
+                                options=options, chunk_size=chunk_size, tmp_dir=tmp_dir)

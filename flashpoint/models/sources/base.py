@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from torch import nn
 
 from flashpoint.errors import UnsupportedModel
-from flashpoint.models.publish import LayerPlan
+from flashpoint.models.module_tensors import LayerPlan
 from flashpoint.registry.manifest import IoSignature
 from flashpoint.spec import DATATYPES, TensorSpec
 

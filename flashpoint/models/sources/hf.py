@@ -68,7 +68,7 @@ class HuggingFaceDirectory:
         config: dict[str, Any] = {"architecture": architecture, "hf_config": raw,
                                   "num_labels": num_labels}
         if task == "text-classification":
-            tokenizer = _check_tokenizer(source)
+            tokenizer = hf.check_tokenizer(source)
             from flashpoint.models.serving.text import DEFAULT_TOP_K, max_length
 
             config.update(truncate=options.truncate, max_length=max_length(raw, tokenizer),
@@ -111,29 +111,6 @@ def _profiler(source: Path, config: dict[str, Any], options: PushOptions) -> Any
 
 def _layer_plan(module: nn.Module) -> tuple[list[str], Any]:
     return hf.layer_plan(module)
-
-
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model",
-                   "sentencepiece.bpe.model", "tokenizer.model")
-"""A tokenizer's vocabulary is in one of these; without any, transformers builds an empty
-tokenizer that maps every text to unknown tokens (a model that answers nonsense)."""
-
-
-def _check_tokenizer(source: Path) -> Any:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
-
-    if not any((source / f).is_file() for f in TOKENIZER_FILES):
-        raise UnsupportedModel(f"{source}: no tokenizer (expected one of "
-                               f"{', '.join(TOKENIZER_FILES)})")
-
-    try:
-        return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
-    except Exception as e:  # transformers raises many types for a bad directory
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UnsupportedModel(f"{source}: the tokenizer does not load (expected "
-                               f"tokenizer.json or the tokenizer's vocabulary files): "
-                               f"{first}"[:400]) from None
 
 
 def _load(source: Path, architecture: str) -> nn.Module:
