@@ -1,10 +1,13 @@
 """flashpoint.policy, flashpoint.partition and flashpoint.sim stay pure: no asyncio,
 networking, torch, NVML, RPC or actors (STYLE.md, the import rule). The simulator may reuse
-policy/, partition/ and the state classes, never rpc/."""
+policy/, partition/ and the state classes, never rpc/. And the floors: no import circle among
+flashpoint's modules (lazy and TYPE_CHECKING imports included), and policy/ and partition/
+import no higher floor than errors and ids."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +149,153 @@ def test_checker_resolves_the_simulators_imports(src, bad):
     found = [m for m in _imports(ast.parse(src), "flashpoint.sim")
              if _forbidden(m, SIM_ALLOWED)]
     assert bool(found) == bad
+
+
+# ------------------------------------------------------------------------------ floors
+# No import circles among flashpoint's modules, counting every import: at module level, inside
+# functions (a lazy import is still an arrow between floors) and under TYPE_CHECKING. A package
+# is one module (its __init__); ``from pkg import sub`` is an arrow to the submodule ``sub``.
+FLASHPOINT_DIR = Path(flashpoint.__file__).parent
+
+
+def _module_name(path: Path, root: Path = FLASHPOINT_DIR) -> tuple[str, str]:
+    """(module, the package its relative imports resolve against) of a file under ``root``."""
+    parts = ["flashpoint", *path.relative_to(root).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+        return ".".join(parts), ".".join(parts)
+    return ".".join(parts), ".".join(parts[:-1])
+
+
+def _module_arrows(tree: ast.AST, package: str, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``tree`` imports, anywhere in it."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for a in node.names:
+                out.add(f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod)
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("__import__",
+                                                                               "import_module"):
+            if node.args and isinstance(node.args[0], ast.Constant):
+                out.add(str(node.args[0].value))
+    return out & known
+
+
+@functools.cache
+def _import_graph(root: Path = FLASHPOINT_DIR) -> dict[str, set[str]]:
+    files = {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    known = {mod for mod, _ in files}
+    return {mod: _module_arrows(ast.parse(p.read_text(), filename=str(p)), pkg, known) - {mod}
+            for (mod, pkg), p in files.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected components of more than one
+    module (Tarjan's algorithm, iterative, so it is bounded by the graph's size)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    component.append(m)
+                    if m == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def _describe(cycle: list[str], graph: dict[str, set[str]]) -> str:
+    members = set(cycle)
+    return "; ".join(f"{m} -> {sorted(graph[m] & members)}" for m in cycle)
+
+
+def test_the_import_graph_sees_lazy_and_type_checking_imports():
+    graph = _import_graph()
+    assert len(graph) > 100
+    assert "flashpoint.actors.controller" in graph["flashpoint.cli"]  # inside a function
+    assert "flashpoint.sim.results" in graph["flashpoint.sim.plots"]  # under TYPE_CHECKING
+    assert "flashpoint.models.zoo" in graph["flashpoint.models.sources.zoo"]  # from pkg import sub
+
+
+def test_no_import_cycles_among_flashpoint_modules():
+    graph = _import_graph()
+    cycles = _cycles(graph)
+    assert cycles == [], "import circles: " + " | ".join(_describe(c, graph) for c in cycles)
+
+
+@pytest.mark.parametrize("graph,expected", [
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+    ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+    ({"a": {"b", "d"}, "b": {"a"}, "d": {"e"}, "e": {"d"}}, [["d", "e"], ["a", "b"]]),
+    ({"a": {"a"}}, []),  # a module naming itself is no circle
+])
+def test_cycle_finder_itself(graph, expected):
+    assert sorted(_cycles(graph)) == sorted(expected)
+
+
+def test_cycle_finder_reads_files(tmp_path):
+    """A lazy import inside a function closes a circle too; ``from pkg import sub`` is an
+    arrow to the submodule, not to the package."""
+    pkg = tmp_path / "sub"
+    pkg.mkdir()
+    (tmp_path / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from flashpoint.sub import low\n")
+    (pkg / "low.py").write_text("X = 1\n")
+    (tmp_path / "a.py").write_text("from flashpoint import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from . import a\n    from .sub import low\n")
+    graph = _import_graph(tmp_path)  # a fresh tmp_path each run: the cache never answers
+    assert graph["flashpoint.b"] == {"flashpoint.a", "flashpoint.sub.low"}
+    assert _cycles(graph) == [["flashpoint.a", "flashpoint.b"]]
+
+
+# The policy and planning floor stands on the bottom one only: policy/ and partition/ import
+# from flashpoint nothing but errors, ids and each other (not gpu/, spec, registry, actors).
+FLOOR_BELOW_POLICY = ("flashpoint.errors", "flashpoint.ids", "flashpoint.policy",
+                      "flashpoint.partition")
+
+
+@pytest.mark.parametrize("path", MODULES + PARTITION_MODULES,
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_policy_and_partition_import_no_higher_floor(path):
+    graph = _import_graph()
+    mod, _ = _module_name(path)
+    bad = sorted(m for m in graph[mod]
+                 if not any(m == f or m.startswith(f + ".") for f in FLOOR_BELOW_POLICY))
+    assert bad == [], f"{mod} imports {bad}"
