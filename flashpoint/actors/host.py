@@ -629,7 +629,9 @@ class HostManager:
         bind_ids(replica_id=rt.replica_id)
         model_key = f"{spec.model}@{spec.model_version}"
         try:
+            began = time.perf_counter()
             entry, label = await self._obtain(spec, source, manifest, rt.stage, pinned)
+            obtained = time.perf_counter()
             hit = label == "local"
             self.cache.pin(model_key)
             try:
@@ -652,6 +654,10 @@ class HostManager:
                     # A stage starts before its entry completes: its fetch is until now.
                     "fetch_s": 0.0 if hit else (entry.fetch_s
                                                 or time.perf_counter() - entry.started_s),
+                    # This host's part of the cold start (actors/cold_timings.py); the
+                    # worker returns it with its own phases.
+                    "host_timings_s": {"obtain": obtained - began,
+                                       "assign": time.perf_counter() - obtained},
                     **({"pipeline": rt.pipeline} if rt.pipeline is not None else {}),
                 }, timeout_s=self.config.controller.deploy_timeout_s)
                 if rt.pipeline is not None:

@@ -94,6 +94,7 @@ class Worker:
         self._completing: asyncio.Task | None = None
         self.kaas: Any = None  # a WorkerKaasRuntime while this worker is a KaaS executor
         self.weights_role = ""  # "exporter" / "reader" when its weights are shared by IPC
+        self._loaded_s = 0.0  # perf_counter when its replica was loaded and warmed
 
     async def run(self) -> None:
         import torch  # imported before any replica is assigned: the warm pool's whole point
@@ -144,6 +145,7 @@ class Worker:
 
     # ------------------------------------------------------------------------------------
     async def _load_replica(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        received = time.perf_counter()
         if self.replica is not None:
             if self.replica.replica_id == payload["replica_id"]:
                 return {"timings_s": self._ready_payload["timings_s"] if self._ready_payload else {},
@@ -157,8 +159,12 @@ class Worker:
         # Before anything touches CUDA: its GPU binding and MPS/hook settings (warm pool
         # ordering, flashpoint/gpu/host_sharing.py).
         apply_env(payload.get("env") or {})
-        timings = await asyncio.to_thread(self._load_blocking, payload, spec)
+        timings = await asyncio.to_thread(self._load_blocking, payload, spec, received)
         timings["fetch"] = float(payload.get("fetch_s", 0.0))
+        host_timings = payload.get("host_timings_s")
+        if isinstance(host_timings, dict):
+            timings.update({str(k): float(v) for k, v in host_timings.items()
+                            if isinstance(v, int | float) and not isinstance(v, bool)})
         self._ready_payload = {
             "replica_id": payload["replica_id"], "host_id": payload["host_id"],
             "function": spec.name, "credits": spec.replica_concurrency, "timings_s": timings,
@@ -342,15 +348,20 @@ class Worker:
 
     async def _announce(self, conn: Any) -> None:
         assert self._ready_payload is not None
+        timings = self._ready_payload["timings_s"]
+        if "announce" not in timings and self._loaded_s:  # the first announcement only
+            timings["announce"] = time.perf_counter() - self._loaded_s
         await conn.call("replica_ready", self._ready_payload, timeout_s=10.0)
 
-    def _load_blocking(self, payload: dict[str, Any], spec: FunctionSpec) -> dict[str, float]:
+    def _load_blocking(self, payload: dict[str, Any], spec: FunctionSpec,
+                       received_s: float) -> dict[str, float]:
         import torch
 
         from flashpoint.models.publish import builder_takes_files, load_module
         from flashpoint.registry.format import Manifest
 
         t0 = time.perf_counter()
+        prepare = {"worker_prepare": t0 - received_s}
         manifest = Manifest.from_json(payload["manifest_json"])
         # O_NOFOLLOW: the host's private cache directory holds files, never symlinks.
         fd = os.open(payload["cache_path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -399,14 +410,16 @@ class Worker:
             self.replica = LoadedReplica(payload["replica_id"], spec, module, device,
                                          ["activation"], ["activation"], mapping, manifest,
                                          list(stage))
-            return {"load": t1 - t0, "to_device": t2 - t1, "first_inference": 0.0}
+            self._loaded_s = t2
+            return {**prepare, "load": t1 - t0, "to_device": t2 - t1, "first_inference": 0.0}
         self.replica = _whole_replica(payload["replica_id"], spec, module, device, mapping,
                                       manifest)
         self._warm_up(self.replica)
         t3 = time.perf_counter()
         if self.weights_role:
             log.info("weights_shared", role=self.weights_role)
-        return {"load": t1 - t0, "to_device": t2 - t1, "first_inference": t3 - t2}
+        self._loaded_s = t3
+        return {**prepare, "load": t1 - t0, "to_device": t2 - t1, "first_inference": t3 - t2}
 
     def _shared_weights(self, manifest: Any, mapping: mmap.mmap, device: str,
                         slot: dict[str, Any]) -> tuple[Any, str]:
