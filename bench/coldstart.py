@@ -119,13 +119,16 @@ async def main(args: argparse.Namespace) -> dict:
                 row = {"row": label, "function": fn, "host": host, "source": res.cold_start_source,
                        "wall_s": wall, **{k: res.timings_s.get(k, 0.0) for k in
                                           ("fetch", *COLD_PHASES)},
-                       "phases_sum_s": phases_sum_s(res.timings_s)}
+                       "phases_sum_s": phases_sum_s(res.timings_s),
+                       # the worker's own compute for the request (inside ``request``)
+                       "worker_inference_s": res.timings_s.get("inference", 0.0)}
                 rows.append(row)
                 print(f"{label:5s} {fn} on {host} source={row['source']:14s} wall={wall * 1e3:8.1f}ms "
                       f"fetch={row['fetch'] * 1e3:8.1f} load={row['load'] * 1e3:7.1f} "
                       f"to_device={row['to_device'] * 1e3:6.1f} "
                       f"first_inference={row['first_inference'] * 1e3:7.1f}", flush=True)
                 print("      " + " ".join(f"{k}={row[k] * 1e3:.1f}" for k in COLD_PHASES)
+                      + f" (worker inference={row['worker_inference_s'] * 1e3:.1f})"
                       + f"  sum={row['phases_sum_s'] * 1e3:.1f}ms"
                       f" ({row['phases_sum_s'] / wall * 100:.1f}% of wall)", flush=True)
 

@@ -16,7 +16,11 @@ Each process times its own part with its own clock and sends durations, never ti
 
 ``handoff`` is what the controller saw between the host's acknowledgement and the
 worker's announcement that neither the host nor the worker timed (the ``load_replica``
-and ``replica_ready`` hops); it is never negative.
+and ``replica_ready`` hops); it is never negative. The host starts its part as soon as it
+has the deploy, while its acknowledgement is still on the way back: when that overlap
+shows (host and worker timed more than the controller's window after the
+acknowledgement), ``deploy_rpc`` counts only the time before the host's part began, so the
+phases never count one interval twice.
 
 Pure: no clock is read here; :func:`cold_start_phases` gets every mark as an argument.
 """
@@ -57,14 +61,16 @@ def cold_start_phases(marks: ColdStartMarks, replica_s: Mapping[str, float], *,
             <= marks.ready_s <= sent_s <= done_s):
         return {}
     out = {"decision": marks.decided_s - arrived_s,
-           "placement": marks.placed_s - marks.decided_s,
-           "deploy_rpc": marks.deployed_s - marks.placed_s}
+           "placement": marks.placed_s - marks.decided_s}
     timed = 0.0
     for k in (*HOST_PHASES, *WORKER_PHASES):
         v = float(replica_s.get(k, 0.0))
         out[k] = v
         timed += v
-    out["handoff"] = max(0.0, (marks.ready_s - marks.deployed_s) - timed)
+    deploy_s = marks.deployed_s - marks.placed_s
+    window_s = marks.ready_s - marks.placed_s  # deploy_rpc + host + worker + handoff
+    out["deploy_rpc"] = min(deploy_s, max(0.0, window_s - timed))
+    out["handoff"] = max(0.0, window_s - timed - deploy_s)
     out["ready_to_dispatch"] = sent_s - marks.ready_s
     out["request"] = done_s - sent_s
     return out

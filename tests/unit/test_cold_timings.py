@@ -33,12 +33,21 @@ def test_phases_partition_the_wall_exactly() -> None:
     assert phases_sum_s(out) == pytest.approx(0.300)
 
 
-def test_untimed_handoff_is_never_negative() -> None:
-    # Host and worker report more than the controller saw (the host's part overlaps the
-    # deploy acknowledgement's trip back): no negative phase.
+def test_the_acknowledgements_trip_back_is_not_counted_twice() -> None:
+    # The host's part (96 ms) began while its acknowledgement was on the way back: the
+    # controller saw the ack 20 ms after placing, the announcement 100 ms after.
+    marks = ColdStartMarks(decided_s=1.0, placed_s=1.0, deployed_s=1.02, ready_s=1.1)
+    out = cold_start_phases(marks, REPLICA, arrived_s=1.0, sent_s=1.1, done_s=1.2)
+    assert out["handoff"] == 0.0
+    assert out["deploy_rpc"] == pytest.approx(0.100 - sum(REPLICA.values()))
+    assert all(v >= 0 for v in out.values())
+    assert phases_sum_s(out) == pytest.approx(0.2)
+
+
+def test_no_phase_is_negative_when_host_and_worker_report_more_than_the_window() -> None:
     marks = ColdStartMarks(decided_s=1.0, placed_s=1.0, deployed_s=1.01, ready_s=1.05)
     out = cold_start_phases(marks, REPLICA, arrived_s=1.0, sent_s=1.05, done_s=1.1)
-    assert out["handoff"] == 0.0
+    assert out["handoff"] == 0.0 and out["deploy_rpc"] == 0.0
     assert all(v >= 0 for v in out.values())
 
 
