@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,3 +50,36 @@ async def test_cold_start_phases_are_present_and_sum_to_the_wall(cluster) -> Non
         assert abs(total - wall) <= 0.05 * wall, (
             f"phases sum to {total * 1e3:.1f} ms, wall {wall * 1e3:.1f} ms: "
             + ", ".join(f"{k}={res.timings_s[k] * 1e3:.1f}" for k in COLD_PHASES))
+
+
+async def test_warm_pool_refills_once_the_new_replica_answered(tmp_path) -> None:
+    """The refill waits for the cold start's first answer (the worker's replica_served),
+    not for refill_hold_s: with a one-minute hold the pool is full again within seconds."""
+    from flashpoint.cli import make_store
+    from flashpoint.cluster import LocalCluster
+    from flashpoint.models.publish import publish
+
+    from .conftest import cluster_config
+
+    cfg = cluster_config(tmp_path, refill_hold_s=60.0)
+    store = make_store(cfg)
+    await publish(store, "noop", "tiny", "1", model_name="noop")
+    c = LocalCluster(cfg, hosts=1, store=store)
+    await asyncio.wait_for(c.start(), 90)
+    try:
+        host = c.hosts[0]
+        assert await host.wait_pool_ready(60)
+        await c.controller.register_function(FunctionSpec(name="n", model="noop"))
+        x = np.arange(3, dtype=np.float32).reshape(1, 3)
+        res = await asyncio.wait_for(c.controller.invoke("n", {"x": x}, request_id="r"), 60)
+        assert res.cold
+        np.testing.assert_allclose(res.outputs["y"], x)
+        started = time.monotonic()
+        assert await host.wait_pool_ready(30), f"pool {len(host.idle)}/{cfg.host.warm_pool_size}"
+        assert time.monotonic() - started < 30
+    finally:
+        pids = [w.proc.pid for w in c.hosts[0].workers.values()]
+        await asyncio.wait_for(c.stop(), 60)
+        for pid in pids:
+            status = Path(f"/proc/{pid}/status")
+            assert not status.exists() or "zombie" in status.read_text().lower(), pid
