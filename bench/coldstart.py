@@ -99,7 +99,8 @@ async def main(args: argparse.Namespace) -> dict:
             # the other host, which then sources from the first host's RAM.
             "host": {"cpu_devices": 1, "warm_pool_size": 1,
                      "device_memory_bytes": int(size * 1.5) + (100 << 20),
-                     "cache_bytes": 3 * size, "host_memory_bytes": 8 * size},
+                     "cache_bytes": 3 * size, "host_memory_bytes": 8 * size,
+                     **({"torch_threads": args.torch_threads} if args.torch_threads else {})},
         }).with_home(home)
         inputs = {k: np.asarray(v) for k, v in
                   zoo.example_inputs(args.model, zoo.resolve_config(args.model, args.preset), 1).items()}
@@ -155,6 +156,7 @@ async def main(args: argparse.Namespace) -> dict:
 
     out = {"bench": "coldstart", "machine": f"{platform.machine()} {os.cpu_count()} cpu",
            "model": args.model, "preset": args.preset, "model_bytes": size,
+           "torch_threads": cfg.host.torch_threads,
            "s3_wall_s": med("s3", "wall_s"), "peer_wall_s": med("peer", "wall_s"),
            "ram_wall_s_median": med("ram", "wall_s"),
            "sources": {label: by[label][0]["source"] for label in by}, "rows": rows}
@@ -175,6 +177,8 @@ if __name__ == "__main__":
     ap.add_argument("--model", default="bert")
     ap.add_argument("--preset", default="large")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--torch-threads", type=int, default=0,
+                    help="[host] torch_threads for the workers (0: the configured default)")
     import uvloop
 
     print(json.dumps(uvloop.run(main(ap.parse_args()))))
