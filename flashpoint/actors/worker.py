@@ -172,7 +172,9 @@ class Worker:
         try:
             timings = await asyncio.to_thread(self._load_blocking, payload, spec, received)
         except BaseException:
-            if self._controller is not None and self.replica is None:
+            if self._controller is not None and not self._announceable.is_set():
+                # Nothing to announce: the connection opened for it goes (the host stops
+                # this worker after a failed start anyway).
                 client, self._controller = self._controller, None
                 await client.stop()
             raise
