@@ -10,7 +10,10 @@ two-host local cluster, and measures request-to-first-response for:
 - ``ram``: scale-from-zero again on a host that still holds the bytes (repeated).
 
 Each row splits the cold start into fetch / load / to_device / first_inference as the
-platform timed them, plus the wall time the client saw; a JSON line ends the output.
+platform timed them, plus the wall time the client saw, then every phase of the request
+(``flashpoint/actors/cold_timings.COLD_PHASES``: decision, placement, deploy RPC, host,
+worker, hand-off, ready to dispatch, the request itself) and their sum against the wall;
+a JSON line ends the output.
 
     python bench/coldstart.py [--model bert --preset large --repeats 3]
 """
@@ -34,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from flashpoint.actors.cold_timings import COLD_PHASES, phases_sum_s  # noqa: E402
 from flashpoint.config import load_config  # noqa: E402
 
 
@@ -95,7 +99,8 @@ async def main(args: argparse.Namespace) -> dict:
             # the other host, which then sources from the first host's RAM.
             "host": {"cpu_devices": 1, "warm_pool_size": 1,
                      "device_memory_bytes": int(size * 1.5) + (100 << 20),
-                     "cache_bytes": 3 * size, "host_memory_bytes": 8 * size},
+                     "cache_bytes": 3 * size, "host_memory_bytes": 8 * size,
+                     **({"torch_threads": args.torch_threads} if args.torch_threads else {})},
         }).with_home(home)
         inputs = {k: np.asarray(v) for k, v in
                   zoo.example_inputs(args.model, zoo.resolve_config(args.model, args.preset), 1).items()}
@@ -114,12 +119,19 @@ async def main(args: argparse.Namespace) -> dict:
                 host = ctl.state.replicas[res.replica_id].host_id
                 row = {"row": label, "function": fn, "host": host, "source": res.cold_start_source,
                        "wall_s": wall, **{k: res.timings_s.get(k, 0.0) for k in
-                                          ("fetch", "load", "to_device", "first_inference")}}
+                                          ("fetch", *COLD_PHASES)},
+                       "phases_sum_s": phases_sum_s(res.timings_s),
+                       # the worker's own compute for the request (inside ``request``)
+                       "worker_inference_s": res.timings_s.get("inference", 0.0)}
                 rows.append(row)
                 print(f"{label:5s} {fn} on {host} source={row['source']:14s} wall={wall * 1e3:8.1f}ms "
                       f"fetch={row['fetch'] * 1e3:8.1f} load={row['load'] * 1e3:7.1f} "
                       f"to_device={row['to_device'] * 1e3:6.1f} "
                       f"first_inference={row['first_inference'] * 1e3:7.1f}", flush=True)
+                print("      " + " ".join(f"{k}={row[k] * 1e3:.1f}" for k in COLD_PHASES)
+                      + f" (worker inference={row['worker_inference_s'] * 1e3:.1f})"
+                      + f"  sum={row['phases_sum_s'] * 1e3:.1f}ms"
+                      f" ({row['phases_sum_s'] / wall * 100:.1f}% of wall)", flush=True)
 
             # f stays warm on host0 (long keep-alive) so g cannot go there.
             await ctl.register_function(FunctionSpec(name="f", model="m", keep_alive_s=3600))
@@ -144,6 +156,7 @@ async def main(args: argparse.Namespace) -> dict:
 
     out = {"bench": "coldstart", "machine": f"{platform.machine()} {os.cpu_count()} cpu",
            "model": args.model, "preset": args.preset, "model_bytes": size,
+           "torch_threads": cfg.host.torch_threads,
            "s3_wall_s": med("s3", "wall_s"), "peer_wall_s": med("peer", "wall_s"),
            "ram_wall_s_median": med("ram", "wall_s"),
            "sources": {label: by[label][0]["source"] for label in by}, "rows": rows}
@@ -152,6 +165,10 @@ async def main(args: argparse.Namespace) -> dict:
         print(f"{label:6s} {med(label, 'wall_s') * 1e3:8.1f} {med(label, 'fetch') * 1e3:9.1f} "
               f"{med(label, 'load') * 1e3:8.1f} {med(label, 'to_device') * 1e3:13.1f} "
               f"{med(label, 'first_inference') * 1e3:19.1f}")
+    print("\nmedian phases (ms):")
+    for label in ("s3", "peer", "ram"):
+        print(f"{label:6s} " + " ".join(f"{k}={med(label, k) * 1e3:.1f}" for k in COLD_PHASES)
+              + f"  sum={med(label, 'phases_sum_s') * 1e3:.1f} wall={med(label, 'wall_s') * 1e3:.1f}")
     return out
 
 
@@ -160,6 +177,8 @@ if __name__ == "__main__":
     ap.add_argument("--model", default="bert")
     ap.add_argument("--preset", default="large")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--torch-threads", type=int, default=0,
+                    help="[host] torch_threads for the workers (0: the configured default)")
     import uvloop
 
     print(json.dumps(uvloop.run(main(ap.parse_args()))))

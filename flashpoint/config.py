@@ -263,6 +263,10 @@ class HostConfig:
     # model's cold start pays for bytes, not imports. Off: its first cold start imports it.
     preload_transformers: bool = True
     worker_start_timeout_s: float = 60.0
+    # After a cold start the warm pool refills once the new replica has answered its first
+    # request (a Python+torch start would take the CPU that request runs on), or after this
+    # long at most.
+    refill_hold_s: float = 2.0
     # Data plane (model bytes between hosts): where this host's chain/peer server listens, and
     # the address peers should dial (empty = the listen address).
     data_listen_host: str = "127.0.0.1"
@@ -314,6 +318,8 @@ class HostConfig:
             raise BadRequest(f"host.fake_gpus {bad}: models are {sorted(SPECS)}")
         if self.completion_hold_s < 0:
             raise BadRequest("host.completion_hold_s must be >= 0")
+        if self.refill_hold_s < 0:
+            raise BadRequest("host.refill_hold_s must be >= 0")
         if self.mps_health_interval_s <= 0:
             raise BadRequest("host.mps_health_interval_s must be > 0")
 

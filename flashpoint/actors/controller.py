@@ -21,6 +21,7 @@ from prometheus_client import Counter, Histogram
 
 from flashpoint import heap
 from flashpoint.actors import controller_state as cs
+from flashpoint.actors.cold_timings import ColdStartMarks, cold_start_phases
 from flashpoint.actors.dispatch import Dispatcher
 from flashpoint.actors.gateway_service import GatewayService
 from flashpoint.actors.handles import HostHandle, Pending, WorkerHandle
@@ -146,6 +147,10 @@ class Controller:
         self._exec_s: dict[str, float] = {}  # EWMA of one request's service time
         self._stage_endpoints: dict[str, Any] = {}  # stage replica id -> pipeline endpoint
         self._stage_timings: dict[str, dict[str, float]] = {}  # stage replica id -> cold start
+        # replica id -> when its start was decided, placed, acknowledged, announced
+        # (actors/cold_timings.py); dropped when the replica is forgotten
+        self._cold_marks: dict[str, ColdStartMarks] = {}
+        self._step_s = 0.0  # when the control step (tick or event) now running began
         self._plans = PlanCache()
         self.provider: HostProvider | None = None  # replacement hosts on eviction, if any
         prices = dict(TABLE3_PRICES.get(self.cc.cloud, TABLE3_PRICES["aws"]))
@@ -234,7 +239,7 @@ class Controller:
                 log.exception("control_step_failed")
 
     def _tick(self) -> None:
-        now = time.monotonic()
+        now = self._step_s = time.monotonic()
         self._arrivals.update(now)
         self._completions.update(now)
         loads = {
@@ -283,12 +288,15 @@ class Controller:
         return min(fronts, key=lambda p: p.enqueued_s) if fronts else None
 
     def _apply(self, event: cs.Event) -> None:
+        self._step_s = time.monotonic()
         self._execute(self.state.handle(event))
 
     def _execute(self, cmds: list[cs.Command]) -> None:
         for cmd in cmds:
             match cmd:
                 case cs.DeployReplica() | cs.DeployKaas():
+                    self._cold_marks[cmd.replica_id] = ColdStartMarks(self._step_s,
+                                                                      time.monotonic())
                     self._spawn(self._deploy(cmd), f"deploy:{cmd.replica_id}")
                 case cs.StartChain():
                     self._spawn(self._start_chain(cmd), f"chain:{cmd.transfer_id}")
@@ -303,6 +311,7 @@ class Controller:
                     self.kaas.replica_gone(cmd.replica_id)
                     self._stage_endpoints.pop(cmd.replica_id, None)
                     self._stage_timings.pop(cmd.replica_id, None)
+                    self._cold_marks.pop(cmd.replica_id, None)
                     handle = self.workers.pop(cmd.replica_id, None)
                     if handle is not None:
                         self._conn_replica.pop(id(handle.conn), None)
@@ -363,6 +372,8 @@ class Controller:
                 return
             manifest = await self._manifest(cmd.spec.model, cmd.spec.model_version)
             await host.deploy(cmd, self._resolve_source(cmd.source), manifest)
+            if (marks := self._cold_marks.get(cmd.replica_id)) is not None:
+                marks.deployed_s = time.monotonic()
         except FlashpointError as exc:
             log.warning("deploy_failed", replica_id=cmd.replica_id, error=exc.to_wire())
             self._apply(cs.ReplicaFailed(cmd.replica_id, exc.message, during_start=True,
@@ -544,6 +555,8 @@ class Controller:
         rid = str(p["replica_id"])
         host_id = self._check_replica_host(conn, rid, str(p.get("host_id", "")))
         timings = {str(k): float(v) for k, v in (p.get("timings_s") or {}).items()}
+        if (marks := self._cold_marks.get(rid)) is not None and not marks.ready_s:
+            marks.ready_s = time.monotonic()
         self.workers[rid] = WorkerHandle(conn, host_id, timings,
                                          str(p.get("source", "")))
         if id(conn) not in self._conn_replica:  # a new connection: watch it until it closes
@@ -828,6 +841,10 @@ class Controller:
             timings["cold_start"] = timings["queue"]
             for phase in ("fetch", "load", "to_device", "first_inference"):
                 timings[phase] = handle.timings_s.get(phase, 0.0)
+            if (marks := self._cold_marks.get(rid)) is not None:
+                # Every millisecond of the scale from zero, in order (actors/cold_timings.py).
+                timings.update(cold_start_phases(marks, handle.timings_s, arrived_s=t0,
+                                                 sent_s=p.sent_s, done_s=t0 + total))
         ok = self._ok_metrics.get(name)
         if ok is None:  # label lookups cost more than the increments on this path
             ok = self._ok_metrics[name] = (REQUESTS.labels(name, "ok"), LATENCY.labels(name))

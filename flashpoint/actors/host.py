@@ -77,6 +77,8 @@ class WorkerProcess:
     model_key: str | None = None
     warm: bool = False
     stopping: bool = False
+    # Set when its replica has answered its first request (the worker's replica_served).
+    served: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -172,7 +174,8 @@ class HostManager:
             admission=self.admission)
         bound = await self.dataplane.start()
         self.data_endpoint = Endpoint(self.host_id, self.hc.data_advertise_host or bound.addr, bound.port)
-        self._server = RpcServer({"worker_hello": self._worker_hello},
+        self._server = RpcServer({"worker_hello": self._worker_hello,
+                                  "replica_served": self._replica_served},
                                  secret=roles.host_keyring(self.host_id, self.credential.key))
         host, port = await self._server.start(self.hc.listen_host, 0)
         self._local_url = f"ws://{host}:{port}/rpc"
@@ -629,7 +632,9 @@ class HostManager:
         bind_ids(replica_id=rt.replica_id)
         model_key = spec.model_key
         try:
+            began = time.perf_counter()
             entry, label = await self._obtain(spec, source, manifest, rt.stage, pinned)
+            obtained = time.perf_counter()
             hit = label == "local"
             self.cache.pin(model_key)
             try:
@@ -652,6 +657,10 @@ class HostManager:
                     # A stage starts before its entry completes: its fetch is until now.
                     "fetch_s": 0.0 if hit else (entry.fetch_s
                                                 or time.perf_counter() - entry.started_s),
+                    # This host's part of the cold start (actors/cold_timings.py); the
+                    # worker returns it with its own phases.
+                    "host_timings_s": {"obtain": obtained - began,
+                                       "assign": time.perf_counter() - obtained},
                     **({"pipeline": rt.pipeline} if rt.pipeline is not None else {}),
                 }, timeout_s=self.config.controller.deploy_timeout_s)
                 if rt.pipeline is not None:
@@ -674,9 +683,12 @@ class HostManager:
                 self.cache.unpin(model_key)
                 # Refill the warm pool only now: starting a Python+torch process while a
                 # cold start loads would steal the CPU that the cold start is waiting for
-                # (and a stage's, that its first pass needs: stage_hold.py).
-                self._spawn_task(self._refill(after=model_key if rt.stage is not None else None),
-                                 "refill")
+                # (and a stage's, that its first pass needs: stage_hold.py); a whole
+                # replica's refill waits for its first answer too (the request that waited
+                # for this cold start), at most refill_hold_s.
+                self._spawn_task(self._refill(
+                    after=model_key if rt.stage is not None else None,
+                    served=rt.worker if rt.stage is None else None), "refill")
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -788,6 +800,14 @@ class HostManager:
             w.hello.set_result(True)
         return {"ok": True}
 
+    async def _replica_served(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """A worker's replica answered its first request: the warm pool may refill now."""
+        w = self.workers.get(str(payload.get("worker_id")))
+        if w is None or w.conn is not conn:
+            raise BadRequest("unknown worker")
+        w.served.set()
+        return {"ok": True}
+
     async def _spawn_worker(self) -> WorkerProcess:
         worker_id = new_id(f"w-{self.host_id}")
         env = dict(os.environ)
@@ -815,9 +835,13 @@ class HostManager:
     async def _take_worker(self) -> WorkerProcess:
         return self.idle.pop(0) if self.idle else await self._spawn_worker()
 
-    async def _refill(self, after: str | None = None) -> None:
+    async def _refill(self, after: str | None = None,
+                      served: WorkerProcess | None = None) -> None:
         if after is not None:
             await self.stage_holds.wait(after)
+        if served is not None and served.warm:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(served.served.wait(), self.hc.refill_hold_s)
         async with self._refill_lock:
             while not self._stopping and len(self.idle) < self.hc.warm_pool_size:
                 try:

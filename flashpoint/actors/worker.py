@@ -94,6 +94,11 @@ class Worker:
         self._completing: asyncio.Task | None = None
         self.kaas: Any = None  # a WorkerKaasRuntime while this worker is a KaaS executor
         self.weights_role = ""  # "exporter" / "reader" when its weights are shared by IPC
+        self._loaded_s = 0.0  # perf_counter when its replica was loaded and warmed
+        # Set once there is a replica to announce: a connection to the controller opened
+        # while the module loads announces it only then.
+        self._announceable = asyncio.Event()
+        self._served_task: asyncio.Task | None = None  # tells the host of the first answer
 
     async def run(self) -> None:
         import torch  # imported before any replica is assigned: the warm pool's whole point
@@ -144,6 +149,7 @@ class Worker:
 
     # ------------------------------------------------------------------------------------
     async def _load_replica(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        received = time.perf_counter()
         if self.replica is not None:
             if self.replica.replica_id == payload["replica_id"]:
                 return {"timings_s": self._ready_payload["timings_s"] if self._ready_payload else {},
@@ -157,14 +163,31 @@ class Worker:
         # Before anything touches CUDA: its GPU binding and MPS/hook settings (warm pool
         # ordering, flashpoint/gpu/host_sharing.py).
         apply_env(payload.get("env") or {})
-        timings = await asyncio.to_thread(self._load_blocking, payload, spec)
+        self._controller_url = str(payload["controller_url"])
+        if pipeline is None and self._controller is None:
+            # Connect to the controller (socket, WebSocket upgrade, handshake: tens of ms)
+            # while the module loads; the connection announces the replica once it serves.
+            self._connect_controller()
+            await self._controller.start()
+        try:
+            timings = await asyncio.to_thread(self._load_blocking, payload, spec, received)
+        except BaseException:
+            if self._controller is not None and not self._announceable.is_set():
+                # Nothing to announce: the connection opened for it goes (the host stops
+                # this worker after a failed start anyway).
+                client, self._controller = self._controller, None
+                await client.stop()
+            raise
         timings["fetch"] = float(payload.get("fetch_s", 0.0))
+        host_timings = payload.get("host_timings_s")
+        if isinstance(host_timings, dict):
+            timings.update({str(k): float(v) for k, v in host_timings.items()
+                            if isinstance(v, int | float) and not isinstance(v, bool)})
         self._ready_payload = {
             "replica_id": payload["replica_id"], "host_id": payload["host_id"],
             "function": spec.name, "credits": spec.replica_concurrency, "timings_s": timings,
             "source": str(payload.get("source", "")),
         }
-        self._controller_url = str(payload["controller_url"])
         if pipeline is not None:
             await self._start_stage_server(pipeline)
             log.info("stage_loaded", endpoint=str(self.stage_server.endpoint),
@@ -177,19 +200,27 @@ class Worker:
     async def _serve_whole(self, spec: FunctionSpec) -> None:
         """Batch requests for the loaded module and announce it to the controller."""
         from flashpoint.actors.batcher import Batcher
-        from flashpoint.rpc import ReconnectingClient
 
         served = self.replica.served if self.replica is not None else None
         self.batcher = Batcher(self._run_batch, spec.max_batch_size, spec.batch_wait_ms / 1000.0,
                                pad_values=served.pad_values if served is not None else None)
         self.batcher.start()
+        self._announceable.set()
+        if self._controller is None:
+            self._connect_controller()
+            await self._controller.start()
+
+    def _connect_controller(self) -> None:
+        """The client that serves this replica's requests; its first (and every later)
+        connection announces the replica, once there is one (``_announceable``)."""
+        from flashpoint.rpc import ReconnectingClient
+
         self._controller = ReconnectingClient(
             self._controller_url, {"infer": self._infer, "infer_many": self._infer_many,
              "replica_status": self._status, "ping": self._ping},
             secret=self.credential.key, name=self.credential.principal,
             on_connected=self._announce,
         )
-        await self._controller.start()
 
     # KaaS executor --------------------------------------------------------------------------
     async def _load_kaas(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
@@ -219,6 +250,7 @@ class Worker:
         self._ready_payload = {
             "replica_id": rid, "host_id": payload.get("host_id", ""), "function": KAAS_FUNCTION,
             "kind": "kaas", "credits": 1, "timings_s": timings, "source": "kaas"}
+        self._announceable.set()
         self._controller = ReconnectingClient(
             str(payload["controller_url"]),
             {"kaas_run": self._kaas_run, "kaas_reset": self._kaas_reset,
@@ -341,16 +373,22 @@ class Worker:
         return {"dissolved": True}
 
     async def _announce(self, conn: Any) -> None:
+        await self._announceable.wait()  # connected while loading: announce once serving
         assert self._ready_payload is not None
+        timings = self._ready_payload["timings_s"]
+        if "announce" not in timings and self._loaded_s:  # the first announcement only
+            timings["announce"] = time.perf_counter() - self._loaded_s
         await conn.call("replica_ready", self._ready_payload, timeout_s=10.0)
 
-    def _load_blocking(self, payload: dict[str, Any], spec: FunctionSpec) -> dict[str, float]:
+    def _load_blocking(self, payload: dict[str, Any], spec: FunctionSpec,
+                       received_s: float) -> dict[str, float]:
         import torch
 
         from flashpoint.models.publish import builder_takes_files, load_module
         from flashpoint.registry.format import Manifest
 
         t0 = time.perf_counter()
+        prepare = {"worker_prepare": t0 - received_s}
         manifest = Manifest.from_json(payload["manifest_json"])
         # O_NOFOLLOW: the host's private cache directory holds files, never symlinks.
         fd = os.open(payload["cache_path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -399,14 +437,16 @@ class Worker:
             self.replica = LoadedReplica(payload["replica_id"], spec, module, device,
                                          ["activation"], ["activation"], mapping, manifest,
                                          list(stage))
-            return {"load": t1 - t0, "to_device": t2 - t1, "first_inference": 0.0}
+            self._loaded_s = t2
+            return {**prepare, "load": t1 - t0, "to_device": t2 - t1, "first_inference": 0.0}
         self.replica = _whole_replica(payload["replica_id"], spec, module, device, mapping,
                                       manifest)
         self._warm_up(self.replica)
         t3 = time.perf_counter()
         if self.weights_role:
             log.info("weights_shared", role=self.weights_role)
-        return {"load": t1 - t0, "to_device": t2 - t1, "first_inference": t3 - t2}
+        self._loaded_s = t3
+        return {**prepare, "load": t1 - t0, "to_device": t2 - t1, "first_inference": t3 - t2}
 
     def _shared_weights(self, manifest: Any, mapping: mmap.mmap, device: str,
                         slot: dict[str, Any]) -> tuple[Any, str]:
@@ -473,7 +513,22 @@ class Worker:
             inputs, best_effort = self._request(payload)
         assert self.batcher is not None
         outputs, timings = await self.batcher.submit(inputs, best_effort=best_effort)
+        self._first_served()
         return {"outputs": encode_tensors(self._finish(outputs)), "timings_s": timings}
+
+    def _first_served(self) -> None:
+        """After the replica's first answer, tell the host (its warm pool waits for it
+        before starting a process that would compete for the CPU)."""
+        if self._served_task is None and self._host_conn is not None:
+            self._served_task = asyncio.get_running_loop().create_task(
+                self._report_served(), name="replica-served")
+
+    async def _report_served(self) -> None:
+        try:
+            await self._host_conn.call("replica_served", {"worker_id": self.worker_id},
+                                       timeout_s=10.0)
+        except FlashpointError as exc:  # the host refills after refill_hold_s anyway
+            log.warning("replica_served_report_failed", error=exc.code)
 
     def _finish(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request's module outputs as its answer (the serving task's ``finish``)."""
@@ -529,6 +584,7 @@ class Worker:
                 if not isinstance(w, dict):
                     w.cancel()
             raise
+        self._first_served()
         return {"replies": replies}
 
     async def _replica_stats(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
