@@ -55,9 +55,9 @@ async def test_cold_start_phases_are_present_and_sum_to_the_wall(cluster) -> Non
 async def test_warm_pool_refills_once_the_new_replica_answered(tmp_path) -> None:
     """The refill waits for the cold start's first answer (the worker's replica_served),
     not for refill_hold_s: with a one-minute hold the pool is full again within seconds."""
-    from flashpoint.cli import make_store
     from flashpoint.cluster import LocalCluster
-    from flashpoint.models.publish import publish
+    from flashpoint.models.sources import publish
+    from flashpoint.registry import make_store
 
     from .conftest import cluster_config
 

@@ -5,6 +5,7 @@ worker's own load path)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ async def test_the_worker_refuses_to_load_a_manifest_naming_a_foreign_callable(
     payload = {"replica_id": "r1", "manifest_json": hostile.to_json(), "device": "cpu",
                "cache_path": str(store.blob_path("noop", "1")), "stage": stage}
     with pytest.raises(RegistryError, match="not a built-in model builder"):
-        worker._load_blocking(payload, FunctionSpec(name="f", model="noop"))
+        worker._load_blocking(payload, FunctionSpec(name="f", model="noop"), time.perf_counter())
     assert not marker.exists()
 
 
