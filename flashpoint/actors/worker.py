@@ -180,8 +180,16 @@ class Worker:
         from flashpoint.rpc import ReconnectingClient
 
         served = self.replica.served if self.replica is not None else None
-        self.batcher = Batcher(self._run_batch, spec.max_batch_size, spec.batch_wait_ms / 1000.0,
-                               pad_values=served.pad_values if served is not None else None)
+        if getattr(served, "generates", False):  # a causal LM: token loop, not batches
+            from flashpoint.actors.generation import GenerationLoop
+
+            assert self.replica is not None
+            engine = served.build_engine(self.replica.module, max_running=spec.max_batch_size)
+            self.batcher = GenerationLoop(engine, max_waiting=4 * spec.max_batch_size)
+        else:
+            self.batcher = Batcher(self._run_batch, spec.max_batch_size,
+                                   spec.batch_wait_ms / 1000.0,
+                                   pad_values=served.pad_values if served is not None else None)
         self.batcher.start()
         self._controller = ReconnectingClient(
             self._controller_url, {"infer": self._infer, "infer_many": self._infer_many,
@@ -424,6 +432,9 @@ class Worker:
     def _warm_up(self, rep: LoadedReplica) -> None:
         """The replica's first inference, on its serving task's own valid request."""
         served = rep.served
+        if getattr(served, "generates", False):  # one forward pass, no sequence
+            self._run_batch(served.warmup_module_inputs(), rep)
+            return
         self._run_batch(served.prepare(served.warmup_request()), rep)
 
     def _run_batch(self, inputs: dict[str, np.ndarray],
@@ -561,7 +572,7 @@ def _preload_transformers() -> None:
         from transformers import AutoImageProcessor, AutoTokenizer  # noqa: F401
     except ImportError:
         return
-    for cls in ("BertForSequenceClassification", "RobertaForSequenceClassification",
+    for cls in ("BertForSequenceClassification", "GPT2LMHeadModel", "LlamaForCausalLM", "RobertaForSequenceClassification",
                 "DistilBertForSequenceClassification", "ViTForImageClassification",
                 "ResNetForImageClassification", "ViTImageProcessorPil",
                 "ConvNextImageProcessorPil"):
@@ -575,9 +586,11 @@ def _whole_replica(replica_id: str, spec: FunctionSpec, module: Any, device: str
     from flashpoint.models.publish import read_files
 
     served = serving.for_manifest(manifest, read_files(manifest, memoryview(mapping)))
+    required = getattr(served, "required_inputs", None)  # text generation: text or messages
     return LoadedReplica(replica_id, spec, module, device, list(served.module_inputs),
                          list(served.module_outputs), mapping, manifest, None, served,
-                         tuple(t.name for t in manifest.io.inputs))
+                         tuple(t.name for t in manifest.io.inputs) if required is None
+                         else tuple(required))
 
 
 def _error_reply(exc: Exception) -> dict[str, Any]:

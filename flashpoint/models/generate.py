@@ -308,3 +308,21 @@ def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
         return t
     pad = torch.zeros((*t.shape[:2], n, *t.shape[3:]), dtype=t.dtype, device=t.device)
     return torch.cat([pad, t], dim=2)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One sequence to generate: its prompt's token ids and how to sample."""
+
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """A finished sequence."""
+
+    prompt_tokens: int
+    token_ids: tuple[int, ...]
+    text: str
+    finish: FinishReason
