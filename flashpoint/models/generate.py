@@ -71,6 +71,7 @@ class GenSequence:
     reserved_bytes: int
     generated: list[int] = field(default_factory=list)
     text: str = ""  # generated text so far (cut at a stop string when one is found)
+    emitted: str = ""  # the prefix of ``text`` already reported in events
     finish: FinishReason | None = None
     cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     pending: int | None = None  # sampled but not yet fed to the model
@@ -85,7 +86,9 @@ class GenSequence:
 @dataclass(frozen=True)
 class TokenEvent:
     """What one step did to one sequence: its new token (``None`` when it left without
-    one: cancelled) and its text delta; ``finish`` once it has left."""
+    one: cancelled) and its text delta (text that a stop string could still cut is held
+    back until it cannot, so the deltas add up to the final text); ``finish`` once it has
+    left."""
 
     seq_id: int
     token_id: int | None
@@ -271,11 +274,10 @@ class GenerationEngine:
         token = sample_token(logits, seq.params, seq.generator)
         seq.generated.append(token)
         seq.pending = token
-        before = seq.text
         finish = None
         if token in self.eos_token_ids:
             finish = FinishReason.STOP
-            text = before
+            text = seq.text
         else:
             text = self.decode([t for t in seq.generated if t not in self.eos_token_ids])
             for stop in seq.params.stop:
@@ -286,7 +288,14 @@ class GenerationEngine:
             finish = FinishReason.LENGTH
         seq.text = text
         seq.finish = finish
-        delta = text[len(before):] if text.startswith(before) else text
+        # Report only text no stop string can still claim: hold back the last
+        # (longest stop - 1) characters until the sequence finishes.
+        hold = 0 if finish is not None else max((len(s) for s in seq.params.stop), default=1) - 1
+        safe = text[:len(text) - hold] if hold else text
+        delta = ""
+        if safe.startswith(seq.emitted) and len(safe) > len(seq.emitted):
+            delta = safe[len(seq.emitted):]
+            seq.emitted = safe
         return TokenEvent(seq.seq_id, token, delta, finish)
 
 

@@ -103,15 +103,13 @@ def test_seeded_sampling_is_reproducible_alone_or_batched(lm: tuple[Any, Any]) -
 
 def test_stop_string_cuts_the_text_and_finishes(lm: tuple[Any, Any]) -> None:
     _, tok = lm
-    engine = _engine(lm)
-    ids = tok(PROMPTS[1]).input_ids
-    engine.add(ids, SamplingParams(12, temperature=0.0))
-    _run(engine, {}, 50)
-    full = tok.decode(_reference(lm, PROMPTS[1], 12), skip_special_tokens=True)
-    assert len(full) > 8
+    # a prompt whose greedy continuation is long enough to hold a stop string inside
+    texts = {p: tok.decode(_reference(lm, p, 16), skip_special_tokens=True) for p in PROMPTS}
+    prompt, full = max(texts.items(), key=lambda item: len(item[1]))
+    assert len(full) > 8, texts
     stop = full[6:9]
     engine = _engine(lm)
-    sid = engine.add(ids, SamplingParams(12, temperature=0.0, stop=(stop,)))
+    sid = engine.add(tok(prompt).input_ids, SamplingParams(16, temperature=0.0, stop=(stop,)))
     finishes, text = [], ""
     for _ in range(50):
         for e in engine.step():
