@@ -54,6 +54,7 @@ class GenerationLoop:
         self._cancelling: list[_Sink] = []
         self._sinks: dict[int, _Sink] = {}
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # no sequence joining, waiting or running
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
         self._task: asyncio.Task | None = None
         self.stats = ReplicaStats()
@@ -77,6 +78,14 @@ class GenerationLoop:
     def depth(self) -> int:
         """Sequences not yet running."""
         return len(self._joining) + len(self.engine.waiting)
+
+    async def wait_idle(self) -> None:
+        """Until no sequence joins, waits or runs (every cancelled one has left: a drain)."""
+        while True:
+            await self._idle.wait()
+            if self.engine.idle and not self._joining and not self._cancelling:
+                return
+            self._idle.clear()
 
     @property
     def running(self) -> int:
@@ -127,6 +136,7 @@ class GenerationLoop:
                               retry_after_s=0.5)
         sink = _Sink(request)
         self._joining.append(sink)
+        self._idle.clear()
         self._wake.set()
         return sink
 
@@ -136,6 +146,7 @@ class GenerationLoop:
             self._joining.remove(sink)
             return
         self._cancelling.append(sink)
+        self._idle.clear()
         self._wake.set()
 
     def _end(self, sink: _Sink, item: TokenEvent | BaseException) -> None:
@@ -168,8 +179,10 @@ class GenerationLoop:
             if self.engine.idle:
                 self._wake.clear()
                 if not self._joining and not self._cancelling:
+                    self._idle.set()
                     await self._wake.wait()
                 continue
+            self._idle.clear()
             before = set(self.engine.running)
             started = time.perf_counter()
             try:

@@ -103,6 +103,8 @@ async def test_closing_a_stream_cancels_its_sequence(pushed: tuple[Path, Any, An
         # the other sequence goes on; the cancelled one leaves at the next token boundary
         result, _ = await asyncio.wait_for(other, 30)
         assert len(result.token_ids) >= 1
+        await asyncio.wait_for(loop.wait_idle(), 30)
+        assert loop.engine.steps < 40  # its 40 tokens were never all generated
         assert loop.engine.idle and loop.engine.reserved_bytes == 0 and not loop.engine.running
     finally:
         await loop.stop()
