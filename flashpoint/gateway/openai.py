@@ -95,7 +95,8 @@ def generation_inputs(body: Any, *, chat: bool) -> dict[str, np.ndarray]:
                 isinstance(s, str) and s for s in stop):
             raise BadRequest(f"'stop' must be a string or at most {MAX_STOP} strings")
         if stop:
-            inputs["stop"] = np.array([s.encode() for s in stop], dtype=object)
+            # [1, k]: every input shares the request's leading (batch) dimension
+            inputs["stop"] = np.array([[s.encode() for s in stop]], dtype=object)
     return inputs
 
 

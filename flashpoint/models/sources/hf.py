@@ -72,7 +72,9 @@ class HuggingFaceDirectory:
             from flashpoint.models.serving.text import max_length
 
             config.update(max_length=max_length(raw, tokenizer))
-            io = IoSignature((TensorSpec("text", "BYTES", (1,)),), (
+            # Its request tensors are optional or alternatives (text or messages, sampling
+            # settings; serving/generation.py): no fixed input signature to enforce.
+            io = IoSignature((), (
                 TensorSpec("text", "BYTES", (1,)),
                 TensorSpec("token_ids", "INT64", (-1,)),
                 TensorSpec("finish_reason", "BYTES", (1,)),
