@@ -483,8 +483,41 @@ class Worker:
         else:
             inputs, best_effort = self._request(payload)
         assert self.batcher is not None
+        if payload.get("stream") and hasattr(self.batcher, "stream"):
+            return await self._infer_stream(conn, payload, inputs)
         outputs, timings = await self.batcher.submit(inputs, best_effort=best_effort)
         return {"outputs": encode_tensors(self._finish(outputs)), "timings_s": timings}
+
+    async def _infer_stream(self, conn: Any, payload: dict[str, Any],
+                            request: Any) -> dict[str, Any]:
+        """A generation request whose tokens go back as they come: one ``gen_chunk``
+        notification per token boundary to the caller (``request_id``, ``index`` from 0,
+        ``text``, ``token_id``), then the reply: the whole answer and ``chunks``, how many
+        were sent (notifications may be handled after the reply arrives). The caller
+        cancelling the call (a client gone) cancels the sequence and frees its cache."""
+        from flashpoint.models.generate import FinishReason, GenerationResult
+
+        rid = str(payload.get("request_id", ""))
+        started = time.perf_counter()
+        stream = self.batcher.stream(request)
+        ids: list[int] = []
+        text, finish, index = "", FinishReason.LENGTH, 0
+        try:
+            async for event in stream:
+                if event.token_id is not None:
+                    ids.append(event.token_id)
+                text += event.text_delta
+                if event.finish is not None:
+                    finish = event.finish
+                await conn.notify("gen_chunk", {"request_id": rid, "index": index,
+                                                "text": event.text_delta,
+                                                "token_id": event.token_id}, trace=rid)
+                index += 1
+        finally:
+            await stream.aclose()
+        result = GenerationResult(len(request.prompt_ids), tuple(ids), text, finish)
+        return {"outputs": encode_tensors(self._finish(result)), "chunks": index,
+                "timings_s": {"inference": time.perf_counter() - started}}
 
     def _finish(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request's module outputs as its answer (the serving task's ``finish``)."""
@@ -559,7 +592,9 @@ class Worker:
 
     async def _status(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         return {"depth": self.batcher.depth if self.batcher else 0,
-                "batches": self.batcher.batches_run if self.batcher else 0}
+                "batches": self.batcher.batches_run if self.batcher else 0,
+                # sequences generating now (a text-generation replica; else 0)
+                "running": getattr(self.batcher, "running", 0) if self.batcher else 0}
 
 
 def _preload_transformers() -> None:

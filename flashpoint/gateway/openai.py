@@ -6,6 +6,9 @@
                                          model's own chat template renders the messages)
     GET  /v1/models             invoke  the registered functions as models
 
+``stream: true`` answers with server-sent events as the tokens come (a backend with
+``invoke_stream``: the controller); a client that disconnects cancels its sequence.
+
 Same API keys, admission and limits as the native routes. A request becomes the
 generation task's tensors (:mod:`flashpoint.models.serving.generation`) and goes through
 ``InvokeBackend.invoke`` like any other; the answer's ``text``, ``finish_reason`` and token
@@ -14,6 +17,7 @@ counts become the OpenAI body with its ``usage``. Only ``n == 1`` is served.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
@@ -21,9 +25,10 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from flashpoint.errors import BadRequest
+from flashpoint.errors import BadRequest, FlashpointError
 from flashpoint.gateway.admission import effective_timeout_s
 from flashpoint.gateway.auth import Role
+from flashpoint.gateway.backend import StreamChunk
 from flashpoint.gateway.body import read_body
 from flashpoint.gateway.context import (
     GatewayContext,
@@ -142,11 +147,12 @@ class OpenAIRoutes:
         principal = ctx.require(request, Role.INVOKE)
         body = await parse_json_body(ctx, await read_body(request, ctx.config))
         inputs = generation_inputs(body, chat=chat)
-        if body.get("stream"):
-            raise BadRequest("stream: true is not served yet")
         spec = ctx.spec(str(body.get("model", "")))
         rid = request_id(request)
         timeout_s = effective_timeout_s(None, spec.timeout_s, ctx.config)
+        if body.get("stream"):
+            return await self._stream(request, body, inputs, spec.name, rid, timeout_s,
+                                      ctx.caller(request, principal), chat=chat)
         result = await ctx.admission.invoke(ctx.backend, ctx.caller(request, principal),
                                             spec.name, inputs, request_id=rid,
                                             timeout_s=timeout_s,
@@ -166,3 +172,71 @@ class OpenAIRoutes:
             "choices": [choice],
             "usage": usage_of(out),
         })
+
+    async def _stream(self, request: web.Request, body: dict[str, Any],
+                      inputs: dict[str, np.ndarray], name: str, rid: str, timeout_s: float,
+                      caller: str, *, chat: bool) -> web.StreamResponse:
+        """``stream: true``: server-sent events, one per token boundary that adds text, a
+        last one with ``finish_reason`` (and ``usage`` when ``stream_options.include_usage``),
+        then ``data: [DONE]``. A client that goes away ends the stream at the next write,
+        which cancels its sequence in the worker."""
+        ctx = self.ctx
+        open_stream = getattr(ctx.backend, "invoke_stream", None)
+        if open_stream is None:
+            raise BadRequest("stream: true is not served by this gateway")
+        options = body.get("stream_options") or {}
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{rid}"
+        created = int(time.time())
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def event(choice: dict[str, Any], usage: dict[str, int] | None = None) -> bytes:
+            obj: dict[str, Any] = {"id": ident, "object": kind, "created": created,
+                                   "model": name, "choices": [choice] if choice else []}
+            if usage is not None:
+                obj["usage"] = usage
+            return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+        def delta(text: str, finish: str | None) -> dict[str, Any]:
+            if chat:
+                return {"index": 0, "delta": {"content": text} if text or finish is None
+                        else {}, "finish_reason": finish}
+            return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+
+        with ctx.admission.admitted(caller):
+            stream = open_stream(name, inputs, request_id=rid, timeout_s=timeout_s,
+                                 request_class=request_class(request))
+            resp: web.StreamResponse | None = None
+            try:
+                async for item in stream:
+                    if resp is None:  # headers only once the request is running (errors
+                        resp = web.StreamResponse(headers={  # before it are JSON answers)
+                            "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                            "X-Request-Id": rid})
+                        await resp.prepare(request)
+                        if chat:
+                            await resp.write(event({"index": 0, "finish_reason": None,
+                                                    "delta": {"role": "assistant",
+                                                              "content": ""}}))
+                    if isinstance(item, StreamChunk):
+                        if item.text:
+                            await resp.write(event(delta(item.text, None)))
+                        continue
+                    out = item.outputs
+                    await resp.write(event(delta("", str(_first(out, "finish_reason")))))
+                    if include_usage:
+                        await resp.write(event({}, usage_of(out)))
+                    await resp.write(b"data: [DONE]\n\n")
+            except ConnectionResetError:
+                pass  # the client left: closing the stream below cancels its sequence
+            except FlashpointError as exc:
+                if resp is None:
+                    raise  # nothing sent yet: the middleware's JSON error answer
+                with contextlib.suppress(ConnectionResetError):  # too late for a status
+                    await resp.write(b"data: " + json.dumps({"error": {
+                        "code": exc.code, "message": exc.message}}).encode() + b"\n\n")
+            finally:
+                await stream.aclose()
+        if resp is None:
+            raise FlashpointError(f"request {rid}: the stream ended without an answer")
+        return resp

@@ -105,7 +105,60 @@ async def test_causal_lm_native_and_openai(tmp_path: Path) -> None:
             assert chat.choices[0].message.role == "assistant"
             assert chat.usage is not None
             assert chat.usage.prompt_tokens == len(tok(rendered, add_special_tokens=False).input_ids)
+
+            # streamed: server-sent events through the client add up to the same text
+            pieces, usage, finish = [], None, None
+            stream = await client.completions.create(
+                model="llm", prompt=PROMPTS[3], max_tokens=12, temperature=0, stream=True,
+                stream_options={"include_usage": True})
+            async for chunk in stream:
+                for c in chunk.choices:
+                    pieces.append(c.text)
+                    finish = c.finish_reason or finish
+                usage = chunk.usage or usage
+            want_ids, want_text = _reference(model_dir, PROMPTS[3], 12)
+            assert "".join(pieces) == want_text and len(pieces) > 2
+            assert finish in ("stop", "length")
+            assert usage is not None and usage.completion_tokens == len(want_ids)
+            chat_pieces = []
+            chat_stream = await client.chat.completions.create(
+                model="llm", messages=[{"role": "user", "content": PROMPTS[2]}],
+                max_tokens=7, temperature=0, stream=True)
+            async for chunk in chat_stream:
+                chat_pieces += [c.delta.content or "" for c in chunk.choices]
+            assert "".join(chat_pieces) == chat.choices[0].message.content
         finally:
             await client.close()
+
+        # a client that disconnects mid-stream cancels its sequence in the worker
+        replica = body["replica_id"]
+        worker = cluster.controller.workers[replica]
+        before = await worker.conn.call("replica_status", {}, timeout_s=5)
+        assert before["running"] == 0
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/v1/completions", json={
+                    "model": "llm", "prompt": "gpus", "max_tokens": 55, "temperature": 0,
+                    "stream": True},
+                    timeout=aiohttp.ClientTimeout(total=60)) as r:
+                assert r.status == 200
+                events = 0
+                async for line in r.content:
+                    if line.startswith(b"data: "):
+                        events += 1
+                    if events == 2:
+                        break
+                r.close()  # gone mid-stream
+        statuses: list[dict[str, Any]] = []
+
+        async def idle() -> bool:
+            statuses.append(await worker.conn.call("replica_status", {}, timeout_s=5))
+            return statuses[-1]["running"] == 0 and statuses[-1]["depth"] == 0
+
+        for _ in range(200):  # bounded: the worker leaves it at a token boundary
+            if await idle():
+                break
+        assert statuses[-1]["running"] == 0, statuses[-3:]
+        # far fewer steps than its 55 tokens would have taken
+        assert statuses[-1]["batches"] - before["batches"] < 40, (before, statuses[-1])
     finally:
         await asyncio.wait_for(cluster.stop(), 60)
