@@ -30,7 +30,6 @@ from flashpoint.actors.mig_driver import MigDriver
 from flashpoint.actors.persist import FunctionTable
 from flashpoint.actors.pipeline_target import PipelineTarget
 from flashpoint.actors.rates import RateMeter
-from flashpoint.actors.streams import StreamRegistry, stream_invocation
 from flashpoint.audit import AuditLog
 from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.errors import (
@@ -47,6 +46,7 @@ from flashpoint.errors import (
     from_wire,
 )
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult, StreamChunk
+from flashpoint.gateway.streams import StreamRegistry, stream_invocation
 from flashpoint.ids import new_id
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
@@ -122,7 +122,7 @@ class Controller:
                                         start_backoff_max_s=self.cc.start_backoff_max_s)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
-        self.streams = StreamRegistry()  # streamed generation requests (actors/streams.py)
+        self.streams = StreamRegistry()  # streamed generation requests (gateway/streams.py)
         self.kaas = KaasPool(self.cc, lambda: self.state.kaas_broken)
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())
         self.hosts: dict[str, HostHandle] = {}
@@ -761,7 +761,7 @@ class Controller:
                       request_class: str = RequestClass.STRICT
                       ) -> AsyncIterator[StreamChunk | InvokeResult]:
         """A text-generation request's token chunks as they come, then its result
-        (actors/streams.py); closing the iterator early cancels the request."""
+        (gateway/streams.py); closing the iterator early cancels the request."""
         return stream_invocation(self.streams, request_id, lambda: self.invoke(
             name, inputs, request_id=request_id, timeout_s=timeout_s,
             request_class=request_class, stream=True))

@@ -55,7 +55,7 @@ CONTROLLER_METHODS: dict[Role, frozenset[str]] = {
     Role.HOST: frozenset({"register_host", "heartbeat", "host_draining", "replica_failed",
                           "stage_ready"}),
     Role.WORKER: frozenset({"replica_ready", "gen_chunk"}),
-    Role.GATEWAY: frozenset({"gw_invoke", "gw_functions", "gw_register", "gw_delete",
+    Role.GATEWAY: frozenset({"gw_invoke", "gw_stream", "gw_functions", "gw_register", "gw_delete",
                              "gw_kaas_invoke", "gw_kaas_status", "gw_object_put",
                              "gw_object_get"}),
 }

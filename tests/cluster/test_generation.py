@@ -6,6 +6,7 @@ process for prompts sent together (batched in one replica's token loop), and the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,11 @@ import torch
 
 from flashpoint.cli import make_store
 from flashpoint.cluster import LocalCluster
+from flashpoint.gateway.standalone import StandaloneGateway
 from flashpoint.models.sources import publish_source
 from flashpoint.models.tiny_hf import make_causal_lm
 
-from .conftest import cluster_config
+from .conftest import cluster_config, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -129,6 +131,29 @@ async def test_causal_lm_native_and_openai(tmp_path: Path) -> None:
             assert "".join(chat_pieces) == chat.choices[0].message.content
         finally:
             await client.close()
+
+        # the same routes through a stand-alone gateway (gw_invoke, and gw_stream's chunks)
+        gw_cfg = dataclasses.replace(cfg, gateway=dataclasses.replace(
+            cfg.gateway, controller_url=cluster.controller.rpc_url, refresh_s=0.1))
+        gw = await asyncio.wait_for(StandaloneGateway.start(gw_cfg, port=0), 30)
+        gw_client = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0,
+                                timeout=60)
+        try:
+            await wait_for("the gateway's function table holds llm", lambda: "llm" in [
+                i.spec.name for i in gw.backend.list_functions()], 20)
+            want_ids, want_text = _reference(model_dir, PROMPTS[0], 10)
+            done = await gw_client.completions.create(model="llm", prompt=PROMPTS[0],
+                                                      max_tokens=10, temperature=0)
+            assert done.choices[0].text == want_text
+            pieces = []
+            stream = await gw_client.completions.create(
+                model="llm", prompt=PROMPTS[0], max_tokens=10, temperature=0, stream=True)
+            async for chunk in stream:
+                pieces += [c.text for c in chunk.choices]
+            assert "".join(pieces) == want_text
+        finally:
+            await gw_client.close()
+            await asyncio.wait_for(gw.stop(), 30)
 
         # a client that disconnects mid-stream cancels its sequence in the worker
         replica = body["replica_id"]

@@ -1,14 +1,18 @@
-"""Streamed generation requests in the controller: token chunks from a worker to the caller.
+"""Streamed generation requests: token chunks relayed hop by hop to the HTTP client.
 
 A streamed request is an ordinary invocation (queue, dispatch, retries, deadline) whose
 payload says ``stream``; the worker answers it with ``gen_chunk`` notifications -- one per
 token boundary, numbered from 0 -- before its reply, which holds the whole answer. The
-controller forwards chunks as they come (:func:`stream_invocation`). A chunk counts only from
-the connection its request was sent to (a worker cannot write into another's stream).
-Notifications are handled as tasks of their own, so the reply may overtake the last few:
-the stream waits for every chunk up to ``completion_tokens`` before its final item, within
-``STRAGGLER_WAIT_S``. Closing the stream early (the HTTP client went away) cancels the
-invocation, and with it the call to the worker, which cancels the sequence.
+controller relays them (:func:`stream_invocation` over a :class:`StreamRegistry`); so does a
+stand-alone gateway, which gets them from the controller's ``gw_stream`` as ``gw_chunk``
+notifications of the same shape (``request_id``, ``index``, ``text``, ``token_id``).
+
+A chunk counts only from the connection its request was sent to (a worker cannot write into
+another's stream). Notifications are handled as tasks of their own, so the reply may
+overtake the last few: the stream waits for every chunk up to ``completion_tokens`` before
+its final item, within ``STRAGGLER_WAIT_S``. Closing the stream early (the HTTP client went
+away) cancels the invocation, and with it the call to the next hop, which in the worker
+cancels the sequence.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 from flashpoint.gateway.backend import InvokeResult, StreamChunk
 from flashpoint.log import get_logger
 
-log = get_logger("flashpoint.streams")
+log = get_logger("flashpoint.gateway.streams")
 
 STRAGGLER_WAIT_S = 5.0
 _END = object()
@@ -53,7 +57,7 @@ class StreamRegistry:
             sink.conn = conn
 
     async def on_chunk(self, conn: Any, payload: dict[str, Any]) -> None:
-        """The ``gen_chunk`` notification handler."""
+        """The ``gen_chunk`` / ``gw_chunk`` notification handler."""
         rid = str(payload.get("request_id", ""))
         sink = self._sinks.get(rid)
         if sink is None:
@@ -74,7 +78,8 @@ async def stream_invocation(
     invoke: Callable[[], Awaitable[InvokeResult]],
 ) -> AsyncIterator[StreamChunk | InvokeResult]:
     """Run ``invoke()`` (a streamed invocation of ``request_id``) and yield its chunks in
-    order, then its :class:`InvokeResult`; closing the iterator early cancels it."""
+    order, then its :class:`InvokeResult`; closing the iterator early cancels it.
+    ``invoke`` calls :meth:`StreamRegistry.sent` with the connection it sends on."""
     sink = registry.open(request_id)
     task = asyncio.ensure_future(invoke())
     task.add_done_callback(lambda _: sink.queue.put_nowait(_END))
