@@ -607,7 +607,8 @@ def _preload_transformers() -> None:
         from transformers import AutoImageProcessor, AutoTokenizer  # noqa: F401
     except ImportError:
         return
-    for cls in ("BertForSequenceClassification", "GPT2LMHeadModel", "LlamaForCausalLM", "RobertaForSequenceClassification",
+    for cls in ("BertForSequenceClassification", "GPT2LMHeadModel", "LlamaForCausalLM",
+                "RobertaForSequenceClassification",
                 "DistilBertForSequenceClassification", "ViTForImageClassification",
                 "ResNetForImageClassification", "ViTImageProcessorPil",
                 "ConvNextImageProcessorPil"):

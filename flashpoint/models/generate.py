@@ -99,10 +99,10 @@ class TokenEvent:
 def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
     """Keys and values of one token over every layer, from a ``transformers`` config."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layers = int(getattr(text, "num_hidden_layers", 0) or getattr(text, "n_layer"))
-    heads = int(getattr(text, "num_attention_heads", 0) or getattr(text, "n_head"))
+    layers = int(getattr(text, "num_hidden_layers", 0) or text.n_layer)
+    heads = int(getattr(text, "num_attention_heads", 0) or text.n_head)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    hidden = int(getattr(text, "hidden_size", 0) or getattr(text, "n_embd"))
+    hidden = int(getattr(text, "hidden_size", 0) or text.n_embd)
     head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
     return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 

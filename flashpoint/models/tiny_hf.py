@@ -196,8 +196,7 @@ def build_causal_tokenizer(directory: Path, *, chat_template: str | None = None)
     """A WordPiece tokenizer for a causal LM, trained on :data:`SENTENCES` and saved to
     ``directory``: a text starts with the BOS token ``[CLS]`` and ends with nothing (the
     model continues it); ``[SEP]`` is EOS, ``[PAD]`` pads; decoding joins word pieces."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from tokenizers import trainers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))

@@ -4,7 +4,6 @@ reproducible whatever it is batched with; stop strings; the KV-cache budget."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -4,9 +4,10 @@ A request carries ``text`` (``BYTES [1]``, the prompt) or ``messages`` (``BYTES 
 JSON list of ``{"role", "content"}`` rendered with the tokenizer's own chat template), and
 optionally ``max_tokens`` (``INT64 [1]``), ``temperature``, ``top_p`` (``FP32 [1]``),
 ``seed`` (``INT64 [1]``) and ``stop`` (``BYTES [1, k]``). Every input is optional (the
-manifest declares none), but a request needs one of ``text`` and ``messages``. :meth:`TextGeneration.prepare` turns
-it into a :class:`~flashpoint.models.generate.GenerationRequest`; the worker's generation
-loop (:mod:`flashpoint.actors.generation`) runs it; :meth:`TextGeneration.finish` turns the
+manifest declares none), but a request needs one of ``text`` and ``messages``.
+:meth:`TextGeneration.prepare` turns it into a
+:class:`~flashpoint.models.generate.GenerationRequest`; the worker's generation loop
+(:mod:`flashpoint.actors.generation`) runs it; :meth:`TextGeneration.finish` turns the
 :class:`~flashpoint.models.generate.GenerationResult` into the answer: ``text``,
 ``token_ids``, ``finish_reason``, ``prompt_tokens`` and ``completion_tokens``.
 """
