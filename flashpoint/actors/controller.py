@@ -720,8 +720,9 @@ class Controller:
     def _retry_or_fail(self, p: Pending, err: FlashpointError) -> None:
         p.attempts += 1
         if (err.retryable and p.attempts < MAX_DISPATCH_ATTEMPTS and not p.future.done()
+                and not (p.stream and self.streams.relayed(p.request_id))
                 and time.monotonic() < p.deadline_s and p.function in self.state.functions):
-            # requests are idempotent
+            # requests are idempotent (a stream, until its client has tokens of this try)
             self.dispatcher.enqueue(p.function, p, front=True, best_effort=p.best_effort)
         elif not p.future.done():
             p.future.set_exception(err)

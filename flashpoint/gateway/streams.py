@@ -35,6 +35,7 @@ _END = object()
 class _Sink:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     conn: Any = None  # the worker connection the request went to, once sent
+    chunks: int = 0  # received so far
 
 
 class StreamRegistry:
@@ -49,6 +50,12 @@ class StreamRegistry:
 
     def close(self, request_id: str) -> None:
         self._sinks.pop(request_id, None)
+
+    def relayed(self, request_id: str) -> bool:
+        """Whether a chunk of it came back already (it may no longer be re-sent: its
+        client has tokens of that attempt)."""
+        sink = self._sinks.get(request_id)
+        return sink is not None and sink.chunks > 0
 
     def sent(self, request_id: str, conn: Any) -> None:
         """The request went out on ``conn``: its chunks come from there."""
@@ -70,6 +77,7 @@ class StreamRegistry:
                 token is None or isinstance(token, int)):
             log.warning("gen_chunk_malformed", request_id=rid)
             return
+        sink.chunks += 1
         sink.queue.put_nowait(StreamChunk(index, text, token))
 
 

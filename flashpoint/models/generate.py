@@ -119,7 +119,9 @@ def sample_token(logits: torch.Tensor, params: SamplingParams,
         keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < params.top_p  # at least the best
         sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    # drawn on the CPU, where the sequence's generator lives: the same seed gives the same
+    # tokens whatever device the model runs on
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
 
 
 class GenerationEngine:
