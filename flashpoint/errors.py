@@ -198,6 +198,19 @@ class NoCapacity(Unavailable):
     code = "no_capacity"
 
 
+class KvCacheFull(Overloaded):
+    """A generation replica's KV-cache memory and waiting queue are both full (retry)."""
+
+    code = "kv_cache_full"
+
+
+class KvCacheTooSmall(BadRequest):
+    """A sequence (prompt plus ``max_tokens``) needs more KV-cache memory than the replica
+    reserves in all: it could never run there."""
+
+    code = "kv_cache_too_small"
+
+
 class ModelLoadFailed(Unavailable):
     """A function's replicas failed to start ``details["failed_starts"]`` times in a row and
     none is warm: the controller starts none for ``retry_after_s`` (its back-off). The message

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ from flashpoint.errors import (
     PeerLost,
     from_wire,
 )
-from flashpoint.gateway.backend import FunctionInfo, InvokeResult
+from flashpoint.gateway.backend import FunctionInfo, InvokeResult, StreamChunk
+from flashpoint.gateway.streams import StreamRegistry, stream_invocation
 from flashpoint.ids import ModelKey
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
@@ -121,6 +123,7 @@ class Controller:
                                         start_backoff_max_s=self.cc.start_backoff_max_s)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
+        self.streams = StreamRegistry()  # streamed generation requests (gateway/streams.py)
         self.kaas = KaasPool(self.cc, lambda: self.state.kaas_broken)
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())
         self.hosts: dict[str, HostHandle] = {}
@@ -192,6 +195,7 @@ class Controller:
             roles.guard({"register_host": self._register_host, "heartbeat": self._heartbeat,
              "replica_ready": self._replica_ready, "replica_failed": self._replica_failed,
              "stage_ready": self._stage_ready, "host_draining": self._host_draining,
+             "gen_chunk": self.streams.on_chunk,
              **GatewayService(self, self.kaas).handlers()}),
             secret=roles.controller_keyring(self.config.secret.encode()),
             on_disconnect=self._on_disconnect,
@@ -688,6 +692,9 @@ class Controller:
             now = time.monotonic()
             for p in live:
                 p.sent_s = now
+                if p.stream:  # its chunks come from this connection; its caller gone,
+                    self.streams.sent(p.request_id, handle.conn)  # the call is cancelled
+                    _cancel_with(p.future, asyncio.current_task())
             timeout = max(0.001, max(p.deadline_s for p in live) - now)
             replies = await handle.infer(live, timeout)
             took = (time.monotonic() - now) / len(live)  # a batch shares the replica's time
@@ -726,8 +733,9 @@ class Controller:
     def _retry_or_fail(self, p: Pending, err: FlashpointError) -> None:
         p.attempts += 1
         if (err.retryable and p.attempts < MAX_DISPATCH_ATTEMPTS and not p.future.done()
+                and not (p.stream and self.streams.relayed(p.request_id))
                 and time.monotonic() < p.deadline_s and p.function in self.state.functions):
-            # requests are idempotent
+            # requests are idempotent (a stream, until its client has tokens of this try)
             self.dispatcher.enqueue(p.function, p, front=True, best_effort=p.best_effort)
         elif not p.future.done():
             p.future.set_exception(err)
@@ -762,9 +770,20 @@ class Controller:
                 raise BadRequest("all inputs need the same non-zero leading (batch) dimension")
             rows = n
 
+    def invoke_stream(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
+                      timeout_s: float | None = None,
+                      request_class: str = RequestClass.STRICT
+                      ) -> AsyncIterator[StreamChunk | InvokeResult]:
+        """A text-generation request's token chunks as they come, then its result
+        (gateway/streams.py); closing the iterator early cancels the request."""
+        return stream_invocation(self.streams, request_id, lambda: self.invoke(
+            name, inputs, request_id=request_id, timeout_s=timeout_s,
+            request_class=request_class, stream=True))
+
     async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
                      timeout_s: float | None = None,
-                     request_class: str = RequestClass.STRICT) -> InvokeResult:
+                     request_class: str = RequestClass.STRICT,
+                     stream: bool = False) -> InvokeResult:
         t0 = time.monotonic()
         best_effort = request_class == RequestClass.BEST_EFFORT
         fn = self.state.functions.get(name)
@@ -785,9 +804,11 @@ class Controller:
         payload = {"request_id": request_id, "inputs": encode_tensors(inputs)}
         if best_effort:
             payload["class"] = RequestClass.BEST_EFFORT  # the worker's queue serves strict first
+        if stream:
+            payload["stream"] = True
         loop = asyncio.get_running_loop()
         p = Pending(request_id, name, payload, loop.create_future(), t0, t0 + timeout, cold,
-                    best_effort)
+                    best_effort, stream=stream)
         self._last_request[name] = t0
         self._arrivals.add(name)
         self._invocations[name] = self._invocations.get(name, 0) + 1
@@ -1042,3 +1063,9 @@ def _not_ready_reason(failure: cs.StartFailure, now_s: float) -> dict[str, Any]:
     if failure.retry_at_s is not None:
         reason["retry_in_s"] = round(max(0.0, failure.retry_at_s - now_s), 3)
     return reason
+
+
+def _cancel_with(future: asyncio.Future, task: asyncio.Task | None) -> None:
+    """Cancel ``task`` (a send to a worker) when ``future`` (its request) is cancelled."""
+    if task is not None:
+        future.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)

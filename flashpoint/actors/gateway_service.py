@@ -8,6 +8,10 @@ another version):
 
 - ``gw_invoke``   {v, name, inputs (encoded tensors), request_id, timeout_s, request_class}
                   -> {v, outputs, timings_s, replica_id, cold, cold_start_source}
+- ``gw_stream``   gw_invoke's request for a text-generation function: ``gw_chunk``
+                  notifications back on the same connection as the tokens come
+                  ({request_id, index, text, token_id}; gateway/streams.py), then gw_invoke's
+                  reply; cancelling the call cancels the sequence
 - ``gw_functions`` {v} -> {v, functions: [FunctionInfo dict], ready, status}
 - ``gw_register`` {v, spec} -> {v, info}
 - ``gw_delete``   {v, name} -> {v}
@@ -31,7 +35,7 @@ import asyncio
 from typing import Any, Protocol
 
 from flashpoint.errors import BadRequest, KaasUnavailable, PayloadTooLarge
-from flashpoint.gateway.backend import FunctionInfo, InvokeResult
+from flashpoint.gateway.backend import FunctionInfo, InvokeResult, StreamChunk
 from flashpoint.gateway.remote import GATEWAY_RPC_VERSION, result_to_wire
 from flashpoint.kaas.backend import KaasBackend
 from flashpoint.kaas.remote import FRAME_BUDGET_BYTES
@@ -82,7 +86,7 @@ class GatewayService:
         self._kaas = kaas
 
     def handlers(self) -> dict[str, Any]:
-        return {"gw_invoke": self._invoke, "gw_functions": self._functions,
+        return {"gw_invoke": self._invoke, "gw_stream": self._stream, "gw_functions": self._functions,
                 "gw_register": self._register, "gw_delete": self._delete,
                 "gw_kaas_invoke": self._kaas_invoke, "gw_kaas_status": self._kaas_status,
                 "gw_object_put": self._object_put, "gw_object_get": self._object_get,
@@ -99,6 +103,30 @@ class GatewayService:
             request_id=_text(payload, "request_id"),
             timeout_s=timeout_s, request_class=cls)
         return result_to_wire(result)
+
+    async def _stream(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        _check_version(payload)
+        timeout_s = _timeout(payload)
+        cls = payload.get("request_class", RequestClass.STRICT)
+        if cls not in tuple(RequestClass):
+            raise BadRequest(f"request_class must be one of {[c.value for c in RequestClass]}")
+        open_stream = getattr(self._backend, "invoke_stream", None)
+        if open_stream is None:
+            raise BadRequest("this controller does not stream")
+        rid = _text(payload, "request_id")
+        stream = open_stream(_text(payload, "name"), decode_tensors(payload.get("inputs")),
+                             request_id=rid, timeout_s=timeout_s, request_class=cls)
+        try:
+            async for item in stream:
+                if isinstance(item, StreamChunk):
+                    await conn.notify("gw_chunk", {"request_id": rid, "index": item.index,
+                                                   "text": item.text,
+                                                   "token_id": item.token_id}, trace=rid)
+                else:
+                    return result_to_wire(item)
+        finally:
+            await stream.aclose()  # the gateway cancelled: so is the sequence
+        raise BadRequest(f"request {rid}: the stream ended without an answer")
 
     async def _functions(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         _check_version(payload)

@@ -29,6 +29,9 @@ class Pending:
     best_effort: bool = False
     attempts: int = 0
     sent_s: float = 0.0
+    # A streamed generation request: its token chunks arrive as ``gen_chunk`` notifications
+    # on the connection it was sent to, and it travels alone (never in an infer_many frame).
+    stream: bool = False
 
 
 @dataclass
@@ -98,7 +101,10 @@ class WorkerHandle:
     source: str = ""  # where its cold start got the model bytes
 
     async def infer(self, ps: list[Pending], timeout_s: float) -> list[dict[str, Any]]:
-        """One frame for all of ``ps``; one reply (outputs or a wire error) per request."""
+        """One frame for all of ``ps``; one reply (outputs or a wire error) per request.
+        Streamed requests go as calls of their own, side by side."""
+        if len(ps) > 1 and any(p.stream for p in ps):
+            return list(await asyncio.gather(*(self.infer([p], timeout_s) for p in ps)))
         if len(ps) == 1:
             try:
                 return [await self.conn.call("infer", ps[0].payload, timeout_s=timeout_s)]

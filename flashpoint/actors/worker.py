@@ -202,8 +202,16 @@ class Worker:
         from flashpoint.actors.batcher import Batcher
 
         served = self.replica.served if self.replica is not None else None
-        self.batcher = Batcher(self._run_batch, spec.max_batch_size, spec.batch_wait_ms / 1000.0,
-                               pad_values=served.pad_values if served is not None else None)
+        if getattr(served, "generates", False):  # a causal LM: token loop, not batches
+            from flashpoint.actors.generation import GenerationLoop
+
+            assert self.replica is not None
+            engine = served.build_engine(self.replica.module, max_running=spec.max_batch_size)
+            self.batcher = GenerationLoop(engine, max_waiting=4 * spec.max_batch_size)
+        else:
+            self.batcher = Batcher(self._run_batch, spec.max_batch_size,
+                                   spec.batch_wait_ms / 1000.0,
+                                   pad_values=served.pad_values if served is not None else None)
         self.batcher.start()
         self._announceable.set()
         if self._controller is None:
@@ -464,6 +472,9 @@ class Worker:
     def _warm_up(self, rep: LoadedReplica) -> None:
         """The replica's first inference, on its serving task's own valid request."""
         served = rep.served
+        if getattr(served, "generates", False):  # one forward pass, no sequence
+            self._run_batch(served.warmup_module_inputs(), rep)
+            return
         self._run_batch(served.prepare(served.warmup_request()), rep)
 
     def _run_batch(self, inputs: dict[str, np.ndarray],
@@ -512,6 +523,8 @@ class Worker:
         else:
             inputs, best_effort = self._request(payload)
         assert self.batcher is not None
+        if payload.get("stream") and hasattr(self.batcher, "stream"):
+            return await self._infer_stream(conn, payload, inputs)
         outputs, timings = await self.batcher.submit(inputs, best_effort=best_effort)
         self._first_served()
         return {"outputs": encode_tensors(self._finish(outputs)), "timings_s": timings}
@@ -529,6 +542,37 @@ class Worker:
                                        timeout_s=10.0)
         except FlashpointError as exc:  # the host refills after refill_hold_s anyway
             log.warning("replica_served_report_failed", error=exc.code)
+
+    async def _infer_stream(self, conn: Any, payload: dict[str, Any],
+                            request: Any) -> dict[str, Any]:
+        """A generation request whose tokens go back as they come: one ``gen_chunk``
+        notification per token boundary to the caller (``request_id``, ``index`` from 0,
+        ``text``, ``token_id``), then the reply: the whole answer and ``chunks``, how many
+        were sent (notifications may be handled after the reply arrives). The caller
+        cancelling the call (a client gone) cancels the sequence and frees its cache."""
+        from flashpoint.models.generate import FinishReason, GenerationResult
+
+        rid = str(payload.get("request_id", ""))
+        started = time.perf_counter()
+        stream = self.batcher.stream(request)
+        ids: list[int] = []
+        text, finish, index = "", FinishReason.LENGTH, 0
+        try:
+            async for event in stream:
+                if event.token_id is not None:
+                    ids.append(event.token_id)
+                text += event.text_delta
+                if event.finish is not None:
+                    finish = event.finish
+                await conn.notify("gen_chunk", {"request_id": rid, "index": index,
+                                                "text": event.text_delta,
+                                                "token_id": event.token_id}, trace=rid)
+                index += 1
+        finally:
+            await stream.aclose()
+        result = GenerationResult(len(request.prompt_ids), tuple(ids), text, finish)
+        return {"outputs": encode_tensors(self._finish(result)), "chunks": index,
+                "timings_s": {"inference": time.perf_counter() - started}}
 
     def _finish(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request's module outputs as its answer (the serving task's ``finish``)."""
@@ -604,7 +648,9 @@ class Worker:
 
     async def _status(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         return {"depth": self.batcher.depth if self.batcher else 0,
-                "batches": self.batcher.batches_run if self.batcher else 0}
+                "batches": self.batcher.batches_run if self.batcher else 0,
+                # sequences generating now (a text-generation replica; else 0)
+                "running": getattr(self.batcher, "running", 0) if self.batcher else 0}
 
 
 def _preload_transformers() -> None:
@@ -617,7 +663,8 @@ def _preload_transformers() -> None:
         from transformers import AutoImageProcessor, AutoTokenizer  # noqa: F401
     except ImportError:
         return
-    for cls in ("BertForSequenceClassification", "RobertaForSequenceClassification",
+    for cls in ("BertForSequenceClassification", "GPT2LMHeadModel", "LlamaForCausalLM",
+                "RobertaForSequenceClassification",
                 "DistilBertForSequenceClassification", "ViTForImageClassification",
                 "ResNetForImageClassification", "ViTImageProcessorPil",
                 "ConvNextImageProcessorPil"):
@@ -631,9 +678,11 @@ def _whole_replica(replica_id: str, spec: FunctionSpec, module: Any, device: str
     from flashpoint.models.publish import read_files
 
     served = serving.for_manifest(manifest, read_files(manifest, memoryview(mapping)))
+    required = getattr(served, "required_inputs", None)  # text generation: text or messages
     return LoadedReplica(replica_id, spec, module, device, list(served.module_inputs),
                          list(served.module_outputs), mapping, manifest, None, served,
-                         tuple(t.name for t in manifest.io.inputs))
+                         tuple(t.name for t in manifest.io.inputs) if required is None
+                         else tuple(required))
 
 
 def _error_reply(exc: Exception) -> dict[str, Any]:

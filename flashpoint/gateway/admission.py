@@ -7,9 +7,10 @@ The token bucket is a plain state class with ``now_s`` passed in, so tests need 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -96,6 +97,16 @@ class Admission:
         return await self.run(caller, repr(name), lambda: backend.invoke(
             name, inputs, request_id=request_id, timeout_s=timeout_s,
             request_class=request_class), timeout_s=timeout_s)
+
+    @contextlib.contextmanager
+    def admitted(self, caller: str) -> Iterator[None]:
+        """Admit ``caller`` (rate limit, in-flight cap) for work the caller bounds itself
+        (a stream, which ends at its backend's deadline or its client's disconnect)."""
+        self._admit(caller)
+        try:
+            yield
+        finally:
+            self.inflight -= 1
 
     async def run(self, caller: str, what: str, call: Callable[[], Awaitable[T]], *,
                   timeout_s: float) -> T:

@@ -32,6 +32,16 @@ class InvokeResult:
     cold_start_source: str = ""
 
 
+@dataclass(frozen=True)
+class StreamChunk:
+    """One token boundary of a streamed generation: ``index`` from 0, the text it added
+    (possibly empty: text a stop string could still cut is held back) and its token."""
+
+    index: int
+    text: str
+    token_id: int | None
+
+
 @dataclass
 class FunctionInfo:
     spec: FunctionSpec
@@ -102,6 +112,10 @@ class InvokeBackend(Protocol):
         Overloaded / Unavailable (with retry_after_s; ModelLoadFailed when its replicas keep
         failing to start), DeadlineExceeded, ModelFailed.
         """
+
+    # Optional: ``invoke_stream(name, inputs, *, request_id, timeout_s, request_class)``, an
+    # async iterator of StreamChunk then the InvokeResult, for a text-generation function
+    # (the Controller has it; a backend without it answers ``stream: true`` with a 400).
 
     def cluster_status(self) -> dict[str, Any]:
         """Hosts, devices, replicas and queues as plain data."""

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import ssl
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,8 @@ from flashpoint.errors import (
     PeerLost,
     Unavailable,
 )
-from flashpoint.gateway.backend import FunctionInfo, InvokeResult
+from flashpoint.gateway.backend import FunctionInfo, InvokeResult, StreamChunk
+from flashpoint.gateway.streams import StreamRegistry, stream_invocation
 from flashpoint.log import get_logger
 from flashpoint.rpc.backoff import Backoff
 from flashpoint.rpc.client import ReconnectingClient
@@ -103,8 +105,10 @@ class RemoteBackend:
         kwargs: dict[str, Any] = {"ssl_context": ssl_context}
         if max_frame_bytes is not None:
             kwargs["max_frame_bytes"] = max_frame_bytes
-        self._client = ReconnectingClient(controller_url, secret=secret, name=name,
-                                          backoff=RECONNECT, **kwargs)
+        self._streams = StreamRegistry()  # streamed generations (gateway/streams.py)
+        self._client = ReconnectingClient(controller_url, {"gw_chunk": self._streams.on_chunk},
+                                          secret=secret, name=name, backoff=RECONNECT,
+                                          **kwargs)
         self.refresh_s = refresh_s
         self._functions: dict[str, FunctionInfo] = {}
         self._status: dict[str, Any] = {}
@@ -203,6 +207,24 @@ class RemoteBackend:
                    "request_class": request_class}
         return result_from_wire(await self.call_retrying("gw_invoke", payload, timeout,
                                                          connection_lost, trace=request_id))
+
+    def invoke_stream(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
+                      timeout_s: float | None = None, request_class: str = "strict"
+                      ) -> AsyncIterator[StreamChunk | InvokeResult]:
+        """The controller's ``gw_stream``: chunks as they come, then the result. Never
+        re-sent (its tokens may have gone out already); closing it early cancels the call."""
+        timeout = timeout_s if timeout_s is not None else 60.0
+        payload = {"v": GATEWAY_RPC_VERSION, "name": name, "inputs": encode_tensors(inputs),
+                   "request_id": request_id, "timeout_s": timeout,
+                   "request_class": request_class}
+
+        async def call() -> InvokeResult:
+            conn = await self._client.wait_connected(timeout)
+            self._streams.sent(request_id, conn)
+            return result_from_wire(_check_reply(await conn.call(
+                "gw_stream", payload, timeout_s=timeout, trace=request_id)))
+
+        return stream_invocation(self._streams, request_id, call)
 
     async def call_retrying(self, method: str, payload: dict[str, Any], timeout_s: float,
                             retry_on: Any, trace: str | None = None) -> dict[str, Any]:

@@ -31,6 +31,8 @@ ENTRY_POINT = "flashpoint.models.hf:build_empty"
 TASKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ForSequenceClassification": ("text-classification", ("input_ids", "attention_mask")),
     "ForImageClassification": ("image-classification", ("pixel_values",)),
+    "ForCausalLM": ("text-generation", ("input_ids", "attention_mask")),
+    "LMHeadModel": ("text-generation", ("input_ids", "attention_mask")),  # GPT2LMHeadModel
 }
 
 
@@ -90,9 +92,24 @@ class ImageClassifier(nn.Module):
         return self.model(pixel_values=pixel_values).logits
 
 
+class CausalLM(nn.Module):
+    """``input_ids, attention_mask -> logits`` (every position's next-token logits) over a
+    ``*ForCausalLM``; generation (:mod:`flashpoint.models.generate`) drives ``self.model``
+    itself, with its KV caches."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                          use_cache=False).logits
+
+
 _WRAPPERS: dict[str, Callable[[nn.Module], nn.Module]] = {
     "text-classification": TextClassifier,
     "image-classification": ImageClassifier,
+    "text-generation": CausalLM,
 }
 
 

@@ -181,3 +181,86 @@ def make_image_classifier(
     model.save_pretrained(str(out))
     processor.save_pretrained(str(out))
     return out
+
+
+LLAMA_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|> ' + message['content'] + ' ' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|> ' }}{% endif %}"
+)
+"""A small chat template (Llama-style models carry theirs in ``tokenizer_config.json``)."""
+
+
+def build_causal_tokenizer(directory: Path, *, chat_template: str | None = None) -> Any:
+    """A WordPiece tokenizer for a causal LM, trained on :data:`SENTENCES` and saved to
+    ``directory``: a text starts with the BOS token ``[CLS]`` and ends with nothing (the
+    model continues it); ``[SEP]`` is EOS, ``[PAD]`` pads; decoding joins word pieces."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=special)
+    tok.train_from_iterator(list(SENTENCES), trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A", pair="[CLS] $A $B:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]"))])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="[CLS]",
+        eos_token="[SEP]", mask_token="[MASK]")
+    fast.save_pretrained(str(directory))
+    if chat_template is not None:  # in tokenizer_config.json, where Llama checkpoints have it
+        import json
+
+        config_path = directory / "tokenizer_config.json"
+        config = json.loads(config_path.read_text())
+        config["chat_template"] = chat_template
+        config_path.write_text(json.dumps(config, indent=2))
+        fast.chat_template = chat_template
+    return fast
+
+
+def make_causal_lm(
+    directory: str | Path,
+    *,
+    family: str = "gpt2",
+    size: str = "tiny",
+    seed: int = 0,
+) -> Path:
+    """A causal language model directory (``family``: gpt2 -> ``GPT2LMHeadModel``, llama
+    -> ``LlamaForCausalLM`` with a chat template) with random weights and a tokenizer;
+    returns its path."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_causal_tokenizer(
+        out, chat_template=LLAMA_CHAT_TEMPLATE if family == "llama" else None)
+    dims = SIZES[size]
+    special = {"vocab_size": max(len(tok), 64), "pad_token_id": tok.pad_token_id,
+               "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    if family == "gpt2":
+        config: Any = GPT2Config(
+            n_embd=dims["hidden_size"], n_layer=dims["num_hidden_layers"],
+            n_head=dims["num_attention_heads"], n_inner=dims["intermediate_size"],
+            n_positions=dims["max_position_embeddings"], **special)
+        cls: Any = GPT2LMHeadModel
+    elif family == "llama":
+        config = LlamaConfig(
+            hidden_size=dims["hidden_size"], num_hidden_layers=dims["num_hidden_layers"],
+            num_attention_heads=dims["num_attention_heads"],
+            num_key_value_heads=max(1, dims["num_attention_heads"] // 2),  # GQA
+            intermediate_size=dims["intermediate_size"],
+            max_position_embeddings=dims["max_position_embeddings"], **special)
+        cls = LlamaForCausalLM
+    else:
+        raise ValueError(f"unknown family {family!r}")
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    model.save_pretrained(str(out))
+    return out

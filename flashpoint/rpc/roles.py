@@ -8,7 +8,9 @@ that principal's key, so once a connection is live its ``peer_name`` is authenti
                                                              host_draining, replica_failed,
                                                              stage_ready — for that host id
     worker/<host_id>   worker_key(host key)                  replica_ready — for replicas on
-                                                             that host; worker_hello on it
+                                                             that host; worker_hello on it;
+                                                             gen_chunk — only on the
+                                                             connection its request went to
     gateway            role_key(secret, "gateway")           gw_*
     anything else      the cluster secret itself             everything (admin: the
                                                              controller's own tools, tests)
@@ -52,8 +54,8 @@ class Role(StrEnum):
 CONTROLLER_METHODS: dict[Role, frozenset[str]] = {
     Role.HOST: frozenset({"register_host", "heartbeat", "host_draining", "replica_failed",
                           "stage_ready"}),
-    Role.WORKER: frozenset({"replica_ready"}),
-    Role.GATEWAY: frozenset({"gw_invoke", "gw_functions", "gw_register", "gw_delete",
+    Role.WORKER: frozenset({"replica_ready", "gen_chunk"}),
+    Role.GATEWAY: frozenset({"gw_invoke", "gw_stream", "gw_functions", "gw_register", "gw_delete",
                              "gw_kaas_invoke", "gw_kaas_status", "gw_object_put",
                              "gw_object_get"}),
 }

@@ -9,7 +9,8 @@ their second axis, so requests of different lengths share a batch), runs the mod
 calls :meth:`Serving.finish` on each request's slice of the outputs (logits -> labels).
 
 Tasks: ``tensor`` (tensors in and out, the built-in models), ``text-classification`` and
-``image-classification`` (Hugging Face models), ``handler`` (a trusted bundle's own
+``image-classification`` and ``text-generation`` (Hugging Face models; generation runs
+in a token loop of its own, :mod:`flashpoint.actors.generation`), ``handler`` (a trusted bundle's own
 pre- and postprocessing).
 """
 
@@ -64,6 +65,12 @@ def _text(manifest: Any, files: Mapping[str, bytes]) -> Serving:
     return TextClassification.for_manifest(manifest, files)
 
 
+def _generation(manifest: Any, files: Mapping[str, bytes]) -> Serving:
+    from flashpoint.models.serving.generation import TextGeneration
+
+    return TextGeneration.for_manifest(manifest, files)  # type: ignore[return-value]
+
+
 def _image(manifest: Any, files: Mapping[str, bytes]) -> Serving:
     from flashpoint.models.serving.image import ImageClassification
 
@@ -80,6 +87,7 @@ TASKS: dict[str, Factory] = {
     "tensor": _tensor,
     "text-classification": _text,
     "image-classification": _image,
+    "text-generation": _generation,
     "handler": _handler,
 }
 

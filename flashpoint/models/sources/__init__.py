@@ -86,12 +86,15 @@ def verify_blob(manifest: Manifest, blob_path: str | Path) -> None:
         try:
             module = load_module(manifest, memoryview(mapping))
             served = serving.for_manifest(manifest, read_files(manifest, memoryview(mapping)))
-            request = served.prepare(served.warmup_request())
-            with torch.inference_mode():
-                out = module(*(torch.from_numpy(request[n]) for n in served.module_inputs))
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            served.finish({n: o.detach().cpu().numpy()
-                           for n, o in zip(served.module_outputs, outs, strict=False)})
+            if getattr(served, "generates", False):  # a causal LM: a short generation
+                _generate_once(served, module)
+            else:
+                request = served.prepare(served.warmup_request())
+                with torch.inference_mode():
+                    out = module(*(torch.from_numpy(request[n]) for n in served.module_inputs))
+                outs = out if isinstance(out, (tuple, list)) else (out,)
+                served.finish({n: o.detach().cpu().numpy()
+                               for n, o in zip(served.module_outputs, outs, strict=False)})
         except FlashpointError as e:
             raise UnsupportedModel(f"{manifest.name}: does not serve once published: "
                                    f"{e.message}"[:500]) from None
@@ -194,3 +197,15 @@ async def publish(
         profile_device=profile_device, profile_batch=profile_batch, profiles=profiles or {})
     return await publish_source(store, model_name, name, version=version, fmt="zoo",
                                 options=options, chunk_size=chunk_size, tmp_dir=tmp_dir)
+
+
+def _generate_once(served: Any, module: Any) -> None:
+    """Its warm-up request through a generation engine of its own, to the end."""
+    engine = served.build_engine(module, max_running=1)
+    request = served.prepare(served.warmup_request())
+    engine.add(list(request.prompt_ids), request.params)
+    for _ in range(request.params.max_tokens + 1):
+        engine.step()
+        if engine.idle:
+            return
+    raise UnsupportedModel("its warm-up generation did not finish")

@@ -67,6 +67,25 @@ class HuggingFaceDirectory:
         num_labels = int(cfg.num_labels)
         config: dict[str, Any] = {"architecture": architecture, "hf_config": raw,
                                   "num_labels": num_labels}
+        if task == "text-generation":
+            tokenizer = hf.check_tokenizer(source)
+            from flashpoint.models.serving.text import max_length
+
+            config.update(max_length=max_length(raw, tokenizer))
+            # Its request tensors are optional or alternatives (text or messages, sampling
+            # settings; serving/generation.py): no fixed input signature to enforce.
+            io = IoSignature((), (
+                TensorSpec("text", "BYTES", (1,)),
+                TensorSpec("token_ids", "INT64", (-1,)),
+                TensorSpec("finish_reason", "BYTES", (1,)),
+                TensorSpec("prompt_tokens", "INT64", (1,)),
+                TensorSpec("completion_tokens", "INT64", (1,)),
+            ))
+            return Prepared(
+                build=lambda: _load(source, architecture), entry_point=hf.ENTRY_POINT,
+                config=config, io=io, task=task, files=files, layer_plan=_layer_plan,
+                profiler=_profiler(source, config, options) if options.profile else None,
+            )
         if task == "text-classification":
             tokenizer = hf.check_tokenizer(source)
             from flashpoint.models.serving.text import DEFAULT_TOP_K, max_length

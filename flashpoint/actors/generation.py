@@ -1,0 +1,245 @@
+"""The worker's generation loop: drives one :class:`~flashpoint.models.generate.GenerationEngine`
+from the event loop, in place of the batcher, for a text-generation replica.
+
+Requests join the engine and cancellations reach it only between steps, on the event
+loop; each step (one token for every running sequence) runs on the model thread. A caller
+either awaits the whole result (:meth:`GenerationLoop.submit`, the ``infer`` RPC) or reads
+its tokens as they come (:meth:`GenerationLoop.stream`); a caller that stops waiting -- its
+task cancelled, its stream closed -- cancels its sequence, which frees its KV cache at the
+next token boundary. A step that raises fails the sequences it held, never the replica.
+The waiting queue is bounded: past it a request is refused with ``kv_cache_full`` (429).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from flashpoint.actors.replica_stats import ReplicaStats
+from flashpoint.errors import FlashpointError, KvCacheFull, ModelFailed, Unavailable
+from flashpoint.log import get_logger
+from flashpoint.models.generate import (
+    FinishReason,
+    GenerationEngine,
+    GenerationRequest,
+    GenerationResult,
+    TokenEvent,
+)
+
+log = get_logger("flashpoint.generation")
+
+_DONE = object()
+
+
+@dataclass(eq=False)
+class _Sink:
+    """Where one sequence's tokens go."""
+
+    request: GenerationRequest
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    seq_id: int | None = None
+    finished: bool = False
+    enqueued_s: float = field(default_factory=time.perf_counter)
+
+
+class GenerationLoop:
+    """See the module docstring. ``max_waiting`` bounds the sequences queued for room."""
+
+    def __init__(self, engine: GenerationEngine, *, max_waiting: int) -> None:
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self._joining: list[_Sink] = []
+        self._cancelling: list[_Sink] = []
+        self._sinks: dict[int, _Sink] = {}
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # no sequence joining, waiting or running
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+        self._task: asyncio.Task | None = None
+        self.stats = ReplicaStats()
+        self.batches_run = 0  # steps
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="generation")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        err = Unavailable("replica stopping", retry_after_s=0.1)
+        for sink in [*self._joining, *self._sinks.values()]:
+            self._end(sink, err)
+        self._joining.clear()
+        self._sinks.clear()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def depth(self) -> int:
+        """Sequences not yet running."""
+        return len(self._joining) + len(self.engine.waiting)
+
+    async def wait_idle(self) -> None:
+        """Until no sequence joins, waits or runs (every cancelled one has left: a drain)."""
+        while True:
+            await self._idle.wait()
+            if self.engine.idle and not self._joining and not self._cancelling:
+                return
+            self._idle.clear()
+
+    @property
+    def running(self) -> int:
+        return len(self.engine.running)
+
+    # -- callers ------------------------------------------------------------------------
+    def stream(self, request: GenerationRequest) -> SequenceStream:
+        """Join now (KvCacheFull when too many wait) and iterate the sequence's token
+        events as they come; the last one has ``finish`` set. Closing the stream before
+        its end (``aclose``) cancels the sequence."""
+        return SequenceStream(self, self._join(request))
+
+    async def submit(self, request: GenerationRequest, *, alone: bool = True,
+                     best_effort: bool = False) -> tuple[GenerationResult, dict[str, float]]:
+        """The whole sequence, and its timings (``batch_wait``: until its first token)."""
+        return await self._collect(self.stream(request))
+
+    def enqueue(self, request: GenerationRequest, *, best_effort: bool = False) -> asyncio.Future:
+        """:meth:`submit` as a future, joined now (several requests of one frame)."""
+        return asyncio.ensure_future(self._collect(self.stream(request)))
+
+    async def _collect(self, stream: SequenceStream
+                       ) -> tuple[GenerationResult, dict[str, float]]:
+        started = time.perf_counter()
+        first_s = None
+        ids: list[int] = []
+        text = ""
+        finish = FinishReason.LENGTH
+        try:
+            async for event in stream:
+                if first_s is None:
+                    first_s = time.perf_counter() - started
+                if event.token_id is not None:
+                    ids.append(event.token_id)
+                text += event.text_delta
+                if event.finish is not None:
+                    finish = event.finish
+        finally:
+            await stream.aclose()
+        total = time.perf_counter() - started
+        return (GenerationResult(len(stream.request.prompt_ids), tuple(ids), text, finish),
+                {"batch_wait": first_s or 0.0, "inference": total - (first_s or 0.0),
+                 "batch_rows": float(len(ids))})
+
+    def _join(self, request: GenerationRequest) -> _Sink:
+        if self.depth >= self.max_waiting:
+            raise KvCacheFull(f"{self.depth} sequences already wait for KV-cache room",
+                              retry_after_s=0.5)
+        sink = _Sink(request)
+        self._joining.append(sink)
+        self._idle.clear()
+        self._wake.set()
+        return sink
+
+    def _cancel(self, sink: _Sink) -> None:
+        sink.finished = True
+        if sink in self._joining:
+            self._joining.remove(sink)
+            return
+        self._cancelling.append(sink)
+        self._idle.clear()
+        self._wake.set()
+
+    def _end(self, sink: _Sink, item: TokenEvent | BaseException) -> None:
+        if not sink.finished:
+            sink.events.put_nowait(item)
+        if isinstance(item, BaseException) or item.finish is not None:
+            sink.finished = True
+
+    # -- the loop -----------------------------------------------------------------------
+    def _between_steps(self) -> None:
+        """Joins and cancellations, applied while no step runs."""
+        for sink in self._cancelling:
+            if sink.seq_id is not None:
+                self.engine.cancel(sink.seq_id)
+                self._sinks.pop(sink.seq_id, None)
+        self._cancelling.clear()
+        joining, self._joining = self._joining, []
+        for sink in joining:
+            try:
+                sink.seq_id = self.engine.add(list(sink.request.prompt_ids), sink.request.params)
+            except FlashpointError as exc:
+                self._end(sink, exc)
+                continue
+            self._sinks[sink.seq_id] = sink
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._between_steps()
+            if self.engine.idle:
+                self._wake.clear()
+                if not self._joining and not self._cancelling:
+                    self._idle.set()
+                    await self._wake.wait()
+                continue
+            self._idle.clear()
+            before = set(self.engine.running)
+            started = time.perf_counter()
+            try:
+                events = await loop.run_in_executor(self._pool, self.engine.step)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the model raised: its sequences fail, the replica lives
+                self.stats.batch_ran(len(self.engine.running), len(self.engine.running),
+                                     time.perf_counter() - started, failed=True)
+                err = exc if isinstance(exc, FlashpointError) else ModelFailed(
+                    f"model raised {type(exc).__name__}: {exc}"[:500])
+                log.warning("generation_step_failed", error=str(err))
+                for seq_id in list(self.engine.running):
+                    self.engine.cancel(seq_id)
+                    sink = self._sinks.pop(seq_id, None)
+                    if sink is not None:
+                        self._end(sink, err)
+                continue
+            run_s = time.perf_counter() - started
+            self.batches_run += 1
+            self.stats.batch_ran(len(events), len(events), run_s)
+            for event in events:
+                sink = self._sinks.get(event.seq_id)
+                if sink is None:
+                    continue
+                if event.seq_id not in before:  # joined in this step
+                    self.stats.queued(started - sink.enqueued_s)
+                self._end(sink, event)
+                if event.finish is not None:
+                    self._sinks.pop(event.seq_id, None)
+
+
+class SequenceStream:
+    """One joined sequence's token events (see :meth:`GenerationLoop.stream`)."""
+
+    def __init__(self, loop: GenerationLoop, sink: _Sink) -> None:
+        self._loop = loop
+        self._sink = sink
+        self.request = sink.request
+
+    def __aiter__(self) -> SequenceStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        sink = self._sink
+        if sink.finished and sink.events.empty():
+            raise StopAsyncIteration
+        try:
+            item = await sink.events.get()
+        except BaseException:
+            await self.aclose()  # the reader was cancelled: so is its sequence
+            raise
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def aclose(self) -> None:
+        """Cancel the sequence unless it has finished (idempotent)."""
+        if not self._sink.finished:
+            self._loop._cancel(self._sink)

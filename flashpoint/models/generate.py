@@ -1,0 +1,339 @@
+"""Token generation for causal language models: one replica's engine, with continuous
+batching.
+
+The engine holds every running sequence's own KV cache (one key and one value tensor per
+layer, ``[1, kv_heads, length, head_dim]``, no padding inside). One :meth:`GenerationEngine.step`
+is a token boundary: sequences that were added since the last step join (each prefilled
+alone, as ``transformers``' ``generate`` does for one prompt), then every running sequence
+takes one decode step together -- their caches left-padded to the longest, with an
+attention mask over the padding and each sequence's own position ids -- and the sequences
+that finished (EOS, a stop string, ``max_tokens``, cancelled) leave, freeing their caches.
+A sequence's tokens therefore do not depend on what it was batched with (greedy ids equal
+``model.generate(do_sample=False)``; sampling draws from its own seeded generator).
+
+KV memory is reserved per sequence for its whole life (prompt + ``max_tokens``) out of a
+fixed budget per replica, when it joins; a sequence that does not fit now waits for one to
+leave, and one that could never fit is refused (:class:`~flashpoint.errors.KvCacheTooSmall`).
+
+This module is synchronous and owns no thread: :mod:`flashpoint.actors.generation` drives
+it from the worker's event loop (steps on the model thread, joins and cancels between them).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+from flashpoint.errors import InputTooLong, InvalidInput, KvCacheTooSmall
+
+DEFAULT_MAX_TOKENS = 16
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # EOS or a stop string
+    LENGTH = "length"  # max_tokens, or the model's positions
+    CANCELLED = "cancelled"  # its client went away
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one sequence picks its tokens. ``temperature == 0`` is greedy."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_tokens <= 1_000_000:
+            raise InvalidInput("max_tokens must be in 1..1000000")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise InvalidInput("temperature must be in 0..100")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidInput("top_p must be in (0, 1]")
+        if len(self.stop) > 16 or any(not s for s in self.stop):
+            raise InvalidInput("stop: at most 16 non-empty strings")
+
+
+@dataclass
+class GenSequence:
+    """One sequence's state inside the engine."""
+
+    seq_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    reserved_bytes: int
+    generated: list[int] = field(default_factory=list)
+    text: str = ""  # generated text so far (cut at a stop string when one is found)
+    emitted: str = ""  # the prefix of ``text`` already reported in events
+    finish: FinishReason | None = None
+    cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    pending: int | None = None  # sampled but not yet fed to the model
+    generator: torch.Generator | None = None
+
+    @property
+    def length(self) -> int:
+        """Tokens in its KV cache."""
+        return 0 if self.cache is None else int(self.cache[0][0].shape[2])
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """What one step did to one sequence: its new token (``None`` when it left without
+    one: cancelled) and its text delta (text that a stop string could still cut is held
+    back until it cannot, so the deltas add up to the final text); ``finish`` once it has
+    left."""
+
+    seq_id: int
+    token_id: int | None
+    text_delta: str
+    finish: FinishReason | None
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """Keys and values of one token over every layer, from a ``transformers`` config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = int(getattr(text, "num_hidden_layers", 0) or text.n_layer)
+    heads = int(getattr(text, "num_attention_heads", 0) or text.n_head)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    hidden = int(getattr(text, "hidden_size", 0) or text.n_embd)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams,
+                 generator: torch.Generator | None) -> int:
+    """The next token from one row of logits: argmax when greedy, else temperature, then
+    nucleus (top-p) filtering, then a draw from ``generator``."""
+    if params.temperature == 0.0:
+        return int(torch.argmax(logits).item())
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < params.top_p  # at least the best
+        sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    # drawn on the CPU, where the sequence's generator lives: the same seed gives the same
+    # tokens whatever device the model runs on
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
+
+
+class GenerationEngine:
+    """See the module docstring. ``model`` is a ``transformers`` causal LM (eval mode);
+    ``decode`` turns generated ids into text (stop strings are matched on it)."""
+
+    def __init__(self, model: Any, *, eos_token_ids: Sequence[int], max_positions: int,
+                 kv_budget_bytes: int, max_running: int,
+                 decode: Callable[[list[int]], str]) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        dtype = next(model.parameters()).dtype
+        self.bytes_per_token = kv_bytes_per_token(model.config, dtype)
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.max_positions = max_positions
+        self.kv_budget_bytes = kv_budget_bytes
+        self.max_running = max_running
+        self.decode = decode
+        import inspect
+
+        # transformers 5.x renames ``past_key_values`` to ``cache`` (the old name warns)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.waiting: deque[GenSequence] = deque()
+        self.running: dict[int, GenSequence] = {}
+        self.reserved_bytes = 0
+        self.steps = 0
+        self._next_id = 0
+
+    # -- joining and leaving ----------------------------------------------------------
+    def add(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        """Queue a sequence to join at the next step; its id. InputTooLong for a prompt the
+        model has no room after; KvCacheTooSmall for one that could never be reserved."""
+        if not prompt_ids:
+            raise InvalidInput("the prompt is empty")
+        room = self.max_positions - len(prompt_ids)
+        if room < 1:
+            raise InputTooLong(f"prompt of {len(prompt_ids)} tokens leaves no room in the "
+                               f"model's {self.max_positions} positions",
+                               limit=self.max_positions, tokens=len(prompt_ids))
+        if params.max_tokens > room:
+            params = SamplingParams(room, params.temperature, params.top_p, params.seed,
+                                    params.stop)
+        need = (len(prompt_ids) + params.max_tokens) * self.bytes_per_token
+        if need > self.kv_budget_bytes:
+            raise KvCacheTooSmall(
+                f"the sequence needs {need} bytes of KV cache; the replica reserves "
+                f"{self.kv_budget_bytes} in all (ask for fewer max_tokens)",
+                need_bytes=need, budget_bytes=self.kv_budget_bytes)
+        self._next_id += 1
+        gen = None
+        if params.temperature > 0.0:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(params.seed if params.seed is not None
+                            else int(torch.randint(0, 2**62, ()).item()))
+        self.waiting.append(GenSequence(self._next_id, list(prompt_ids), params, need,
+                                        generator=gen))
+        return self._next_id
+
+    def cancel(self, seq_id: int) -> bool:
+        """Drop a sequence (waiting or running) and free its cache; whether it was here."""
+        seq = self.running.pop(seq_id, None)
+        if seq is not None:
+            self.reserved_bytes -= seq.reserved_bytes
+            seq.cache = None
+            seq.finish = FinishReason.CANCELLED
+            return True
+        for i, s in enumerate(self.waiting):
+            if s.seq_id == seq_id:
+                del self.waiting[i]
+                return True
+        return False
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def _admit(self) -> list[GenSequence]:
+        """Waiting sequences that fit now, in order (FIFO: the head blocks the rest)."""
+        joined = []
+        while self.waiting and len(self.running) < self.max_running:
+            head = self.waiting[0]
+            if self.reserved_bytes + head.reserved_bytes > self.kv_budget_bytes:
+                break
+            self.waiting.popleft()
+            self.reserved_bytes += head.reserved_bytes
+            self.running[head.seq_id] = head
+            joined.append(head)
+        return joined
+
+    # -- one token boundary -----------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[TokenEvent]:
+        """Join, one token for every running sequence, leave (see the module docstring)."""
+        events: list[TokenEvent] = []
+        for seq in self._admit():
+            logits = self._prefill(seq)
+            events.append(self._take(seq, logits))
+        decoding = [s for s in self.running.values() if s.finish is None and s.pending is not None
+                    and s.seq_id not in {e.seq_id for e in events}]
+        if decoding:
+            for seq, logits in zip(decoding, self._decode(decoding), strict=True):
+                events.append(self._take(seq, logits))
+        for e in events:
+            if e.finish is not None:
+                seq = self.running.pop(e.seq_id)
+                self.reserved_bytes -= seq.reserved_bytes
+                seq.cache = None
+        self.steps += 1
+        return events
+
+    def _prefill(self, seq: GenSequence) -> torch.Tensor:
+        ids = torch.tensor([seq.prompt_ids], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                         position_ids=torch.arange(ids.shape[1], device=self.device)[None],
+                         use_cache=True)
+        seq.cache = _layers_of(_cache_of(out))
+        return out.logits[0, -1]
+
+    def _decode(self, seqs: list[GenSequence]) -> torch.Tensor:
+        """One decode step for ``seqs`` together; their next-token logits, ``[B, vocab]``."""
+        from transformers import DynamicCache
+
+        lengths = [s.length for s in seqs]
+        longest = max(lengths)
+        n_layers = len(seqs[0].cache or ())
+        padded = []
+        for layer in range(n_layers):
+            keys, values = [], []
+            for s, n in zip(seqs, lengths, strict=True):
+                k, v = (s.cache or [])[layer]
+                keys.append(_left_pad(k, longest - n))
+                values.append(_left_pad(v, longest - n))
+            padded.append((torch.cat(keys), torch.cat(values)))
+        mask = torch.zeros((len(seqs), longest + 1), dtype=torch.long, device=self.device)
+        for i, n in enumerate(lengths):
+            mask[i, longest - n:] = 1
+        ids = torch.tensor([[s.pending] for s in seqs], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[n] for n in lengths], dtype=torch.long, device=self.device)
+        cache = DynamicCache(ddp_cache_data=padded, config=self.model.config)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         **{self._cache_kw: cache}, use_cache=True)
+        layers = _layers_of(_cache_of(out))
+        for i, (s, n) in enumerate(zip(seqs, lengths, strict=True)):
+            start = longest - n
+            s.cache = [(k[i:i + 1, :, start:].contiguous(), v[i:i + 1, :, start:].contiguous())
+                       for k, v in layers]
+        return out.logits[:, -1]
+
+    def _take(self, seq: GenSequence, logits: torch.Tensor) -> TokenEvent:
+        """Sample ``seq``'s next token, check whether it finished, and report it."""
+        token = sample_token(logits, seq.params, seq.generator)
+        seq.generated.append(token)
+        seq.pending = token
+        finish = None
+        if token in self.eos_token_ids:
+            finish = FinishReason.STOP
+            text = seq.text
+        else:
+            text = self.decode([t for t in seq.generated if t not in self.eos_token_ids])
+            for stop in seq.params.stop:
+                at = text.find(stop)
+                if at >= 0:
+                    text, finish = text[:at], FinishReason.STOP
+        if finish is None and len(seq.generated) >= seq.params.max_tokens:
+            finish = FinishReason.LENGTH
+        seq.text = text
+        seq.finish = finish
+        # Report only text no stop string can still claim: hold back the last
+        # (longest stop - 1) characters until the sequence finishes.
+        hold = 0 if finish is not None else max((len(s) for s in seq.params.stop), default=1) - 1
+        safe = text[:len(text) - hold] if hold else text
+        delta = ""
+        if safe.startswith(seq.emitted) and len(safe) > len(seq.emitted):
+            delta = safe[len(seq.emitted):]
+            seq.emitted = safe
+        return TokenEvent(seq.seq_id, token, delta, finish)
+
+
+def _cache_of(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+def _layers_of(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-layer ``(keys, values)`` of a ``transformers`` cache (or the legacy tuples)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [(layer.keys, layer.values) for layer in layers]
+    return [(k, v) for k, v in cache]
+
+
+def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
+    if n == 0:
+        return t
+    pad = torch.zeros((*t.shape[:2], n, *t.shape[3:]), dtype=t.dtype, device=t.device)
+    return torch.cat([pad, t], dim=2)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One sequence to generate: its prompt's token ids and how to sample."""
+
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """A finished sequence."""
+
+    prompt_tokens: int
+    token_ids: tuple[int, ...]
+    text: str
+    finish: FinishReason

@@ -1,0 +1,63 @@
+"""The OpenAI routes' request parsing (a bad body is a 400 with a code before any model
+runs) and their API keys (the same as the native routes'). Served answers are tested
+against transformers in tests/cluster/test_generation.py."""
+
+from __future__ import annotations
+
+import aiohttp
+import numpy as np
+import pytest
+
+from flashpoint.errors import BadRequest
+from flashpoint.gateway.openai import generation_inputs
+
+from .conftest import INVOKE_KEY, ThreadedServer
+
+
+def test_a_completion_body_becomes_generation_tensors() -> None:
+    inputs = generation_inputs({"model": "m", "prompt": "hi", "max_tokens": 5,
+                                "temperature": 0, "top_p": 0.5, "seed": 3,
+                                "stop": ["a", "b"]}, chat=False)
+    assert inputs["text"].tolist() == [b"hi"]
+    assert inputs["max_tokens"].tolist() == [5] and inputs["seed"].tolist() == [3]
+    assert inputs["temperature"].dtype == np.float32 and inputs["top_p"].tolist() == [0.5]
+    assert inputs["stop"].shape == (1, 2)  # every input shares the leading dimension
+    chat = generation_inputs({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                              "stop": "s"}, chat=True)
+    assert b'"role": "user"' in chat["messages"][0] and chat["stop"].shape == (1, 1)
+
+
+@pytest.mark.parametrize("body, says", [
+    ({"model": "m"}, "'prompt'"),
+    ({"model": "m", "prompt": ["a", "b"]}, "'prompt'"),
+    ({"model": "m", "prompt": "a", "n": 2}, "n = 1"),
+    ({"model": "m", "prompt": "a", "max_tokens": "9"}, "max_tokens"),
+    ({"model": "m", "prompt": "a", "max_tokens": True}, "max_tokens"),
+    ({"model": "m", "prompt": "a", "stop": [""]}, "stop"),
+    ({"model": "m", "prompt": "a", "stop": ["s"] * 17}, "stop"),
+    ({"model": "m", "prompt": "a", "presence_penalty": 1.0}, "presence_penalty"),
+    ({"model": "m", "prompt": "a", "tools": []}, "unsupported fields"),
+    ([], "JSON object"),
+])
+def test_bad_bodies_are_bad_requests(body: object, says: str) -> None:
+    with pytest.raises(BadRequest, match=says):
+        generation_inputs(body, chat=False)
+
+
+async def test_same_api_keys_as_the_native_routes(auth_server: ThreadedServer) -> None:
+    async with aiohttp.ClientSession(auth_server.url) as s:
+        async with s.get("/v1/models") as r:
+            assert r.status == 401
+        async with s.post("/v1/completions", json={"model": "identity", "prompt": "a"}) as r:
+            assert r.status == 401
+        async with s.get("/v1/models", headers={"Authorization": f"Bearer {INVOKE_KEY}"}) as r:
+            assert r.status == 200
+            body = await r.json()
+        assert body["object"] == "list" and "identity" in [m["id"] for m in body["data"]]
+        async with s.post("/v1/completions", json={"model": "nope", "prompt": "a"},
+                          headers={"Authorization": f"Bearer {INVOKE_KEY}"}) as r:
+            assert r.status == 404 and (await r.json())["code"] == "function_not_found"
+        async with s.post("/v1/completions", json={"model": "identity", "prompt": "a",
+                                                    "n": 3},
+                          headers={"Authorization": f"Bearer {INVOKE_KEY}"}) as r:
+            assert r.status == 400 and (await r.json())["code"] == "bad_request"
