@@ -293,9 +293,17 @@ async def test_a_killed_controller_restarts_without_losing_functions_or_duplicat
     await c.deploy(FUNCTION, MODEL, min_replicas=2, max_replicas=2, keep_alive_s=600)
     await c.wait_warm(FUNCTION, c.host_ids, timeout_s=60.0)
     before = sorted(r["replica_id"] for r in (await c.status())["replicas"])
-    workers = {h: sorted(c.worker_pids(h)) for h in c.host_ids}
     body, expected = _inputs()
     await c.invoke(FUNCTION, body)
+
+    async def pools_full() -> tuple[bool, Any]:
+        # one replica worker + the refilled warm pool (1) per host: a host refills its pool
+        # once its new replica has answered (or after [host] refill_hold_s)
+        counts = {h: len(c.worker_pids(h)) for h in c.host_ids}
+        return all(n == 2 for n in counts.values()), counts
+
+    await c.wait("every host's warm pool refilled", pools_full, 30.0)
+    workers = {h: sorted(c.worker_pids(h)) for h in c.host_ids}
 
     c.kill_controller()
     await c.restart_controller()
