@@ -91,7 +91,8 @@ async def cold_from_ram(rounds: int, home: Path) -> dict[str, Any]:
             assert res.cold, "expected a scale from zero"
             row = {"model": label, "source": res.cold_start_source, "wall_s": wall,
                    **{k: res.timings_s.get(k, 0.0)
-                      for k in ("fetch", "load", "to_device", "first_inference")}}
+                      for k in ("fetch", "load", "to_device", "first_inference")},
+                   "phases": dict(res.timings_s)}
             rows.append(row)
             print(f"{label:8s} source={row['source']:9s} wall={wall * 1e3:8.1f}ms "
                   f"fetch={row['fetch'] * 1e3:7.1f} load={row['load'] * 1e3:7.1f} "

@@ -125,10 +125,24 @@ def build(config: Mapping[str, Any], *, device: str | torch.device = "meta") -> 
     task = task_of(architecture)
     cls = model_class(architecture)
     cfg = hf_config(raw)
-    with torch.device(device):
+    with torch.device(device), _no_init(device):
         model = cls(cfg)
     model.eval()
     return _WRAPPERS[task](model)
+
+
+def _no_init(device: str | torch.device) -> Any:
+    """On ``meta`` skip transformers' weight initialisation (its Python walk over every
+    module is ~2 ms of a BERT-base cold start): the blob's tensors replace the values."""
+    import contextlib
+
+    if torch.device(device).type != "meta":
+        return contextlib.nullcontext()
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # another transformers release: initialise as before
+        return contextlib.nullcontext()
+    return no_init_weights()
 
 
 def build_empty(config: Mapping[str, Any]) -> nn.Module:
