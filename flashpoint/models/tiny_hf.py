@@ -87,10 +87,7 @@ def make_text_classifier(
     tok = build_tokenizer(out)
     dims = SIZES[size]
     vocab = vocab_size or (30522 if size == "base" else max(len(tok), 64))
-    id2label = dict(enumerate(labels))
-    label2id = {v: k for k, v in id2label.items()}
-    common = {"vocab_size": vocab, "id2label": id2label, "label2id": label2id,
-              "pad_token_id": tok.pad_token_id}
+    common = {"vocab_size": vocab, "pad_token_id": tok.pad_token_id, **_label_maps(labels)}
     if family == "bert":
         config: Any = BertConfig(**dims, **common)
         cls: Any = BertForSequenceClassification
@@ -117,6 +114,12 @@ def make_text_classifier(
     model = cls(config).eval()
     model.save_pretrained(str(out))
     return out
+
+
+def _label_maps(labels: tuple[str, ...]) -> dict[str, dict[Any, Any]]:
+    """A classifier config's ``id2label`` / ``label2id`` for these label names."""
+    id2label = dict(enumerate(labels))
+    return {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
 
 
 IMAGE_SIZES: dict[str, dict[str, int]] = {
@@ -153,8 +156,7 @@ def make_image_classifier(
     out.mkdir(parents=True, exist_ok=True)
     dims = IMAGE_SIZES[size]
     side, width, depth = dims["image_size"], dims["width"], dims["depth"]
-    id2label = dict(enumerate(labels))
-    common = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
+    common = _label_maps(labels)
     if family == "vit":
         config: Any = ViTConfig(
             image_size=side, patch_size=dims["patch_size"], hidden_size=width,

@@ -83,7 +83,7 @@ class HuggingFaceDirectory:
             ))
             return Prepared(
                 build=lambda: _load(source, architecture), entry_point=hf.ENTRY_POINT,
-                config=config, io=io, task=task, files=files, layer_plan=_layer_plan,
+                config=config, io=io, task=task, files=files, layer_plan=hf.layer_plan,
                 profiler=_profiler(source, config, options) if options.profile else None,
             )
         if task == "text-classification":
@@ -106,7 +106,7 @@ class HuggingFaceDirectory:
         ))
         return Prepared(
             build=lambda: _load(source, architecture), entry_point=hf.ENTRY_POINT,
-            config=config, io=io, task=task, files=files, layer_plan=_layer_plan,
+            config=config, io=io, task=task, files=files, layer_plan=hf.layer_plan,
             profiler=_profiler(source, config, options) if options.profile else None,
         )
 
@@ -126,10 +126,6 @@ def _profiler(source: Path, config: dict[str, Any], options: PushOptions) -> Any
         return hf_stages.profile_stages(module, config, layout, inputs, options.profile_device)
 
     return profiler
-
-
-def _layer_plan(module: nn.Module) -> tuple[list[str], Any]:
-    return hf.layer_plan(module)
 
 
 def _load(source: Path, architecture: str) -> nn.Module:
