@@ -11,7 +11,7 @@ two-host local cluster, and measures request-to-first-response for:
 
 Each row splits the cold start into fetch / load / to_device / first_inference as the
 platform timed them, plus the wall time the client saw, then every phase of the request
-(``flashpoint/actors/cold_timings.COLD_PHASES``: decision, placement, deploy RPC, host,
+(``flashpoint/controller/cold_timings.COLD_PHASES``: decision, placement, deploy RPC, host,
 worker, hand-off, ready to dispatch, the request itself) and their sum against the wall;
 a JSON line ends the output.
 
@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flashpoint.actors.cold_timings import COLD_PHASES, phases_sum_s  # noqa: E402
+from flashpoint.controller.cold_timings import COLD_PHASES, phases_sum_s  # noqa: E402
 from flashpoint.config import load_config  # noqa: E402
 
 

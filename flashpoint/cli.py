@@ -58,7 +58,7 @@ async def _run_up(cfg: ClusterConfig, hosts: int) -> None:
 
 
 async def _run_controller(cfg: ClusterConfig) -> None:
-    from flashpoint.actors.controller import Controller
+    from flashpoint.controller.actor import Controller
 
     ctl = Controller(cfg, make_store(cfg))
     await ctl.start()
@@ -81,7 +81,7 @@ async def _run_gateway(cfg: ClusterConfig, port: int | None) -> None:
 
 
 async def _run_host(cfg: ClusterConfig, host_id: str | None) -> None:
-    from flashpoint.actors.host import HostManager
+    from flashpoint.host.actor import HostManager
 
     host = HostManager(cfg, make_store(cfg), host_id=host_id)
     await host.start()

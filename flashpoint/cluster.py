@@ -11,8 +11,8 @@ import dataclasses
 import time
 from typing import Any
 
-from flashpoint.actors.controller import Controller
-from flashpoint.actors.host import HostManager
+from flashpoint.controller.actor import Controller
+from flashpoint.host.actor import HostManager
 from flashpoint.config import ClusterConfig
 from flashpoint.errors import Unavailable
 from flashpoint.log import configure

@@ -135,7 +135,7 @@ class ControllerConfig:
     cold_start_timeout_s: float = 120.0
     # A function whose replicas fail to start max_start_failures times in a row starts none
     # for start_backoff_s (doubled each further failure, at most start_backoff_max_s); what
-    # waits for it meanwhile fails with model_load_failed (actors/controller_state.py).
+    # waits for it meanwhile fails with model_load_failed (controller/state/core.py).
     max_start_failures: int = 3
     start_backoff_s: float = 10.0
     start_backoff_max_s: float = 300.0
@@ -189,7 +189,7 @@ class ControllerConfig:
     # How replicas of functions with an sm_share are placed on sharing hosts' GPUs
     # (flashpoint/policy/share_placement.py): "fastgshare" (MaxRects) or "dilu" (best fit).
     share_policy: str = "fastgshare"
-    # MIG reconfiguration driven by PROTEAN's Alg. 2 (actors/mig_reconfig.py; opt-in): every
+    # MIG reconfiguration driven by PROTEAN's Alg. 2 (controller/state/mig_reconfig.py; opt-in): every
     # mig_interval_s the reconfigurator judges each MIG GPU (a change after mig_wait_limit
     # consecutive mismatches, EWMA weight mig_alpha, at most mig_fleet_fraction of the GPUs
     # at once); a GPU to change is drained (replacements elsewhere first; its replicas
@@ -281,7 +281,7 @@ class HostConfig:
     registry_span_bytes: int = 32 << 20
     # A partition stage's completion fill and warm-pool refill wait for its group's first
     # answer (the controller's begin_completion), at most this long; 0 = start at once
-    # (flashpoint/actors/stage_hold.py says why).
+    # (flashpoint/host/stage_hold.py says why).
     completion_hold_s: float = 5.0
     # GPU sharing (flashpoint/gpu/host_sharing.py): "none" (workers bound to their GPU or
     # MIG slice by UUID), "mps" (an MPS control daemon per GPU/slice; workers get their SM

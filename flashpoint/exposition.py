@@ -6,7 +6,7 @@ gateway's private one (private so several gateways can share a test process). A 
 any ``/metrics`` renders all the registries the process owns, so what the code counts is
 what an operator sees. Host managers, which serve no HTTP otherwise, get a small endpoint of
 their own (``[host] metrics_listen``); its ``extra`` hook adds, per scrape, collectors
-gathered from other processes (a host's workers' replica counters, actors/replica_metrics.py).
+gathered from other processes (a host's workers' replica counters, host/replica_metrics.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ scheduled as different clients (the paper equates client and function, digest §
 a label can never make a caller share another caller's fair share.
 
 The routes only see the ``KaasBackend`` protocol: the controller mounts them over its
-pool of executors on workers (``actors/kaas_pool.py``; ``[controller] kaas_workers``, 0 =
+pool of executors on workers (``controller/kaas_pool.py``; ``[controller] kaas_workers``, 0 =
 invocations answer 503 ``kaas_unavailable``); a stand-alone gateway over RPC to that pool
 (``gateway/remote_kaas.py``); tests mount an in-process ``kaas.service.local_service``.
 """

@@ -15,7 +15,7 @@ controller restart. It keeps no state of its own beyond a cached copy of the fun
 - a function registered through another gateway is visible here after one refresh.
 
 Wire forms of the gateway's types live here too; the controller side is
-``flashpoint.actors.gateway_service``.
+``flashpoint.controller.gateway_service``.
 """
 
 from __future__ import annotations

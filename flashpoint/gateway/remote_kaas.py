@@ -1,8 +1,8 @@
 """KaaS through a stand-alone gateway: a ``KaasBackend`` over RPC to the controller.
 
-The controller keeps the object store and the executor pool (``actors/kaas_pool.py``); this
+The controller keeps the object store and the executor pool (``controller/kaas_pool.py``); this
 gateway forwards ``/v1/kaas/*``, ``/v1/objects/*`` and the native invoke's ``store_outputs``
-with the calls of ``actors/gateway_service.py``, so a client sees the same API, errors and
+with the calls of ``controller/gateway_service.py``, so a client sees the same API, errors and
 codes through either front.
 
 What is decided where: the gateway checks the graph (kernels, buffers, shapes: the typed

@@ -18,7 +18,7 @@ Modules::
 
 In a cluster the controller keeps the object store and deploys ``[controller] kaas_workers``
 KaaS executor replicas (reserved function name :data:`KAAS_FUNCTION`) through the normal
-placement path; ``actors/kaas_pool.py`` turns them into the pool behind ``/v1/kaas``.
+placement path; ``controller/kaas_pool.py`` turns them into the pool behind ``/v1/kaas``.
 ``local_service`` still builds an in-process pool (tests, ``bench/kaas.py``).
 """
 

@@ -43,7 +43,7 @@ class KaasBackend(Protocol):
     """What the gateway needs for ``/v1/kaas`` and ``/v1/objects``.
 
     In the controller's process the store and the pool are local
-    (:class:`~flashpoint.kaas.service.KaasService`, ``actors/kaas_pool.KaasPool``); a
+    (:class:`~flashpoint.kaas.service.KaasService`, ``controller/kaas_pool.KaasPool``); a
     stand-alone gateway reaches them over RPC (``gateway/remote_kaas.RemoteKaas``), hence the
     object and status calls are coroutines.
     """

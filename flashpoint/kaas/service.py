@@ -4,7 +4,7 @@
 on an executor (413) and that its store inputs exist with the declared sizes (404/400),
 then runs it on the pool. The pool only uses :class:`~flashpoint.kaas.pool.ExecutorHandle`:
 :func:`local_service` builds in-process executors (tests, benchmarks); a cluster's
-controller builds one over executors on GPU workers (``actors/kaas_pool.py``,
+controller builds one over executors on GPU workers (``controller/kaas_pool.py``,
 ``kaas/remote.py``).
 """
 

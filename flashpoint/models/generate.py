@@ -15,7 +15,7 @@ KV memory is reserved per sequence for its whole life (prompt + ``max_tokens``) 
 fixed budget per replica, when it joins; a sequence that does not fit now waits for one to
 leave, and one that could never fit is refused (:class:`~flashpoint.errors.KvCacheTooSmall`).
 
-This module is synchronous and owns no thread: :mod:`flashpoint.actors.generation` drives
+This module is synchronous and owns no thread: :mod:`flashpoint.worker.generation` drives
 it from the worker's event loop (steps on the model thread, joins and cancels between them).
 """
 

@@ -9,8 +9,8 @@
 * ``experiments`` — the thesis's grid and report (``flashpoint sim reproduce``); ``plots``
   — its PNG figures (matplotlib optional, the ``sim`` extra).
 
-Pure and dependency-light: no asyncio, torch, NVML, aiohttp or RPC; from ``actors/`` only
-the pure ``controller_state`` and ``rates`` (STYLE.md, the import rule;
+Pure and dependency-light: no asyncio, torch, NVML, aiohttp or RPC; from the
+controller only its pure ``controller.state`` package (STYLE.md, the import rule;
 ``tests/unit/test_import_rule.py``). ``cluster`` and ``experiments`` are not imported here,
 so the engine and network stay importable on their own.
 """

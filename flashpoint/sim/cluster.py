@@ -42,7 +42,7 @@ hosts, the GPUs, the network and the request queue, on the :class:`Engine`'s clo
   take I(p) = I(1) + IN(p) (Eq 4.2: the partition cost model's transfers at every cut)
   with the credits the state grants. Each stage then fetches the rest of the model and
   completes into a whole replica (§4.2.5); the state dissolves the group. (Live hosts
-  hold that fetch until the group's first answer, ``actors/stage_hold.py``, because it
+  hold that fetch until the group's first answer, ``host/stage_hold.py``, because it
   shares their CPU and links with the first pass; the simulator's first pass takes I(p)
   regardless, so it starts the fetch at once and never feeds ``GroupAnswered``.) A pipeline's
   cold start is counted once, from its deploy to serving. Simplification: a completed
@@ -59,8 +59,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from flashpoint.actors import controller_state as cs
-from flashpoint.actors.rates import RateMeter
+from flashpoint.controller.state import core as cs
+from flashpoint.controller.state.rates import RateMeter
 from flashpoint.partition.model import CostModel
 from flashpoint.partition.table import PlanTable, plan_table
 from flashpoint.policy.autoscale import make_autoscaler

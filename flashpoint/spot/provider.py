@@ -3,7 +3,7 @@
 PROTEAN's procurement rule (seed 000 §4.5): ask for another **spot** host first and fall back to
 **on-demand** when spot capacity is short. A provider raises :class:`NoCapacity` when it has
 no host of that kind; :func:`replace_host` applies the rule. :class:`LocalProvider` starts a
-new in-process :class:`~flashpoint.actors.host.HostManager` in a
+new in-process :class:`~flashpoint.host.actor.HostManager` in a
 :class:`~flashpoint.cluster.LocalCluster` (tests, the demo); a cloud provider implements the
 same one-method protocol.
 """

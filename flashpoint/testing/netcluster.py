@@ -333,7 +333,7 @@ class NetCluster:
 
     def worker_pids(self, host_id: str) -> list[int]:
         proc = self.procs[host_id]
-        pids = [p for p in descendants(proc.pid) if "flashpoint.actors.worker" in _cmdline(p)]
+        pids = [p for p in descendants(proc.pid) if "flashpoint.worker.actor" in _cmdline(p)]
         self.seen_pids.update(pids)
         return pids
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashpoint.actors.cold_timings import COLD_PHASES, phases_sum_s
+from flashpoint.controller.cold_timings import COLD_PHASES, phases_sum_s
 from flashpoint.models import zoo
 from flashpoint.spec import FunctionSpec
 

@@ -13,7 +13,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from flashpoint.actors import controller_state as cs
+from flashpoint.controller.state import core as cs
 from flashpoint.cluster import LocalCluster
 from flashpoint.models.sources import PushOptions, publish_source
 from flashpoint.models.tiny_hf import make_text_classifier

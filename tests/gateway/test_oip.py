@@ -425,7 +425,7 @@ async def test_admission_arms_no_backstop_for_a_backend_that_enforces_its_deadli
 
 
 def test_the_controller_declares_that_it_enforces_its_deadline():
-    from flashpoint.actors.controller import Controller
+    from flashpoint.controller.actor import Controller
 
     assert Controller.enforces_deadline is True
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from kaas.helpers import chain_request
 
-from flashpoint.actors.gateway_service import GatewayService
+from flashpoint.controller.gateway_service import GatewayService
 from flashpoint.errors import (
     BadRequest,
     ConnectFailed,

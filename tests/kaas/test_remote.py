@@ -130,7 +130,7 @@ async def test_pool_over_remote_handles_comes_and_goes(setup):
 
 
 async def test_controller_pool_relearns_a_reconnected_worker(setup):
-    from flashpoint.actors.kaas_pool import KaasPool
+    from flashpoint.controller.kaas_pool import KaasPool
     from flashpoint.config import ControllerConfig
 
     _, conn, store = setup

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashpoint.actors.generation import GenerationLoop
+from flashpoint.worker.generation import GenerationLoop
 from flashpoint.errors import InvalidInput, KvCacheFull, KvCacheTooSmall
 from flashpoint.models import serving
 from flashpoint.models.publish import load_module, read_files

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashpoint.actors.host import DATAPLANE_FAULT_ENV
+from flashpoint.host.actor import DATAPLANE_FAULT_ENV
 from flashpoint.models import build, example_inputs, run_example
 from flashpoint.models.sources import publish
 from flashpoint.registry import LocalStore

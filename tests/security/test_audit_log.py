@@ -103,14 +103,14 @@ async def test_keyless_loopback_admin_actions_are_audited_as_anonymous(tmp_path:
 
 @pytest.mark.parametrize("fail", [False, True])
 async def test_mig_changes_are_audited(tmp_path: Path, fail: bool):
-    from flashpoint.actors.controller_state import (
+    from flashpoint.controller.state.core import (
         ControllerState,
         DeviceRecord,
         FunctionUpserted,
         GpuRecord,
         HostRegistered,
     )
-    from flashpoint.actors.mig_driver import MigDriver
+    from flashpoint.controller.mig_driver import MigDriver
     from flashpoint.audit import AuditLog
     from flashpoint.config import load_config
     from flashpoint.errors import GpuBusy

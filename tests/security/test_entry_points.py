@@ -41,7 +41,7 @@ async def noop(tmp_path: Path) -> tuple[LocalStore, Manifest]:
 async def test_the_worker_refuses_to_load_a_manifest_naming_a_foreign_callable(
         tmp_path: Path, noop: tuple[LocalStore, Manifest], entry_point: str,
         stage: list[int] | None) -> None:
-    from flashpoint.actors.worker import Worker
+    from flashpoint.worker.actor import Worker
 
     store, real = noop
     marker = tmp_path / "pwned"

@@ -127,7 +127,7 @@ def test_quotas_per_api_key_and_in_total() -> None:
 
 
 def test_quotas_and_ttl_are_on_by_default() -> None:
-    from flashpoint.actors.kaas_pool import KaasPool
+    from flashpoint.controller.kaas_pool import KaasPool
 
     cc = ControllerConfig()
     assert cc.kaas_store_bytes > 0 and cc.kaas_store_key_bytes > 0 and cc.kaas_object_ttl_s > 0
@@ -211,7 +211,7 @@ def test_saxpy_launch_is_checked_against_its_buffers(saxpy_library, n, sizes, gr
 
 
 async def test_a_standalone_gateways_calls_delete_and_pass_the_ttl() -> None:
-    from flashpoint.actors.gateway_service import GatewayService
+    from flashpoint.controller.gateway_service import GatewayService
     from flashpoint.gateway.remote import GATEWAY_RPC_VERSION as V
 
     svc = local_service(1, capacity_bytes=64 << 10)

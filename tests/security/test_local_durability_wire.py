@@ -203,7 +203,7 @@ async def test_function_table_is_durable_and_skips_bad_rows(tmp_path):
 
     from prometheus_client import REGISTRY
 
-    from flashpoint.actors.persist import FunctionTable
+    from flashpoint.controller.persist import FunctionTable
     from flashpoint.spec import FunctionSpec
 
     table = FunctionTable(tmp_path / "state.db")

@@ -177,7 +177,7 @@ async def wait_for(what: str, cond: Any, timeout_s: float, state: Any = None) ->
 
 async def test_a_forged_push_changes_nothing_that_any_worker_loads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flashpoint.actors.host import HostManager
+    from flashpoint.host.actor import HostManager
     from flashpoint.cluster import LocalCluster
     from flashpoint.models.sources import publish
     from flashpoint.registry import make_store

@@ -13,9 +13,9 @@ import aiohttp
 import numpy as np
 import pytest
 
-from flashpoint.actors import controller_state as cs
-from flashpoint.actors.controller import Controller
-from flashpoint.actors.host import HostManager
+from flashpoint.controller.state import core as cs
+from flashpoint.controller.actor import Controller
+from flashpoint.host.actor import HostManager
 from flashpoint.cli import keys_env, make_store
 from flashpoint.config import ClusterConfig, generate_secret, load_config
 from flashpoint.errors import AuthFailed, BadRequest, Forbidden

@@ -50,7 +50,7 @@ def test_insecure_comes_from_the_command_line_only(tmp_path: Path):
 
 
 async def test_controller_refuses_keyless_http_beyond_loopback(tmp_path: Path):
-    from flashpoint.actors.controller import Controller
+    from flashpoint.controller.actor import Controller
     from flashpoint.registry import make_store
 
     cfg = load_config(overrides={"secret": generate_secret(), "log_level": "WARNING",

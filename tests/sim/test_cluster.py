@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashpoint.actors import controller_state as cs
+from flashpoint.controller.state import core as cs
 from flashpoint.sim.cluster import ClusterConfig, SimCluster, Technique
 from flashpoint.sim.engine import Engine
 from flashpoint.sim.models import thesis_model

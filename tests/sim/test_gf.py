@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashpoint.actors import controller_state as cs
+from flashpoint.controller.state import core as cs
 from flashpoint.policy.sourcing import REGISTRY, plan_sourcing
 from flashpoint.sim.cluster import ClusterConfig, SimCluster, Technique
 from flashpoint.sim.models import thesis_model

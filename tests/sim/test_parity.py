@@ -2,7 +2,7 @@
 the Controller actor builds it, yields exactly the decisions the simulator acted on.
 
 The simulator records every event it gave its ``ControllerState`` and the commands it got
-back. A fresh ``ControllerState``, built the way ``actors/controller.py`` builds one (the
+back. A fresh ``ControllerState``, built the way ``controller/actor.py`` builds one (the
 autoscaler from ``make_autoscaler(name, params)``, placement, sourcing and partitioning
 inside), replays the events; every command list must be equal. This holds only if the
 simulator reaches the policies through ``handle`` alone, with no private shortcut.
@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from flashpoint.actors import controller_state as cs
+from flashpoint.controller.state import core as cs
 from flashpoint.policy.autoscale import make_autoscaler
 from flashpoint.sim.cluster import ClusterConfig, SimCluster, Technique
 from flashpoint.sim.models import thesis_model
@@ -25,7 +25,7 @@ TOPO = Topology(n_hosts=6, gpus_per_host=2, hosts_per_leaf=3)
 
 
 def _live_state(name: str, params: dict[str, float], cfg: ClusterConfig) -> cs.ControllerState:
-    # The actor's constructor call (actors/controller.py), with the simulator's settings.
+    # The actor's constructor call (controller/actor.py), with the simulator's settings.
     return cs.ControllerState(heartbeat_timeout_s=math.inf, cold_start_timeout_s=math.inf,
                               replica_overhead_bytes=64 << 20, stop_unknown_replicas=True,
                               process_bytes=0, autoscaler=make_autoscaler(name, params),

@@ -21,7 +21,8 @@ from flashpoint.transfer.plan import (
     unpack_bitmap,
 )
 
-FORBIDDEN = ("asyncio", "aiohttp", "torch", "pynvml", "flashpoint.rpc", "flashpoint.actors")
+FORBIDDEN = ("asyncio", "aiohttp", "torch", "pynvml", "flashpoint.rpc",
+             "flashpoint.controller", "flashpoint.host", "flashpoint.worker")
 
 
 def test_plan_module_is_pure():

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from flashpoint.actors.batcher import Batcher
+from flashpoint.worker.batcher import Batcher
 from flashpoint.errors import FlashpointError, ModelFailed, Unavailable
 
 T = 2.0  # bound on every await

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashpoint.actors.cold_timings import (
+from flashpoint.controller.cold_timings import (
     COLD_PHASES,
     HOST_PHASES,
     WORKER_PHASES,

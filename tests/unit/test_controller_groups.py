@@ -4,7 +4,7 @@ retires groups first. Pure: events in, commands out."""
 
 from __future__ import annotations
 
-from flashpoint.actors.controller_state import (
+from flashpoint.controller.state.core import (
     BeginCompletion,
     ControllerState,
     DeployReplica,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flashpoint.actors.controller_state import (
+from flashpoint.controller.state.core import (
     MAX_CONSECUTIVE_START_FAILURES,
     ControllerState,
     DeployReplica,
@@ -395,7 +395,7 @@ def test_cold_start_past_timeout_is_a_failed_start_and_is_replaced():
 
 # sourcing ---------------------------------------------------------------------------------
 def test_scale_up_puts_receivers_on_chains_from_holders_and_the_registry():
-    from flashpoint.actors.controller_state import SourceAssignment, StartChain
+    from flashpoint.controller.state.core import SourceAssignment, StartChain
 
     st = new_state()
     register(st, "holder", devices=1, mem=100 * MIB, cached={"m@1"})  # holds it, no room
@@ -509,7 +509,7 @@ def test_compute_shares_are_reserved_across_decisions():
 
 
 def _draining_setup():
-    from flashpoint.actors.controller_state import HostDraining, RequestHost, StartChain
+    from flashpoint.controller.state.core import HostDraining, RequestHost, StartChain
 
     st = new_state()
     register(st, "h1", cached={"m@1"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashpoint.actors.dispatch import Dispatcher
+from flashpoint.controller.dispatch import Dispatcher
 
 
 def test_credits_never_exceeded():

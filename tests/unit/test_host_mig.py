@@ -1,4 +1,4 @@
-"""MIG geometries applied by the host (actors/host_gpu.py) on fake NVML GPUs: refused while
+"""MIG geometries applied by the host (host/gpu.py) on fake NVML GPUs: refused while
 busy, typed errors, new slices become placement units with their own MPS daemons; and the
 same across the RPC boundary in a local cluster (typed errors with their codes, the
 controller sees the slices)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flashpoint.actors.host_gpu import HostGpu
+from flashpoint.host.gpu import HostGpu
 from flashpoint.config import HostConfig, load_config
 from flashpoint.errors import BadRequest, GpuBusy, InvalidGeometry, MigUnavailable, NotFound
 from flashpoint.procs import pid_alive

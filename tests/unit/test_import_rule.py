@@ -20,7 +20,8 @@ import flashpoint.policy
 import flashpoint.sim
 
 POLICY_DIR = Path(flashpoint.policy.__file__).parent
-FORBIDDEN = ("asyncio", "aiohttp", "torch", "pynvml", "flashpoint.rpc", "flashpoint.actors")
+FORBIDDEN = ("asyncio", "aiohttp", "torch", "pynvml", "flashpoint.rpc",
+             "flashpoint.controller", "flashpoint.host", "flashpoint.worker")
 MODULES = sorted(POLICY_DIR.glob("*.py"))
 PARTITION_DIR = Path(flashpoint.partition.__file__).parent
 PARTITION_MODULES = sorted(PARTITION_DIR.glob("*.py"))
@@ -28,12 +29,11 @@ SIM_DIR = Path(flashpoint.sim.__file__).parent
 SIM_MODULES = sorted(SIM_DIR.rglob("*.py"))
 
 
-# The simulator drives the controller's pure state class and its rate meter (STYLE §1, §11),
-# never the actors' I/O modules. "flashpoint.actors" itself is a namespace package (no
-# __init__), so naming it runs nothing.
-SIM_ALLOWED = ("flashpoint.actors", "flashpoint.actors.controller_state",
-               "flashpoint.actors.controller_messages", "flashpoint.actors.rates")
-ACTORS_DIR = Path(flashpoint.__file__).parent / "actors"
+# The simulator drives the controller's pure state package (STYLE §1, §11), never the
+# actors' I/O modules. "flashpoint.controller" itself is named exactly (its __init__ imports
+# nothing); everything under "flashpoint.controller.state" is allowed.
+SIM_ALLOWED = ("flashpoint.controller", "flashpoint.controller.state")
+STATE_DIR = Path(flashpoint.__file__).parent / "controller" / "state"
 
 
 def _forbidden(mod: str, allowed: tuple[str, ...] = ()) -> bool:
@@ -98,24 +98,30 @@ def test_sim_module_imports_are_pure(path):
     assert bad == [], f"{path.name} imports {bad}"
 
 
-@pytest.mark.parametrize("name", ["controller_state.py", "controller_messages.py", "rates.py"])
-def test_actor_modules_the_simulator_uses_are_pure(name):
-    """What the simulator may import from actors/ must itself keep the policy rule (and
-    import nothing else from actors/ than those modules)."""
-    path = ACTORS_DIR / name
+def test_state_modules_found():
+    assert {"__init__.py", "core.py", "events.py", "rates.py"} <= {
+        p.name for p in STATE_DIR.glob("*.py")}
+
+
+@pytest.mark.parametrize("path", sorted(STATE_DIR.glob("*.py")), ids=lambda p: p.name)
+def test_controller_state_modules_are_pure(path):
+    """What the simulator imports from the controller must itself keep the policy rule (and
+    import nothing from the controller's actor side)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    bad = [m for m in _imports(tree, "flashpoint.actors") if _forbidden(m, SIM_ALLOWED)]
-    assert bad == [], f"{name} imports {bad}"
+    bad = [m for m in _imports(tree, "flashpoint.controller.state") if _forbidden(m, SIM_ALLOWED)]
+    assert bad == [], f"{path.name} imports {bad}"
 
 
 @pytest.mark.parametrize("package", ["flashpoint.partition", "flashpoint.sim",
                                      "flashpoint.sim.cluster", "flashpoint.sim.experiments"])
 def test_import_pulls_in_nothing_forbidden(package):
     """Transitively too: importing the package loads no forbidden module (numpy is fine);
-    the simulator's state classes are the only actors/ modules it loads."""
+    the controller's state package is the only actor-side code it loads."""
     allowed = SIM_ALLOWED if package.startswith("flashpoint.sim") else ()
     code = (f"import sys, {package}\n"
-            f"bad = [m for m in sys.modules if m not in {allowed!r} and "
+            f"ok = {allowed!r}\n"
+            f"bad = [m for m in sys.modules if m not in ok[:1] and "
+            f"not any(m == a or m.startswith(a + '.') for a in ok[1:]) and "
             f"any(m == f or m.startswith(f + '.') for f in {FORBIDDEN!r})]\n"
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -125,8 +131,8 @@ def test_import_pulls_in_nothing_forbidden(package):
 
 @pytest.mark.parametrize("src,bad", [
     ("import asyncio", True), ("import torch.nn as nn", True), ("from aiohttp import web", True),
-    ("from flashpoint import rpc", True), ("from flashpoint.actors.dispatch import Dispatcher", True),
-    ("from ..actors import batcher", True), ("import pynvml", True),
+    ("from flashpoint import rpc", True), ("from flashpoint.controller.dispatch import Dispatcher", True),
+    ("from ..worker import batcher", True), ("import pynvml", True),
     ("from flashpoint.policy import snapshot", False), ("import math", False),
     ("import asyncio_extras", False), ("from . import snapshot", False),
 ])
@@ -140,10 +146,10 @@ def test_checker_itself(src, bad):
     ("import_module('torch')", True), ("from flashpoint.sim import engine", False),
     ("import heapq", False), ("from . import engine", False),
     ("from ..policy import autoscale", False),
-    ("from flashpoint.actors import controller_state as cs", False),
-    ("from flashpoint.actors.rates import RateMeter", False),
-    ("from flashpoint.actors.controller import Controller", True),
-    ("from flashpoint.actors import dispatch", True), ("from ..actors import host", True),
+    ("from flashpoint.controller.state import core as cs", False),
+    ("from flashpoint.controller.state.rates import RateMeter", False),
+    ("from flashpoint.controller.actor import Controller", True),
+    ("from flashpoint.controller import dispatch", True), ("from ..host import actor", True),
 ])
 def test_checker_resolves_the_simulators_imports(src, bad):
     found = [m for m in _imports(ast.parse(src), "flashpoint.sim")
@@ -248,7 +254,7 @@ def _describe(cycle: list[str], graph: dict[str, set[str]]) -> str:
 def test_the_import_graph_sees_lazy_and_type_checking_imports():
     graph = _import_graph()
     assert len(graph) > 100
-    assert "flashpoint.actors.controller" in graph["flashpoint.cli"]  # inside a function
+    assert "flashpoint.controller.actor" in graph["flashpoint.cli"]  # inside a function
     assert "flashpoint.sim.results" in graph["flashpoint.sim.plots"]  # under TYPE_CHECKING
     assert "flashpoint.models.zoo" in graph["flashpoint.models.sources.zoo"]  # from pkg import sub
 

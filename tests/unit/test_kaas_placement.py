@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flashpoint.actors.controller_state import (
+from flashpoint.controller.state.core import (
     MAX_CONSECUTIVE_START_FAILURES,
     DeployKaas,
     ForgetReplica,

@@ -1,13 +1,13 @@
-"""The controller's MIG reconfiguration as a state machine (actors/mig_reconfig.py): events
+"""The controller's MIG reconfiguration as a state machine (controller/state/mig_reconfig.py): events
 (what the controller observes, the host's apply outcome) in, commands out; and the thin
 hooks in ControllerState it drives (blocked units, leaving replicas, retire), plus the
-snapshot the actor builds from the controller's state (actors/mig_driver.observe)."""
+snapshot the actor builds from the controller's state (controller/mig_driver.observe)."""
 
 from __future__ import annotations
 
 import pytest
 
-from flashpoint.actors.controller_state import (
+from flashpoint.controller.state.core import (
     ControllerState,
     DeployReplica,
     DeviceRecord,
@@ -19,8 +19,8 @@ from flashpoint.actors.controller_state import (
     StopAccepting,
     Tick,
 )
-from flashpoint.actors.mig_driver import observe
-from flashpoint.actors.mig_reconfig import (
+from flashpoint.controller.mig_driver import observe
+from flashpoint.controller.state.mig_reconfig import (
     ApplyMig,
     BlockDevices,
     FunctionView,
@@ -184,7 +184,7 @@ def test_which_replicas_are_retired_while_draining():
 
 
 def test_driver_feeds_the_mean_best_effort_queue_over_the_decision_interval():
-    from flashpoint.actors.mig_driver import MigDriver
+    from flashpoint.controller.mig_driver import MigDriver
 
     now = [0.0]
     cc = load_config().controller
@@ -259,7 +259,7 @@ async def test_driver_applies_over_rpc_and_a_refusal_returns_the_gpu(error):
     """The driver's I/O: Alg. 2 decides for a MIG GPU at 7g, its units are blocked, the host's
     apply_mig is called with the geometry; a typed refusal (or a lost connection) unblocks
     the units and is counted by its code, success unblocks them too."""
-    from flashpoint.actors.mig_driver import MigDriver
+    from flashpoint.controller.mig_driver import MigDriver
     from flashpoint.errors import GpuBusy, InvalidGeometry, PeerLost
 
     calls: list = []

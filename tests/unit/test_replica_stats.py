@@ -12,9 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flashpoint.actors.batcher import Batcher
-from flashpoint.actors.replica_metrics import ReplicaStatsCollector, gather_replica_stats
-from flashpoint.actors.replica_stats import (
+from flashpoint.worker.batcher import Batcher
+from flashpoint.host.replica_metrics import ReplicaStatsCollector, gather_replica_stats
+from flashpoint.worker.replica_stats import (
     BATCH_SIZE_BUCKETS,
     SECONDS_BUCKETS,
     Histogram,

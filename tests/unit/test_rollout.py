@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashpoint.actors.controller_state import (
+from flashpoint.controller.state.core import (
     ControllerState,
     DeployReplica,
     DeviceRecord,
@@ -23,7 +23,7 @@ from flashpoint.actors.controller_state import (
     StopReplica,
     Tick,
 )
-from flashpoint.actors.dispatch import Dispatcher
+from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.errors import BadRequest
 from flashpoint.policy.rollout import RollPhase, RollReplica, RollSnapshot, plan_roll
 from flashpoint.spec import FunctionSpec

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from flashpoint.actors.stage_hold import StageHolds
+from flashpoint.host.stage_hold import StageHolds
 
 
 async def test_release_lets_every_waiter_go_and_forgets_the_hold() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashpoint.actors.controller_state import (
+from flashpoint.controller.state.core import (
     ControllerState,
     DeployReplica,
     DeviceRecord,

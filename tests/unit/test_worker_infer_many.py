@@ -7,8 +7,8 @@ import types
 
 import numpy as np
 
-from flashpoint.actors.batcher import Batcher
-from flashpoint.actors.worker import Worker
+from flashpoint.worker.batcher import Batcher
+from flashpoint.worker.actor import Worker
 from flashpoint.tensors import decode_tensors, encode_tensors
 
 T = 5.0  # bound on every await

@@ -10,7 +10,7 @@ calls :meth:`Serving.finish` on each request's slice of the outputs (logits -> l
 
 Tasks: ``tensor`` (tensors in and out, the built-in models), ``text-classification`` and
 ``image-classification`` and ``text-generation`` (Hugging Face models; generation runs
-in a token loop of its own, :mod:`flashpoint.actors.generation`), ``handler`` (a trusted bundle's own
+in a token loop of its own, :mod:`flashpoint.worker.generation`), ``handler`` (a trusted bundle's own
 pre- and postprocessing).
 """
 

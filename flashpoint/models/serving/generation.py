@@ -7,7 +7,7 @@ optionally ``max_tokens`` (``INT64 [1]``), ``temperature``, ``top_p`` (``FP32 [1
 manifest declares none), but a request needs one of ``text`` and ``messages``.
 :meth:`TextGeneration.prepare` turns it into a
 :class:`~flashpoint.models.generate.GenerationRequest`; the worker's generation loop
-(:mod:`flashpoint.actors.generation`) runs it; :meth:`TextGeneration.finish` turns the
+(:mod:`flashpoint.worker.generation`) runs it; :meth:`TextGeneration.finish` turns the
 :class:`~flashpoint.models.generate.GenerationResult` into the answer: ``text``,
 ``token_ids``, ``finish_reason``, ``prompt_tokens`` and ``completion_tokens``.
 """

@@ -14,100 +14,100 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from flashpoint.actors.controller_messages import (  # re-exported: the state's interface
+from flashpoint.controller.state.events import (  # re-exported: the state's interface
     BeginCompletion as BeginCompletion,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     Command as Command,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     DeployKaas as DeployKaas,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     DeployReplica as DeployReplica,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     DeviceRecord as DeviceRecord,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     DissolveStages as DissolveStages,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     Event as Event,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     FailFunction as FailFunction,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     ForgetReplica as ForgetReplica,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     FunctionDeleted as FunctionDeleted,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     FunctionLoad as FunctionLoad,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     FunctionUpserted as FunctionUpserted,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     GpuRecord as GpuRecord,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     GroupAnswered as GroupAnswered,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     GroupLinked as GroupLinked,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     HostDraining as HostDraining,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     HostHeartbeat as HostHeartbeat,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     HostRegistered as HostRegistered,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     LinkGroup as LinkGroup,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     ReplicaFailed as ReplicaFailed,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     ReplicaStopped as ReplicaStopped,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     ReplicaWarmed as ReplicaWarmed,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     RequestHost as RequestHost,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     RouteCanary as RouteCanary,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     ServeGroup as ServeGroup,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     SourceAssignment as SourceAssignment,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     StageReady as StageReady,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     StartChain as StartChain,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     StartFailure as StartFailure,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     StopAccepting as StopAccepting,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     StopReplica as StopReplica,
 )
-from flashpoint.actors.controller_messages import (
+from flashpoint.controller.state.events import (
     Tick as Tick,
 )
 from flashpoint.ids import ModelKey
@@ -320,7 +320,7 @@ class ControllerState:
         self._seq = itertools.count(1)
         self.epoch = "r"  # prefix for replica ids; the actor sets a per-boot value
         # (host_id, device_id) of units taken out of service (a GPU drained for a MIG
-        # geometry, actors/mig_reconfig.py): nothing is placed there, and replicas there
+        # geometry, controller/state/mig_reconfig.py): nothing is placed there, and replicas there
         # are leaving (not capacity), so replacements start elsewhere.
         self.blocked: set[tuple[str, str]] = set()
 
@@ -659,7 +659,7 @@ class ControllerState:
         host = self.hosts.get(rep.host_id)
         return host is not None and host.draining
 
-    # units out of service (MIG reconfiguration, actors/mig_reconfig.py) -----------------
+    # units out of service (MIG reconfiguration, controller/state/mig_reconfig.py) -----------------
     def block(self, host_id: str, device_ids: tuple[str, ...]) -> None:
         self.blocked.update((host_id, d) for d in device_ids)
 

@@ -1,6 +1,6 @@
 """A host's ``/metrics`` shows its replicas' inference counters, gathered at scrape time.
 
-Each worker keeps a :class:`~flashpoint.actors.replica_stats.ReplicaStats` (its batcher
+Each worker keeps a :class:`~flashpoint.worker.replica_stats.ReplicaStats` (its batcher
 updates it); when the host's endpoint is scraped, :func:`replica_collectors` asks every
 worker that holds a replica for a snapshot (``replica_stats`` on the host connection),
 concurrently and each within ``timeout_s``. A worker that fails, times out or sends a

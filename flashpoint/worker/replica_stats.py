@@ -8,7 +8,7 @@ few integer/float adds and a per-request queue observation costs one bisect and 
 
 The host manager asks each worker for :meth:`ReplicaStats.snapshot` (``replica_stats`` on
 the host connection) when its ``/metrics`` is scraped and renders the snapshots with
-:mod:`flashpoint.actors.replica_metrics`; no prometheus_client multiprocess mode.
+:mod:`flashpoint.host.replica_metrics`; no prometheus_client multiprocess mode.
 """
 
 from __future__ import annotations

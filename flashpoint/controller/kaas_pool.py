@@ -1,7 +1,7 @@
 """The controller's KaaS side: the object store and the pool of executors on workers.
 
 Which workers form the pool: ``[controller] kaas_workers = N`` KaaS executor replicas, placed
-by :class:`~flashpoint.actors.controller_state.ControllerState` like model replicas (the
+by :class:`~flashpoint.controller.state.core.ControllerState` like model replicas (the
 reserved function name :data:`~flashpoint.kaas.KAAS_FUNCTION`, a ``DeployKaas`` command), so
 they share devices, host managers, warm worker processes and device-memory accounting with
 model serving. Each one's worker announces itself with ``replica_ready`` over the

@@ -1,6 +1,6 @@
 """The host manager's GPU side: inventory, sharing (MPS / time tokens) and MIG geometries.
 
-Kept out of ``actors/host.py`` (which is about models and workers). The host manager owns
+Kept out of ``host/actor.py`` (which is about models and workers). The host manager owns
 one :class:`HostGpu` and calls it at start and stop, when it spawns a worker, when a replica
 starts and stops, and from three RPC handlers it registers: ``set_replica_share`` (a
 replica's quota, live, on a tokens host) and ``apply_mig`` (a geometry for one GPU).

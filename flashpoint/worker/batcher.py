@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flashpoint.actors.replica_stats import ReplicaStats
+from flashpoint.worker.replica_stats import ReplicaStats
 from flashpoint.errors import FlashpointError, ModelFailed, Unavailable
 
 INLINE_BELOW_S = 0.0005

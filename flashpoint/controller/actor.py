@@ -21,16 +21,16 @@ from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from flashpoint import heap
-from flashpoint.actors import controller_state as cs
-from flashpoint.actors.cold_timings import ColdStartMarks, cold_start_phases
-from flashpoint.actors.dispatch import Dispatcher
-from flashpoint.actors.gateway_service import GatewayService
-from flashpoint.actors.handles import HostHandle, Pending, WorkerHandle
-from flashpoint.actors.kaas_pool import KaasPool
-from flashpoint.actors.mig_driver import MigDriver
-from flashpoint.actors.persist import FunctionTable
-from flashpoint.actors.pipeline_target import PipelineTarget
-from flashpoint.actors.rates import RateMeter
+from flashpoint.controller.state import core as cs
+from flashpoint.controller.cold_timings import ColdStartMarks, cold_start_phases
+from flashpoint.controller.dispatch import Dispatcher
+from flashpoint.controller.gateway_service import GatewayService
+from flashpoint.controller.handles import HostHandle, Pending, WorkerHandle
+from flashpoint.controller.kaas_pool import KaasPool
+from flashpoint.controller.mig_driver import MigDriver
+from flashpoint.controller.persist import FunctionTable
+from flashpoint.controller.pipeline_target import PipelineTarget
+from flashpoint.controller.state.rates import RateMeter
 from flashpoint.audit import AuditLog
 from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.errors import (
@@ -151,7 +151,7 @@ class Controller:
         self._stage_endpoints: dict[str, Any] = {}  # stage replica id -> pipeline endpoint
         self._stage_timings: dict[str, dict[str, float]] = {}  # stage replica id -> cold start
         # replica id -> when its start was decided, placed, acknowledged, announced
-        # (actors/cold_timings.py); dropped when the replica is forgotten
+        # (controller/cold_timings.py); dropped when the replica is forgotten
         self._cold_marks: dict[str, ColdStartMarks] = {}
         self._step_s = 0.0  # when the control step (tick or event) now running began
         self._plans = PlanCache()
@@ -163,7 +163,7 @@ class Controller:
             prices["ondemand"] = self.cc.ondemand_price_usd_per_hour
         self.cost = CostMeter(prices)
         self.replacements: list[dict[str, Any]] = []  # what the provider gave, per eviction
-        # PROTEAN's MIG reconfigurator (actors/mig_reconfig.py), when opted in
+        # PROTEAN's MIG reconfigurator (controller/state/mig_reconfig.py), when opted in
         self.mig = MigDriver(self.cc, self.state, self.hosts, self._execute, self._spawn,
                              time.monotonic, AuditLog(config.gateway.audit_log_path),
                              ) if self.cc.mig_reconfigure else None
@@ -863,7 +863,7 @@ class Controller:
             for phase in ("fetch", "load", "to_device", "first_inference"):
                 timings[phase] = handle.timings_s.get(phase, 0.0)
             if (marks := self._cold_marks.get(rid)) is not None:
-                # Every millisecond of the scale from zero, in order (actors/cold_timings.py).
+                # Every millisecond of the scale from zero, in order (controller/cold_timings.py).
                 timings.update(cold_start_phases(marks, handle.timings_s, arrived_s=t0,
                                                  sent_s=p.sent_s, done_s=t0 + total))
         ok = self._ok_metrics.get(name)

@@ -2,7 +2,7 @@
 
 :class:`HostHandle` is the only code that calls a host manager and :class:`WorkerHandle` the
 only code that calls a worker (a partitioned group has the same shape,
-``actors/pipeline_target.PipelineTarget``); :class:`Pending` is one accepted request from the
+``controller/pipeline_target.PipelineTarget``); :class:`Pending` is one accepted request from the
 moment it is queued until its reply or its error.
 """
 
@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from flashpoint.actors import controller_state as cs
+from flashpoint.controller.state import core as cs
 from flashpoint.errors import DeadlineExceeded, FlashpointError
 from flashpoint.registry.manifest import Manifest
 

@@ -1,7 +1,7 @@
 """The controller's I/O side of MIG reconfiguration (the logic is in ``mig_reconfig.py``).
 
 Owned by the Controller when ``[controller] mig_reconfigure`` is on. Every control loop it
-builds a :class:`~flashpoint.actors.mig_reconfig.MigObserved` from the controller's state
+builds a :class:`~flashpoint.controller.state.mig_reconfig.MigObserved` from the controller's state
 (GPUs with MIG on and a known profile table, the replicas on their units, each function's
 warm replicas elsewhere and its outstanding best-effort requests), feeds it to
 :class:`MigReconfigState` and executes the commands: blocking and unblocking units and
@@ -16,8 +16,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from flashpoint.actors import controller_state as cs
-from flashpoint.actors.mig_reconfig import (
+from flashpoint.controller.state import core as cs
+from flashpoint.controller.state.mig_reconfig import (
     ApplyMig,
     BlockDevices,
     FunctionView,

@@ -1,4 +1,4 @@
-"""What goes into and out of :class:`~flashpoint.actors.controller_state.ControllerState`.
+"""What goes into and out of :class:`~flashpoint.controller.state.core.ControllerState`.
 
 Events (what happened: a host registered, a replica warmed, a tick with the measured loads)
 and commands (what the actor or the simulator must do: deploy, stop, link a group, start a
@@ -303,7 +303,7 @@ class RouteCanary:
 
 @dataclass(frozen=True)
 class BeginCompletion:
-    """The stages' hosts may complete the model now (flashpoint/actors/stage_hold.py): the
+    """The stages' hosts may complete the model now (flashpoint/host/stage_hold.py): the
     group has answered its first request."""
 
     group_id: str

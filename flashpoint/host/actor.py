@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from flashpoint import heap
-from flashpoint.actors.host_gpu import HostGpu
-from flashpoint.actors.replica_metrics import replica_collectors
-from flashpoint.actors.stage_hold import StageHolds
+from flashpoint.host.gpu import HostGpu
+from flashpoint.host.replica_metrics import replica_collectors
+from flashpoint.host.stage_hold import StageHolds
 from flashpoint.config import ClusterConfig, HostConfig, check_secret
 from flashpoint.errors import (
     BadRequest,
@@ -657,7 +657,7 @@ class HostManager:
                     # A stage starts before its entry completes: its fetch is until now.
                     "fetch_s": 0.0 if hit else (entry.fetch_s
                                                 or time.perf_counter() - entry.started_s),
-                    # This host's part of the cold start (actors/cold_timings.py); the
+                    # This host's part of the cold start (controller/cold_timings.py); the
                     # worker returns it with its own phases.
                     "host_timings_s": {"obtain": obtained - began,
                                        "assign": time.perf_counter() - obtained},
@@ -767,7 +767,7 @@ class HostManager:
                 "idle_workers": len(self.idle), "gpu": self.gpu.status(),
                 "worker_pids": [w.proc.pid for w in self.workers.values()]}
 
-    # GPU sharing and MIG (the logic is in actors/host_gpu.py) ------------------------------
+    # GPU sharing and MIG (the logic is in host/gpu.py) ------------------------------
     async def _set_replica_share(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         """Change a running replica's GPU share live (a tokens host; MPS answers Conflict)."""
         rid = str(payload.get("replica_id", ""))
@@ -817,7 +817,7 @@ class HostManager:
             roles.worker_principal(self.host_id), roles.worker_key(self.credential.key)).token()
         env.update(self.gpu.spawn_env())  # LD_PRELOAD of the hook on a tokens host
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "flashpoint.actors.worker", "--host-url", self._local_url,
+            sys.executable, "-m", "flashpoint.worker.actor", "--host-url", self._local_url,
             "--worker-id", worker_id, "--torch-threads", str(self.hc.torch_threads),
             *(["--preload-transformers"] if _preload(self.hc) else []),
             env=env, stdin=asyncio.subprocess.DEVNULL,

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from flashpoint.actors.replica_stats import ReplicaStats
+from flashpoint.worker.replica_stats import ReplicaStats
 from flashpoint.errors import FlashpointError, KvCacheFull, ModelFailed, Unavailable
 from flashpoint.log import get_logger
 from flashpoint.models.generate import (

@@ -199,11 +199,11 @@ class Worker:
 
     async def _serve_whole(self, spec: FunctionSpec) -> None:
         """Batch requests for the loaded module and announce it to the controller."""
-        from flashpoint.actors.batcher import Batcher
+        from flashpoint.worker.batcher import Batcher
 
         served = self.replica.served if self.replica is not None else None
         if getattr(served, "generates", False):  # a causal LM: token loop, not batches
-            from flashpoint.actors.generation import GenerationLoop
+            from flashpoint.worker.generation import GenerationLoop
 
             assert self.replica is not None
             engine = served.build_engine(self.replica.module, max_running=spec.max_batch_size)
@@ -633,7 +633,7 @@ class Worker:
 
     async def _replica_stats(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         """The host's ``/metrics`` scrape: this replica's inference counters (see
-        actors/replica_stats.py); ``stats`` is empty while no whole replica is served
+        worker/replica_stats.py); ``stats`` is empty while no whole replica is served
         (idle, loading, a pipeline stage, a KaaS executor)."""
         rep, batcher = self.replica, self.batcher
         if rep is None or batcher is None:

@@ -1,0 +1,1 @@
+"""The host manager process (``actor.HostManager``): devices, the RAM cache, warm workers."""
