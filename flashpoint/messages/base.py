@@ -30,8 +30,8 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
 
 def to_payload(msg: Message) -> dict[str, Any]:
     """The frame payload for ``msg``: nested messages become maps, tuples lists; every other
-    value (numbers, str, bytes, numpy arrays, which the frame codec packs) passes as it is."""
-    return _plain(msg)
+    value (numbers, str, bytes, encoded tensors) passes as it is, for the frame codec to pack."""
+    return _plain(msg)  # type: ignore[no-any-return]
 
 
 def _plain(obj: Any) -> Any:
