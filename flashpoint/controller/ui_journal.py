@@ -92,6 +92,9 @@ class UiJournal:
                         "model_key": ModelKey.of(cmd.model, cmd.version),
                         "receivers": list(cmd.receivers), "at_s": now_s})
         for name, fn in state.functions.items():
+            if name not in self._desired and fn.desired == 0 and name not in changed:
+                self._desired[name] = 0  # newly registered, nothing decided yet
+                continue
             if self._desired.get(name) != fn.desired or name in changed:
                 self._push(self._decisions, {
                     "function": name, "desired": fn.desired,

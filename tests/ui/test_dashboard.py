@@ -17,10 +17,10 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from cluster.conftest import cluster_config, start_noop_cluster
 
 from flashpoint.gateway.standalone import StandaloneGateway
 
-from cluster.conftest import cluster_config, start_noop_cluster
 from .conftest import console_errors, screenshot, wait_until
 
 pytestmark = pytest.mark.timeout(240)

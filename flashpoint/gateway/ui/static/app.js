@@ -115,6 +115,26 @@ function renderFunctions(s) {
                  "replicas by phase", "scaling", "recent decisions"], rows)];
 }
 
+function median(values) {
+  if (!values.length) return null;
+  const v = [...values].sort((a, b) => a - b);
+  return v[Math.floor((v.length - 1) / 2)];
+}
+
+// The source hierarchy (own RAM < peer chain < registry; pipeline serves while loading):
+// per tier, how many starts and their median wall and bytes-obtaining time.
+function tierSummary(waterfall) {
+  const rows = ["ram", "peer", "registry", "pipeline"].map(tier => {
+    const starts = waterfall.filter(w => w.tier === tier);
+    const total = starts.map(w => w.phases.reduce((a, [, v]) => a + v, 0));
+    const obtain = starts.map(w => (w.phases.find(([p]) => p === "obtain") || [null, 0])[1]);
+    return el("tr", {"data-tier": tier}, el("td", {}, tierMark(tier), ` ${TIER_NAMES[tier]}`),
+              el("td", {}, starts.length), el("td", {}, secs(median(total))),
+              el("td", {}, secs(median(obtain))));
+  });
+  return table(["source tier", "cold starts", "median wall", "median obtain"], rows);
+}
+
 function renderWaterfall(s) {
   const longest = Math.max(1e-6, ...s.waterfall.map(w => w.phases.reduce((a, [, v]) => a + v, 0)));
   const rows = s.waterfall.map(w => {
@@ -144,7 +164,7 @@ function renderWaterfall(s) {
   const legend = el("div", {class: "muted"}, "phases: ",
     s.phases.map(p => el("span", {class: "hop"}, el("span", {class: "tier", style: {background: PHASE_COLOURS[p] || "#999"}}), ` ${p}`)),
     " · obtain is coloured by where the bytes came from");
-  return [el("h2", {}, `Cold starts (${s.waterfall.length})`), legend,
+  return [el("h2", {}, `Cold starts (${s.waterfall.length})`), tierSummary(s.waterfall), legend,
           rows.length ? rows : el("p", {class: "muted"}, "no cold start yet")];
 }
 
