@@ -21,8 +21,7 @@ from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from flashpoint import heap
-from flashpoint.audit import AuditLog
-from flashpoint.config import ClusterConfig, check_http_auth, check_secret
+from flashpoint.controller.state import core as cs
 from flashpoint.controller.cold_timings import ColdStartMarks, cold_start_phases
 from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.controller.gateway_service import GatewayService
@@ -31,9 +30,10 @@ from flashpoint.controller.kaas_pool import KaasPool
 from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
-from flashpoint.controller.state import core as cs
 from flashpoint.controller.state.rates import RateMeter
 from flashpoint.controller.ui_journal import UiJournal
+from flashpoint.audit import AuditLog
+from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.errors import (
     BadRequest,
     DeadlineExceeded,
