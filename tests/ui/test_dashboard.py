@@ -65,6 +65,10 @@ def _check_page(driver: Any, base: str, status: dict[str, Any], invoked: dict[st
                lambda d: hosts <= _ids(d, "cluster", "data-host-id"))
     wait_until(driver, f"replicas {sorted(replicas)} on the cluster map",
                lambda d: replicas <= _ids(d, "cluster", "data-replica-id"))
+    second = next(r for r in status["replicas"] if r["replica_id"] != invoked["replica_id"])
+    first_host = next(r["host_id"] for r in status["replicas"]
+                      if r["replica_id"] == invoked["replica_id"])
+    assert second["host_id"] != first_host and second["source"] == f"chain:{first_host}"
     for view in VIEWS:
         _show(driver, view)
         screenshot(driver, f"{shots}-{view}")
@@ -82,12 +86,31 @@ def _check_page(driver: Any, base: str, status: dict[str, Any], invoked: dict[st
             assert phases[:3] == ["decision", "placement", "deploy_rpc"] and "load" in phases
             assert phases[-1] == "request"
             assert invoked["cold_start_source"] in row["text"]
+            # the second replica's bytes came down a chain from the first one's host
+            row = wait_until(driver, "the chained replica in the waterfall",
+                             lambda d: _waterfall_row(d, second["replica_id"]))
+            assert (row["source"], row["tier"]) == (second["source"], "peer")
+        if view == "transfers":
+            chains = driver.execute_script("""
+                return [...document.querySelectorAll('#view-transfers .chain')].map(c => ({
+                    text: c.innerText,
+                    hops: [...c.querySelectorAll('.hop[data-host-id]')].map(h => h.dataset.hostId)}));""")
+            assert any(ch["hops"] == [second["host_id"]] and ch["text"].startswith("noop@1")
+                       and first_host in ch["text"] for ch in chains), chains
     errors = console_errors(driver)
     assert errors == [], f"browser console errors: {errors}"
 
 
-async def _invoke_cold(url: str, headers: dict[str, str] | None = None) -> tuple[dict, dict]:
-    async with aiohttp.ClientSession(headers=headers) as s:
+async def _status(s: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with s.get(f"{url}/v1/status") as r:
+        assert r.status == 200
+        return await r.json()
+
+
+async def _scale_from_zero_then_chain(url: str) -> tuple[dict, dict]:
+    """A scale from zero (its request's reply), then a second replica, which must go to the
+    other host (one replica fits a device) and get its bytes down a chain from the first."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
         async with s.post(f"{url}/v1/functions", json={"name": "nf", "model": "noop"}) as r:
             assert r.status == 201, await r.text()
         async with s.post(f"{url}/v1/functions/nf/invoke", json=BODY) as r:
@@ -96,19 +119,29 @@ async def _invoke_cold(url: str, headers: dict[str, str] | None = None) -> tuple
         np.testing.assert_allclose(
             np.asarray(invoked["outputs"]["y"]["data"]).reshape(2, 3), X)
         assert invoked["cold"] is True and invoked["cold_start_source"]
-        async with s.get(f"{url}/v1/status") as r:
-            assert r.status == 200
-            status = await r.json()
+        async with s.post(f"{url}/v1/functions", json={
+                "name": "nf", "model": "noop", "min_replicas": 2}) as r:
+            assert r.status in (200, 201), await r.text()
+        status: dict[str, Any] = {}
+        deadline = asyncio.get_running_loop().time() + 60
+        while asyncio.get_running_loop().time() < deadline:
+            status = await _status(s, url)
+            if sum(r["phase"] == "warm" for r in status["replicas"]) == 2:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"no second warm replica within 60 s: {status['replicas']}")
     return invoked, status
 
 
 async def test_the_dashboard_shows_the_cluster_and_its_cold_start(tmp_path: Path,
                                                                   browser: Any) -> None:
-    cfg = cluster_config(tmp_path)
+    # One device per host with room for one replica: the second replica goes to the other host.
+    cfg = cluster_config(tmp_path, device_memory_bytes=100 << 20, worker_memory_bytes=64 << 20)
     c = await start_noop_cluster(cfg, hosts=2)
     gw: StandaloneGateway | None = None
     try:
-        invoked, status = await _invoke_cold(c.controller.url)
+        invoked, status = await _scale_from_zero_then_chain(c.controller.url)
         await asyncio.wait_for(asyncio.to_thread(
             _check_page, browser, c.controller.url, status, invoked, "controller"), 120)
         # The same page through a stand-alone gateway: its data calls go through it too.

@@ -25,7 +25,7 @@ function el(tag, attrs, ...children) {
     else if (k === "style") Object.assign(node.style, v);
     else node.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
