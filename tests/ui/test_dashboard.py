@@ -192,5 +192,17 @@ async def test_a_key_protected_cluster_asks_for_the_key(tmp_path: Path, browser:
                 hosts = {h["host_id"] for h in (await r.json())["hosts"]}
         assert hosts
         await asyncio.wait_for(asyncio.to_thread(_log_in, browser, url, hosts), 120)
+        # Live: a replica started after the page loaded appears without a reload.
+        auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        async with aiohttp.ClientSession(headers=auth) as s:
+            async with s.post(f"{url}/v1/functions", json={"name": "kf", "model": "noop"}) as r:
+                assert r.status == 201, await r.text()
+            async with s.post(f"{url}/v1/functions/kf/invoke", json=BODY) as r:
+                assert r.status == 200, await r.text()
+                rid = (await r.json())["replica_id"]
+        await asyncio.wait_for(asyncio.to_thread(
+            wait_until, browser, f"replica {rid} on the open page",
+            lambda d: rid in _ids(d, "cluster", "data-replica-id")), 60)
+        assert console_errors(browser) == []
     finally:
         await asyncio.wait_for(c.stop(), 60)

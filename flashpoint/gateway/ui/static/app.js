@@ -260,7 +260,12 @@ async function poll() {
     last = await resp.json();
     document.getElementById("login").hidden = true;
     document.querySelector("main").hidden = false;
-    setConn(`live · ${new Date().toLocaleTimeString()}`, false);
+    if (last.gateway && !last.gateway.controller_connected) {
+      // Through a stand-alone gateway whose controller is away: the data is its last copy.
+      setConn(`controller unreachable · data ${secs(last.gateway.table_age_s)} old`, true);
+    } else {
+      setConn(`live · ${new Date().toLocaleTimeString()}`, false);
+    }
     document.body.dataset.polls = String(Number(document.body.dataset.polls || 0) + 1);
     render();
   } catch (err) {
