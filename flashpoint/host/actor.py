@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import sys
@@ -53,13 +52,6 @@ from flashpoint.transfer.obtain import ModelObtainer, ObtainOptions, pinned_dige
 from flashpoint.transfer.plan import Endpoint
 
 log = get_logger("flashpoint.host")
-
-# Test-only fault injection (tests/netns/test_cluster_netns.py): when set, a FaultPlan as JSON
-# (the keys of flashpoint.transfer.plan.FaultPlan.from_dict, e.g. '{"corrupt_forward": [3]}')
-# that this host's data-plane server applies to what it relays, stores and serves as a chain
-# receiver/peer. Never set in production; a host started with it logs a warning.
-DATAPLANE_FAULT_ENV = "FLASHPOINT_DATAPLANE_FAULT"
-
 
 @dataclass
 class WorkerProcess:
@@ -146,7 +138,6 @@ class HostManager:
 
             # This process's RPC clients and the workers it spawns trust the cluster's CA.
             os.environ[TLS_CA_ENV] = self.hc.tls_ca_path
-        from flashpoint.transfer.dataplane import DataPlaneServer
         from flashpoint.transfer.sources import RegistrySource
 
         # Before the warm pool: a tokens host starts its workers with the hook preloaded.
@@ -161,18 +152,8 @@ class HostManager:
                 chain_wait_s=self.hc.chain_wait_s,
                 chain_stall_timeout_s=self.hc.chain_stall_timeout_s,
                 orphan_grace_s=self.hc.orphan_grace_s))
-        fault = None
-        if fault_json := os.environ.get(DATAPLANE_FAULT_ENV):
-            from flashpoint.transfer.plan import FaultPlan
-
-            fault = FaultPlan.from_dict(json.loads(fault_json))
-            log.warning("dataplane_fault_injected", fault=fault_json)
-        self.dataplane = DataPlaneServer(
-            self.cache, self.secret, host_id=self.host_id, listen_host=self.hc.data_listen_host,
-            port=self.hc.data_port, registry_source=self._registry_source, fault=fault,
-            admission=self.admission)
-        bound = await self.dataplane.start()
-        self.data_endpoint = Endpoint(self.host_id, self.hc.data_advertise_host or bound.addr, bound.port)
+        self.dataplane, self.data_endpoint = await self.bytes.start_data_plane(
+            self.hc.data_listen_host, self.hc.data_port, self.hc.data_advertise_host)
         self._server = RpcServer({"worker_hello": self._worker_hello,
                                   "replica_served": self._replica_served},
                                  secret=roles.host_keyring(self.host_id, self.credential.key))

@@ -12,6 +12,8 @@ as a value (:class:`Obtained`) — the cache entry is never patched for a caller
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -32,6 +34,12 @@ from flashpoint.transfer.cache import CacheEntry, HostCache
 from flashpoint.transfer.plan import Endpoint
 
 log = get_logger("flashpoint.transfer.obtain")
+
+# Test-only fault injection (tests/netns/test_cluster_netns.py): when set, a FaultPlan as JSON
+# (the keys of flashpoint.transfer.plan.FaultPlan.from_dict, e.g. '{"corrupt_forward": [3]}')
+# that this host's data-plane server applies to what it relays, stores and serves as a chain
+# receiver/peer. Never set in production; a host started with it logs a warning.
+DATAPLANE_FAULT_ENV = "FLASHPOINT_DATAPLANE_FAULT"
 
 Spawn = Callable[[Coroutine[Any, Any, Any], str], Any]
 
@@ -87,6 +95,24 @@ class ModelObtainer:
         self.holds = holds  # host/stage_hold.StageHolds: a stage's background fill waits on it
         self.spawn = spawn
         self.opts = options
+
+    async def start_data_plane(self, listen_host: str, port: int,
+                               advertise_host: str = "") -> tuple[Any, Endpoint]:
+        """Start this host's data-plane server (peers pull from it, chains arrive at it);
+        returns it and the endpoint to advertise."""
+        from flashpoint.transfer.dataplane import DataPlaneServer
+
+        fault = None
+        if fault_json := os.environ.get(DATAPLANE_FAULT_ENV):
+            from flashpoint.transfer.plan import FaultPlan
+
+            fault = FaultPlan.from_dict(json.loads(fault_json))
+            log.warning("dataplane_fault_injected", fault=fault_json)
+        server = DataPlaneServer(
+            self.cache, self.secret, host_id=self.host_id, listen_host=listen_host, port=port,
+            registry_source=self.registry_source, fault=fault, admission=self.admission)
+        bound = await server.start()
+        return server, Endpoint(self.host_id, advertise_host or bound.addr, bound.port)
 
     # the controller's chain calls ------------------------------------------------------
     def expect(self, transfer_id: str, digest: str) -> None:
