@@ -35,7 +35,9 @@ from flashpoint.config import ClusterConfig, HostConfig, check_secret
 from flashpoint.errors import BadRequest, FlashpointError, NotFound
 from flashpoint.exposition import MetricsEndpoint
 from flashpoint.gpu.inventory import Device
+from flashpoint.host import reports
 from flashpoint.host import state as hs
+from flashpoint.host.controller_link import ControllerLink
 from flashpoint.host.gpu import HostGpu
 from flashpoint.host.replica_metrics import replica_collectors
 from flashpoint.host.stage_hold import StageHolds
@@ -117,7 +119,7 @@ class HostManager:
         self._server: Any = None
         self.metrics: MetricsEndpoint | None = None  # [host] metrics_listen
         self._local_url = ""
-        self._controller: Any = None
+        self._controller: ControllerLink | None = None
         self._tasks: set[asyncio.Task] = set()
         self._refill_lock = asyncio.Lock()
         # A stage's completion fill and pool refill wait for its group's first answer.
@@ -129,7 +131,7 @@ class HostManager:
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        from flashpoint.rpc import ReconnectingClient, RpcServer
+        from flashpoint.rpc import RpcServer
 
         bind_ids(host_id=self.host_id)
         check_secret(self.config.secret, self.hc.data_listen_host, f"host {self.host_id}'s data plane")
@@ -160,7 +162,7 @@ class HostManager:
         host, port = await self._server.start(self.hc.listen_host, 0)
         self._local_url = f"ws://{host}:{port}/rpc"
         self._spawn_task(self._refill(), "refill")
-        self._controller = ReconnectingClient(
+        self._controller = ControllerLink(
             self.hc.controller_url,
             {"deploy_replica": self._deploy,
              "stop_replica": handler(ch.StopReplica, self._stop_replica),
@@ -172,11 +174,10 @@ class HostManager:
              "begin_completion": handler(ch.BeginCompletion, self._begin_completion),
              "set_replica_share": handler(ch.SetReplicaShare, self._set_replica_share),
              "apply_mig": handler(ch.ApplyMig, self._apply_mig)},
-            secret=self.credential.key, name=self.credential.principal,
-            on_connected=self._register,
-        )
+            credential=self.credential, registration=self._registration,
+            heartbeat=self._heartbeat, heartbeat_interval_s=self.hc.heartbeat_interval_s)
         await self._controller.start()
-        self._spawn_task(self._heartbeat_loop(), "heartbeat")
+        self._spawn_task(self._controller.heartbeat_loop(), "heartbeat")
         from flashpoint.spot.notice import watch, watchers_from
 
         watchers = watchers_from(self.hc.spot_notice, self.hc.imds_endpoint)
@@ -255,34 +256,9 @@ class HostManager:
                             replica_id=cmd.replica_id, readers=list(cmd.orphaned_readers))
 
     # controller side ----------------------------------------------------------------------
-    def _replica_reports(self) -> tuple[ch.ReplicaReport, ...]:
-        return tuple((r.replica_id, r.function, r.device_id, r.serving_whole)
-                     for r in self.state.replicas.values())
-
-    def _stage_reports(self) -> tuple[ch.StageReport, ...]:
-        """Partition stages on this host (beside the ``replicas`` 4-tuples)."""
-        return tuple(ch.StageReport(
-            replica_id=r.replica_id, stage=r.stage, whole=r.whole, warm=r.warm,
-            pipeline_endpoint=r.pipeline_endpoint) for r in self.state.replicas.values()
-            if r.stage is not None)
-
-    async def _register(self, conn: Any) -> None:
-        await conn.call("register_host", to_payload(self._registration()), timeout_s=10.0)
-
     def _registration(self) -> ch.RegisterHost:
-        recs = self.state.replicas.values()
-        return ch.RegisterHost(
-            host_id=self.host_id, gpu_sharing=self.gpu.mode.value,
-            devices=tuple(ch.DeviceReport(**d.to_dict()) for d in self.devices),
-            gpus=tuple(self.gpu.gpus),  # physical GPUs: MIG table and mode (MIG reconfiguration)
-            ram_bytes=self.hc.cache_bytes, leaf=self.hc.leaf, kind=self.hc.kind,
-            cached_models=tuple(self.cache.keys()), replicas=self._replica_reports(),
-            # so a restarted controller adopts shared replicas with their shares
-            shares={r.replica_id: r.share.to_wire() for r in recs if r.share is not None},
-            # and with the model version each runs (a roll-out may be under way)
-            models={r.replica_id: r.model_key for r in recs if r.model_key},
-            stages=self._stage_reports(),
-            data_endpoint=tuple(self.data_endpoint.to_wire()) if self.data_endpoint else None)
+        return reports.registration(self.state, self.hc, gpu=self.gpu, devices=self.devices,
+                                    cache=self.cache, data_endpoint=self.data_endpoint)
 
     async def on_eviction_notice(self, notice: Any) -> None:
         """This host is going away at ``notice.deadline_s``: tell the controller (it stops
@@ -305,23 +281,15 @@ class HostManager:
         task = asyncio.get_running_loop().create_task(self.stop())
         task.add_done_callback(lambda _t: self.evicted.set())
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.hc.heartbeat_interval_s)
-            try:
-                await self._controller.notify("heartbeat", to_payload(ch.Heartbeat(
-                    host_id=self.host_id, cached_models=tuple(self.cache.keys()),
-                    transfers=self.cache.progress(), replicas=tuple(self.replicas),
-                    draining_s=self.notice.remaining_s() if self.notice else None)))
-            except FlashpointError as exc:
-                log.debug("heartbeat_failed", error=exc.code)
-
     async def _report(self, method: str, msg: Message) -> None:
-        try:
-            await self._controller.call(method, to_payload(msg), timeout_s=10.0)
-        except FlashpointError as exc:
-            # The controller re-learns the truth from our next registration.
-            log.warning("report_failed", method=method, error=exc.code)
+        assert self._controller is not None, "reports start once the host has started"
+        await self._controller.report(method, msg)
+
+    def _heartbeat(self) -> ch.Heartbeat:
+        return ch.Heartbeat(
+            host_id=self.host_id, cached_models=tuple(self.cache.keys()),
+            transfers=self.cache.progress(), replicas=tuple(self.replicas),
+            draining_s=self.notice.remaining_s() if self.notice else None)
 
     def _device(self, device_id: str) -> Device:
         device = next((d for d in self.devices if d.device_id == device_id), None)
@@ -585,11 +553,8 @@ class HostManager:
         return ch.Stopped(stopped=True)
 
     async def _status(self, conn: Any, msg: ch.HostStatusRequest) -> ch.HostStatus:
-        return ch.HostStatus(
-            host_id=self.host_id, replicas=self._replica_reports(), stages=self._stage_reports(),
-            cache=tuple(self.cache.keys()), cache_stats=self.cache.stats(),
-            idle_workers=len(self.state.idle), gpu=self.gpu.status(),
-            worker_pids=tuple(w.proc.pid for w in self.workers.values()))
+        return reports.status(self.state, gpu=self.gpu, cache=self.cache,
+                              worker_pids=(w.proc.pid for w in self.workers.values()))
 
     # GPU sharing and MIG (the logic is in host/gpu.py) ------------------------------
     async def _set_replica_share(self, conn: Any, msg: ch.SetReplicaShare) -> ch.ShareSet:
