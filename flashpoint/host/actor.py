@@ -337,6 +337,8 @@ class HostManager:
             try:
                 self.cache.reserve_process(cmd.process_bytes)
             except BaseException:
+                # Its device bytes go back; nothing else was taken yet (no RAM, no GPU
+                # attachment), so the release the state returns has nothing to execute.
                 self.state.handle(hs.HostMemoryRefused(ev.replica_id))
                 raise
         try:
