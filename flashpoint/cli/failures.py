@@ -1,0 +1,124 @@
+"""Every failure of a ``flashpoint`` command as one line on stderr that says what to do.
+
+:func:`guarded` runs a command: an exception becomes ``SystemExit("error: ...")`` (exit 1,
+the line on stderr, no traceback); a closed stdout (``flashpoint functions | head``) ends
+the command quietly. ``--debug`` or ``FLASHPOINT_DEBUG=1`` lets the exception through with
+its traceback, for developers.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import sys
+from collections.abc import Callable
+
+from flashpoint.errors import FlashpointError, RegistryError
+
+DEBUG_ENV = "FLASHPOINT_DEBUG"
+EXIT_BROKEN_PIPE = 1  # what Python's own docs use when stdout's reader went away
+_BIND = re.compile(r"\('([^']*)', (\d+)")
+
+
+class ApiError(FlashpointError):
+    """An HTTP error answer of the API: its status, the server's code and message."""
+
+    code = "api_error"
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message, status=status, server_code=code)
+        self.status, self.server_code = status, code
+
+
+class NoCluster(FlashpointError):
+    """Nothing answers at the API URL (connection refused, unknown host, timeout)."""
+
+    code = "no_cluster"
+
+    def __init__(self, url: str, why: str) -> None:
+        super().__init__(f"no cluster at {url} ({why}) — start one with `flashpoint up`, "
+                         "or pass --url (or set FLASHPOINT_URL)", url=url)
+
+
+def debug_wanted(flag: bool = False) -> bool:
+    """``--debug`` was given or FLASHPOINT_DEBUG is set to something other than 0/empty."""
+    return flag or os.environ.get(DEBUG_ENV, "") not in ("", "0", "false", "no")
+
+
+def guarded(run: Callable[[], int], *, cmd: str, debug: bool) -> int:
+    """``run()``'s exit code; any exception but SystemExit as one ``error:`` line (exit 1)."""
+    try:
+        return run()
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        return 130  # 128 + SIGINT: what a shell reports for Ctrl-C
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except BaseException as e:
+        if debug:
+            raise
+        raise SystemExit(f"error: {describe(e, cmd)}") from None
+
+
+def describe(exc: BaseException, cmd: str = "") -> str:
+    """One line for ``exc``: what went wrong and, where we know it, what to do."""
+    if isinstance(exc, ApiError):
+        hint = {401: " — pass --api-key (or set FLASHPOINT_API_KEY)",
+                403: " — this needs an admin API key"}.get(exc.status, "")
+        return _one_line(f"{exc.status} {exc.server_code}: {exc.message}{hint}")
+    if isinstance(exc, RegistryError):
+        return _one_line(exc.message + _registry_hint(exc))
+    if isinstance(exc, FlashpointError):
+        return _one_line(exc.message or exc.code)
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return _port_in_use(exc, cmd)
+    if isinstance(exc, OSError) and exc.filename:
+        return _one_line(f"{exc.filename}: {exc.strerror or exc}")
+    # A ValueError's message is written for the user (a bad choice, say); other types name
+    # themselves, for a bug report.
+    text = str(exc) if isinstance(exc, ValueError) and str(exc) else \
+        f"{type(exc).__name__}: {exc}".rstrip(": ")
+    return _one_line(f"{text} (run with --debug or {DEBUG_ENV}=1 for "
+                     "the traceback)")
+
+
+def _registry_hint(exc: RegistryError) -> str:
+    """What to check for an S3 failure, from its status and S3 error code."""
+    s3_code, status = str(exc.details.get("s3_code") or ""), exc.details.get("status")
+    if s3_code == "NoSuchBucket":
+        return " — create the bucket, or fix [registry] bucket in --config"
+    if s3_code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
+                   "ExpiredToken") or status in (401, 403):
+        return (" — check the AWS credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+                "a profile or a role) and the bucket policy")
+    if "credentials" in exc.message:
+        return ""  # the store's own message says what to set
+    if status is None and "bucket" in exc.details:
+        return " — check [registry] endpoint_url and that the S3 endpoint is reachable"
+    return ""
+
+
+def _port_in_use(exc: OSError, cmd: str) -> str:
+    m = _BIND.search(str(exc))
+    where = f"port {m.group(2)} on {m.group(1)}" if m else "the listen port"
+    setting = {"gateway": "--port or [gateway] listen_port",
+               "host": "[host] data_port or metrics_listen"}.get(cmd, "[controller] listen_port")
+    return (f"{where} is already in use (another `flashpoint up` or controller?) — stop that "
+            f"process, or set {setting} in --config")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test's capture)
+        pass
+
