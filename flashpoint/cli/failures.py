@@ -60,15 +60,17 @@ def guarded(run: Callable[[], int], *, cmd: str, debug: bool) -> int:
     except BaseException as e:
         if debug:
             raise
-        raise SystemExit(f"error: {describe(e, cmd)}") from None
+        prefix = f"error {e.status}" if isinstance(e, ApiError) else "error"
+        raise SystemExit(f"{prefix}: {describe(e, cmd)}") from None
 
 
 def describe(exc: BaseException, cmd: str = "") -> str:
-    """One line for ``exc``: what went wrong and, where we know it, what to do."""
+    """One line for ``exc``: what went wrong and, where we know it, what to do (an API
+    error's HTTP status is the caller's prefix: ``error 404: function_not_found: ...``)."""
     if isinstance(exc, ApiError):
         hint = {401: " — pass --api-key (or set FLASHPOINT_API_KEY)",
                 403: " — this needs an admin API key"}.get(exc.status, "")
-        return _one_line(f"{exc.status} {exc.server_code}: {exc.message}{hint}")
+        return _one_line(f"{exc.server_code}: {exc.message}{hint}")
     if isinstance(exc, RegistryError):
         return _one_line(exc.message + _registry_hint(exc))
     if isinstance(exc, FlashpointError):

@@ -244,8 +244,8 @@ def _add_deploy(sp: Parser) -> None:
         elif f.name == "fast_profile":
             sp.add_argument(flag, dest=f.name, metavar="JSON|@FILE", help=helptext)
         elif f.name == "canary_pct":
-            sp.add_argument(flag, dest=f.name, metavar="PCT",
-                            type=number_in(0, 100, lo_open=True), help=helptext)
+            # no range here: the controller's check (FunctionSpec) answers a typed 400
+            sp.add_argument(flag, dest=f.name, metavar="PCT", type=float, help=helptext)
         elif hints[f.name] is int:
             sp.add_argument(flag, dest=f.name, type=int_in(0), help=helptext,
                             metavar="BYTES" if f.name.endswith("_bytes") else "N")
