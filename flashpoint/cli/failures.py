@@ -75,6 +75,9 @@ def describe(exc: BaseException, cmd: str = "") -> str:
         return _one_line(exc.message + _registry_hint(exc))
     if isinstance(exc, FlashpointError):
         return _one_line(exc.message or exc.code)
+    if type(exc).__module__.startswith("botocore"):  # one the store could not translate
+        return _one_line(f"S3 client: {exc} — check the AWS configuration (AWS_PROFILE, "
+                         "AWS_DEFAULT_REGION, [registry] region and endpoint_url)")
     if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
         return _port_in_use(exc, cmd)
     if isinstance(exc, OSError) and exc.filename:
