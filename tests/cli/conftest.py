@@ -71,14 +71,15 @@ def controller_config(tmp_path: Path, **gateway: object) -> ClusterConfig:
 
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[str]:
-    """A started controller with the no-op model published as ``noop@1``; its URL."""
+    """A started controller with a two-layer no-op model published (and profiled, so a
+    deploy may ask for pipeline stages) as ``noop@1``; its URL."""
     from flashpoint.controller.actor import Controller
     from flashpoint.models.sources import publish
     from flashpoint.registry import make_store
 
     cfg = controller_config(tmp_path)
     store = make_store(cfg)
-    await publish(store, "noop", "tiny", "1", model_name="noop")
+    await publish(store, "noop", {"num_layers": 2}, "1", model_name="noop", profile=True)
     ctl = Controller(cfg, store)
     await asyncio.wait_for(ctl.start(), 30)
     try:
