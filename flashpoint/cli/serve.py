@@ -32,13 +32,19 @@ def up_banner(cfg: ClusterConfig, api_url: str, hosts: list[tuple[str, str]],
         where = f"[gateway] api_keys of {config_path}" if config_path else "[gateway] api_keys"
         key = (f"an admin key of {where}: pass --api-key KEY or set FLASHPOINT_API_KEY "
                "(the dashboard asks for it)")
+    elif cfg.insecure:
+        key = "none: --insecure and no [gateway] api_keys, so every caller is an admin"
     else:
-        key = "none: no [gateway] api_keys, so the API answers loopback callers only"
+        key = "none needed: no [gateway] api_keys (the API listens on loopback only)"
+    from flashpoint.cli.parser import DEFAULT_URL, URL_ENV
+
+    uses = ("`flashpoint status`, `deploy`, `invoke` use it" if api_url == DEFAULT_URL else
+            f"pass --url {api_url} to `flashpoint status`, `deploy`, `invoke`, or set {URL_ENV}")
     metrics = f"{api_url}/metrics" + (" (needs an API key)" if gw.metrics_require_key else "")
     host_metrics = [f"{hid} {url}/metrics" for hid, url in hosts if url]
     lines = [
         f"flashpoint is up: a controller and {len(hosts)} host(s) on this machine",
-        f"  API        {api_url}   (`flashpoint status`, `deploy`, `invoke` use it)",
+        f"  API        {api_url}   ({uses})",
         f"  dashboard  {api_url}/ui",
         f"  metrics    {metrics}",
     ]
