@@ -41,6 +41,8 @@ def up_banner(cfg: ClusterConfig, api_url: str, hosts: list[tuple[str, str]],
     uses = ("`flashpoint status`, `deploy`, `invoke` use it" if api_url == DEFAULT_URL else
             f"pass --url {api_url} to `flashpoint status`, `deploy`, `invoke`, or set {URL_ENV}")
     metrics = f"{api_url}/metrics" + (" (needs an API key)" if gw.metrics_require_key else "")
+    registry = (cfg.registry.root if cfg.registry.kind == "local"
+                else f"s3://{cfg.registry.bucket}/{cfg.registry.prefix}")
     host_metrics = [f"{hid} {url}/metrics" for hid, url in hosts if url]
     lines = [
         f"flashpoint is up: a controller and {len(hosts)} host(s) on this machine",
@@ -52,7 +54,7 @@ def up_banner(cfg: ClusterConfig, api_url: str, hosts: list[tuple[str, str]],
         lines.append(f"             hosts: {', '.join(host_metrics)}")
     lines += [
         f"  API key    {key}",
-        f"  registry   {cfg.registry.root if cfg.registry.kind == 'local' else 's3://' + cfg.registry.bucket}",
+        f"  registry   {registry}",
         "  Stop with Ctrl-C.",
     ]
     return "\n".join(lines)

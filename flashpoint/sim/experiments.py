@@ -636,7 +636,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma list of {','.join(AUTOSCALERS)}")
     p.add_argument("--techniques", default=",".join(t.value for t in Technique),
                    help=f"comma list of {','.join(t.value for t in Technique)}")
-    p.add_argument("--seed", type=int, default=1, help="random seed of the generated traces and requests (default 1)")
+    p.add_argument("--seed", type=int, default=1,
+                   help="random seed of the generated traces and requests (default 1)")
     p.add_argument("--decision-s", type=float,
                    help="charge this fixed decision time (default: measure it)")
     p.add_argument("--fairness", action="store_true",

@@ -76,7 +76,8 @@ def test_up_prints_where_everything_is(tmp_path: Path) -> None:
         assert hosts_line.split()[1] == "host0" and host_metrics.endswith("/metrics")
         with urllib.request.urlopen(host_metrics, timeout=10) as r:
             assert r.status == 200
-        assert fields["API key"] == "none" and f"--url {api}" in block[1] and fields["registry"] == str(tmp_path / "registry")
+        assert fields["API key"] == "none" and f"--url {api}" in block[1]
+        assert fields["registry"] == str(tmp_path / "registry")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
