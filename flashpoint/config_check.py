@@ -112,6 +112,8 @@ def check_value(key: str, hint: Any, value: Any, where: str = "") -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise _expected(where, value, "a table of key = value")
+        if f"{key}.*" not in CHOICES:  # free parameters (an autoscaler's): their owner checks
+            return dict(value)
         _, item = typing.get_args(hint) or (Any, Any)
         return {k: check_value(f"{key}.*", item, v, f"[{key}] {k!r}") for k, v in value.items()}
     return value  # a type with no generic check (Any, a Literal): its class checks it

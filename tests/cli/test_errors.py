@@ -223,3 +223,15 @@ def test_s3_missing_bucket_and_bad_credentials_are_one_line(tmp_path: Path, moto
     else:
         assert_one_line_error(r, "error: S3 ", "InvalidAccessKeyId",
                               "check the AWS credentials")
+
+
+def test_autoscaler_parameters_are_checked_by_their_autoscaler(tmp_path: Path) -> None:
+    p = tmp_path / "a.toml"
+    p.write_text('[controller]\nautoscaler = "tsk"\n[controller.autoscaler_params]\n'
+                 "keep_alive_partial = true\n")
+    r = run_cli("--config", str(p), "model", "list", home=tmp_path)
+    assert r.returncode == 0, r.stderr
+    p.write_text('[controller]\nautoscaler = "atl"\n[controller.autoscaler_params]\n'
+                 "window_s = 0\n")
+    r = run_cli("--config", str(p), "model", "list", home=tmp_path)
+    assert_one_line_error(r, f"error: {p}: ", "window_s must be > 0")
