@@ -1,9 +1,9 @@
 """The commands that call a running cluster's HTTP API: ``deploy``, ``invoke``,
 ``functions``, ``delete`` and ``status``.
 
-An error answer becomes :class:`~flashpoint.cli.failures.ApiError` (the server's status,
-code and message); nothing listening at the URL becomes
-:class:`~flashpoint.cli.failures.NoCluster`.
+An error answer becomes the typed error it stands for (``client.error_from_body``) with
+its HTTP status in ``details["http_status"]``; nothing listening at the URL becomes
+``ConnectFailed`` saying to start a cluster (flashpoint/cli/failures.py prints both).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from flashpoint.cli.failures import ApiError, NoCluster
+from flashpoint.cli.failures import HTTP_STATUS, no_cluster
 from flashpoint.cli.parser import spec_fields
 from flashpoint.cli.tables import function_lines, status_lines
 from flashpoint.errors import BadRequest
@@ -39,17 +39,19 @@ async def http(method: str, url: str, body: Any = None, key: str | None = None,
     except aiohttp.InvalidURL:
         raise BadRequest(f"{url} is not a URL (--url wants e.g. http://127.0.0.1:8080)") from None
     except aiohttp.ClientConnectorError as e:
-        raise NoCluster(base or url, _why(e)) from None
+        raise no_cluster(base or url, _why(e)) from None
     except (aiohttp.ClientError, TimeoutError) as e:
-        raise NoCluster(base or url, str(e) or type(e).__name__) from None
+        raise no_cluster(base or url, str(e) or type(e).__name__) from None
     try:
         data = json.loads(text)
     except ValueError:
         data = text  # not JSON (a proxy's error page, say): show it as it came
     if r.status >= 400:
-        if isinstance(data, dict) and isinstance(data.get("code"), str):
-            raise ApiError(r.status, data["code"], str(data.get("error", "")))
-        raise ApiError(r.status, "http_error", str(data)[:300])
+        from flashpoint.client import error_from_body
+
+        err = error_from_body(r.status, data)
+        err.details[HTTP_STATUS] = r.status
+        raise err
     return data
 
 

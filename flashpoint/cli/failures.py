@@ -14,31 +14,24 @@ import re
 import sys
 from collections.abc import Callable
 
-from flashpoint.errors import FlashpointError, RegistryError
+from flashpoint.errors import ConnectFailed, FlashpointError, RegistryError
 
 DEBUG_ENV = "FLASHPOINT_DEBUG"
+HTTP_STATUS = "http_status"  # the detail an API error answer carries its status in
 EXIT_BROKEN_PIPE = 1  # what Python's own docs use when stdout's reader went away
 _BIND = re.compile(r"\('([^']*)', (\d+)")
 
 
-class ApiError(FlashpointError):
-    """An HTTP error answer of the API: its status, the server's code and message."""
-
-    code = "api_error"
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message, status=status, server_code=code)
-        self.status, self.server_code = status, code
-
-
-class NoCluster(FlashpointError):
+def no_cluster(url: str, why: str) -> ConnectFailed:
     """Nothing answers at the API URL (connection refused, unknown host, timeout)."""
-
-    code = "no_cluster"
-
-    def __init__(self, url: str, why: str) -> None:
-        super().__init__(f"no cluster at {url} ({why}) — start one with `flashpoint up`, "
+    return ConnectFailed(f"no cluster at {url} ({why}) — start one with `flashpoint up`, "
                          "or pass --url (or set FLASHPOINT_URL)", url=url)
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status of an API error answer (flashpoint/cli/api.py sets it), else None."""
+    status = exc.details.get(HTTP_STATUS) if isinstance(exc, FlashpointError) else None
+    return status if isinstance(status, int) else None
 
 
 def debug_wanted(flag: bool = False) -> bool:
@@ -60,17 +53,20 @@ def guarded(run: Callable[[], int], *, cmd: str, debug: bool) -> int:
     except BaseException as e:
         if debug:
             raise
-        prefix = f"error {e.status}" if isinstance(e, ApiError) else "error"
+        status = http_status(e)
+        prefix = f"error {status}" if status is not None else "error"
         raise SystemExit(f"{prefix}: {describe(e, cmd)}") from None
 
 
 def describe(exc: BaseException, cmd: str = "") -> str:
     """One line for ``exc``: what went wrong and, where we know it, what to do (an API
     error's HTTP status is the caller's prefix: ``error 404: function_not_found: ...``)."""
-    if isinstance(exc, ApiError):
+    status = http_status(exc)
+    if isinstance(exc, FlashpointError) and status is not None:
         hint = {401: " — pass --api-key (or set FLASHPOINT_API_KEY)",
-                403: " — this needs an admin API key"}.get(exc.status, "")
-        return _one_line(f"{exc.server_code}: {exc.message}{hint}")
+                403: " — this needs an admin API key"}.get(status, "")
+        code = exc.details.get("remote_code") or exc.code  # a code this side does not know
+        return _one_line(f"{code}: {exc.message}{hint}")
     if isinstance(exc, RegistryError):
         return _one_line(exc.message + _registry_hint(exc))
     if isinstance(exc, FlashpointError):
