@@ -161,10 +161,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+SECRET_KEYS = frozenset({"secret"})  # never echoed in an error message
+
+
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _expected(where: str, value: Any, what: str) -> BadRequest:
+    if where in SECRET_KEYS:
+        return BadRequest(f"{where}: expected {what}")
     return BadRequest(f"{where} = {_show(value)}: expected {what}")

@@ -235,3 +235,12 @@ def test_autoscaler_parameters_are_checked_by_their_autoscaler(tmp_path: Path) -
                  "window_s = 0\n")
     r = run_cli("--config", str(p), "model", "list", home=tmp_path)
     assert_one_line_error(r, f"error: {p}: ", "window_s must be > 0")
+
+
+def test_a_secret_of_the_wrong_type_is_not_echoed(tmp_path: Path) -> None:
+    p = tmp_path / "s.toml"
+    p.write_text("secret = 123456789012345\n")
+    r = run_cli("--config", str(p), "model", "list", home=tmp_path,
+                env={"FLASHPOINT_SECRET": None})
+    line = assert_one_line_error(r, f"error: {p}: secret: expected a string")
+    assert "123456789012345" not in line
