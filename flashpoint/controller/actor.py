@@ -31,6 +31,7 @@ from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
 from flashpoint.controller.state.rates import RateMeter
+from flashpoint.controller.token_metrics import TokenLedger
 from flashpoint.audit import AuditLog
 from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.errors import (
@@ -124,6 +125,7 @@ class Controller:
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
         self.streams = StreamRegistry()  # streamed generation requests (gateway/streams.py)
+        self.tokens = TokenLedger()  # generation load and metrics in tokens (token_metrics.py)
         self.kaas = KaasPool(self.cc, lambda: self.state.kaas_broken)
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())
         self.hosts: dict[str, HostHandle] = {}
@@ -195,7 +197,7 @@ class Controller:
             roles.guard({"register_host": self._register_host, "heartbeat": self._heartbeat,
              "replica_ready": self._replica_ready, "replica_failed": self._replica_failed,
              "stage_ready": self._stage_ready, "host_draining": self._host_draining,
-             "gen_chunk": self.streams.on_chunk,
+             "gen_chunk": self.tokens.relay(self.streams.on_chunk, time.monotonic),
              **GatewayService(self, self.kaas).handlers()}),
             secret=roles.controller_keyring(self.config.secret.encode()),
             on_disconnect=self._on_disconnect,
@@ -246,12 +248,14 @@ class Controller:
         now = self._step_s = time.monotonic()
         self._arrivals.update(now)
         self._completions.update(now)
+        self.tokens.step(now)
         loads = {
             name: cs.FunctionLoad(self.dispatcher.queued(name), self.dispatcher.inflight(name),
                                   self._last_request.get(name), self._arrivals.rate(name),
                                   self._completions.rate(name), self._exec_s.get(name, 0.0),
                                   now - oldest.enqueued_s if (oldest := self._oldest(name))
-                                  else 0.0, self._invocations.get(name, 0))
+                                  else 0.0, self._invocations.get(name, 0),
+                                  tokens=self.tokens.load(name))
             for name in self.state.functions
         }
         idle = frozenset(
@@ -692,6 +696,7 @@ class Controller:
             now = time.monotonic()
             for p in live:
                 p.sent_s = now
+                self.tokens.sent(p.request_id, rid)
                 if p.stream:  # its chunks come from this connection; its caller gone,
                     self.streams.sent(p.request_id, handle.conn)  # the call is cancelled
                     _cancel_with(p.future, asyncio.current_task())
@@ -813,6 +818,8 @@ class Controller:
         self._arrivals.add(name)
         self._invocations[name] = self._invocations.get(name, 0) + 1
         self.dispatcher.enqueue(name, p, best_effort=best_effort)
+        if (m := self._manifests.get(fn.model_key)) is not None and m.task == "text-generation":
+            self.tokens.admitted(name, request_id, inputs, t0)
         if best_effort and self.mig is not None:
             self.mig.be_began(name)  # PROTEAN's BE demand: queued or in flight
         # Sent from this task only when the function is idle (nothing queued or in flight):
@@ -852,6 +859,7 @@ class Controller:
             raise
         finally:
             expiry.cancel()
+            self.tokens.ended(request_id)  # a no-op once finished() below has it
             if best_effort and self.mig is not None:
                 self.mig.be_ended(name)
         total = time.monotonic() - t0
@@ -876,7 +884,10 @@ class Controller:
             after = self._slo[name] = before.record(RequestClass.STRICT, total,
                                                     fn.spec.slo_ms / 1000)
             SLO.labels(name, "met" if after.met > before.met else "missed").inc()
-        return InvokeResult(decode_tensors(reply.get("outputs")), timings, rid, cold,
+        outputs = decode_tensors(reply.get("outputs"))
+        timings.update(self.tokens.finished(request_id, outputs, timings, cold=cold,
+                                            now_s=t0 + total))
+        return InvokeResult(outputs, timings, rid, cold,
                             handle.source if cold and handle is not None else "")
 
     # functions ---------------------------------------------------------------------------
@@ -938,6 +949,7 @@ class Controller:
         self._last_request.pop(name, None)
         self._ok_metrics.pop(name, None)
         self._slo.pop(name, None)
+        self.tokens.forget(name)
 
     def _info(self, fn: cs.FunctionRecord) -> FunctionInfo:
         reps = self.state.replicas_of(fn.spec.name)
