@@ -837,6 +837,7 @@ class Controller:
         # One timer instead of wait_for(shield(...)): a cancelled caller cancels the future,
         # so a request nobody waits for any more is skipped at dispatch.
         expiry = loop.call_later(timeout, _expire, p.future)
+        answered = False
         try:
             if assigned:
                 # Alone in its queue with a replica free: send it from this task. Nothing
@@ -844,6 +845,7 @@ class Controller:
                 # three loop steps each way. A retry it needs goes back through the queue.
                 await self._send([p], assigned[0][1])
             reply, rid = await p.future
+            answered = True
         except _Expired:
             self.dispatcher.remove(name, p)
             REQUESTS.labels(name, "deadline").inc()
@@ -859,7 +861,8 @@ class Controller:
             raise
         finally:
             expiry.cancel()
-            self.tokens.ended(request_id)  # a no-op once finished() below has it
+            if not answered:  # an answer is counted by tokens.finished below
+                self.tokens.ended(request_id)
             if best_effort and self.mig is not None:
                 self.mig.be_ended(name)
         total = time.monotonic() - t0
