@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from flashpoint.errors import InputTooLong, InvalidInput, KvCacheTooSmall
+
 # One default, so the controller's token count (which cannot import torch) and the engine agree.
 from flashpoint.policy.token_load import DEFAULT_MAX_TOKENS
 
