@@ -99,24 +99,32 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, int(round(q / 100 * len(ordered) + 0.5)) - 1))]
 
 
-def baseline(directory: Path, prompts: list[str], max_tokens: int, threads: int) -> dict[str, Any]:
-    """One-at-a-time greedy ``generate`` in this process: tokens/s over ``prompts``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class Baseline:
+    """One-at-a-time greedy ``generate`` in this process (the model loaded once)."""
 
-    torch.set_num_threads(threads)
-    tok = AutoTokenizer.from_pretrained(str(directory))
-    model = AutoModelForCausalLM.from_pretrained(str(directory)).eval()
-    ids = [torch.tensor([tok(p).input_ids]) for p in prompts]
-    with torch.inference_mode():  # warm-up: the first call pays for lazy set-up
-        model.generate(ids[0], max_new_tokens=2, do_sample=False, pad_token_id=tok.pad_token_id)
-        tokens, t0 = 0, time.perf_counter()
-        for x in ids:
-            out = model.generate(x, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                                 do_sample=False, pad_token_id=tok.pad_token_id)
-            tokens += out.shape[1] - x.shape[1]
-        wall = time.perf_counter() - t0
-    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
+    def __init__(self, directory: Path, threads: int) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(threads)
+        self.tok = AutoTokenizer.from_pretrained(str(directory))
+        self.model = AutoModelForCausalLM.from_pretrained(str(directory)).eval()
+        self.run([PROMPTS[0]], 2)  # warm-up: the first call pays for lazy set-up
+
+    def run(self, prompts: list[str], max_tokens: int) -> dict[str, Any]:
+        """Tokens/s over ``prompts``, one after another, ``max_tokens`` new tokens each."""
+        import torch
+
+        ids = [torch.tensor([self.tok(p).input_ids]) for p in prompts]
+        with torch.inference_mode():
+            tokens, t0 = 0, time.perf_counter()
+            for x in ids:
+                out = self.model.generate(x, max_new_tokens=max_tokens,
+                                          min_new_tokens=max_tokens, do_sample=False,
+                                          pad_token_id=self.tok.pad_token_id)
+                tokens += out.shape[1] - x.shape[1]
+            wall = time.perf_counter() - t0
+        return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
 
 
 async def stream_one(session: Any, url: str, fn: str, prompt: str,
@@ -173,7 +181,7 @@ async def measure_migration_gap(session: Any, url: str, cluster: Any, fn: str,
     return None
 
 
-async def served(directory: Path, args: argparse.Namespace, threads: int) -> dict[str, Any]:
+async def served(directory: Path, args: argparse.Namespace, base: Baseline) -> dict[str, Any]:
     import aiohttp
 
     from flashpoint.cluster import LocalCluster
@@ -184,7 +192,7 @@ async def served(directory: Path, args: argparse.Namespace, threads: int) -> dic
     cfg = load_config(overrides={
         "log_level": "WARNING",
         "controller": {"listen_port": 0, "loop_interval_s": 0.05},
-        "host": {"cpu_devices": 2, "warm_pool_size": 1, "torch_threads": threads,
+        "host": {"cpu_devices": 2, "warm_pool_size": 1, "torch_threads": args.threads,
                  "device_memory_bytes": 8 << 30, "cache_dir": str(home / "cache")},
     }).with_home(home)
     store = make_store(cfg)
@@ -234,8 +242,16 @@ async def served(directory: Path, args: argparse.Namespace, threads: int) -> dic
                         break
                     await asyncio.sleep(0.05)
             out["ttft_ram_ms"], out["ram_sources"] = cold, sources
-            out["levels"] = [await concurrent(s, url, "gen", n, args.max_tokens, args.rounds)
-                             for n in args.streams]
+            # each level right after its own baseline run (the cluster idle meanwhile): on a
+            # shared machine the load drifts, and the ratio should compare like with like
+            out["levels"] = []
+            prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.baseline_prompts)]
+            for n in args.streams:
+                b = await asyncio.to_thread(base.run, prompts, args.max_tokens)
+                level = await concurrent(s, url, "gen", n, args.max_tokens, args.rounds)
+                level["baseline_tokens_per_s"] = b["tokens_per_s"]
+                level["ratio"] = level["tokens_per_s"] / b["tokens_per_s"]
+                out["levels"].append(level)
             out["migration"] = (await measure_migration_gap(s, url, cluster, "gen",
                                                             args.max_tokens)
                                 if args.migration else None)
@@ -247,8 +263,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="tiny model, 1 and 2 streams")
     ap.add_argument("--streams", default="1,8,32", help="concurrency levels, comma-separated")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=2, help="repeats of each concurrency level")
-    ap.add_argument("--baseline-prompts", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=1, help="repeats of each concurrency level")
+    ap.add_argument("--baseline-prompts", type=int, default=4,
+                    help="generate calls in each level's baseline run")
     ap.add_argument("--cold-rounds", type=int, default=3)
     ap.add_argument("--warm-samples", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
@@ -264,24 +281,21 @@ def main() -> int:
     t_build = time.perf_counter()
     directory = model_dir(args.quick)
     build_s = time.perf_counter() - t_build
-    srv = asyncio.run(served(directory, args, args.threads))
-    base = baseline(directory, [PROMPTS[i % len(PROMPTS)] for i in range(args.baseline_prompts)],
-                    args.max_tokens, args.threads)
-    rows = []
-    for lv in srv["levels"]:
-        lv["ratio"] = lv["tokens_per_s"] / base["tokens_per_s"]
-        rows.append(lv)
+    base = Baseline(directory, args.threads)
+    srv = asyncio.run(served(directory, args, base))
+    rows = srv["levels"]
     print(f"\nText generation: {'tiny' if args.quick else 'GPT-2-small-sized'} random model "
           f"({srv['model_bytes'] / 1e6:.0f} MB), max_tokens {args.max_tokens}, "
           f"{args.threads} torch threads, {platform.machine()} {os.cpu_count()} vCPU")
-    print(f"in-process one-at-a-time generate: {base['tokens_per_s']:.1f} tokens/s "
-          f"({base['tokens']} tokens in {base['wall_s']:.2f} s)\n")
-    header = ["streams", "served tok/s", "ratio vs generate", "TTFT p50 ms", "TTFT p99 ms",
+    print("baseline: one-at-a-time generate in process, run just before each level\n")
+    header = ["streams", "served tok/s", "generate tok/s", "ratio vs generate", "TTFT p50 ms",
+              "TTFT p99 ms",
               "TPOT p50 ms", "TPOT p99 ms", "migration gap"]
     gap = srv["migration"]
     print(" | ".join(header))
     for lv in rows:
-        print(" | ".join([str(lv["streams"]), f"{lv['tokens_per_s']:.1f}", f"{lv['ratio']:.2f}x",
+        print(" | ".join([str(lv["streams"]), f"{lv['tokens_per_s']:.1f}",
+                          f"{lv['baseline_tokens_per_s']:.1f}", f"{lv['ratio']:.2f}x",
                           f"{lv['ttft_p50_ms']:.1f}", f"{lv['ttft_p99_ms']:.1f}",
                           f"{lv['tpot_p50_ms']:.1f}", f"{lv['tpot_p99_ms']:.1f}",
                           "n/a" if gap is None else f"{gap['gap_max_ms']:.1f}"]))
@@ -296,7 +310,7 @@ def main() -> int:
         print(f"target >= 3x at 8 streams: {'met' if eight['ratio'] >= 3 else 'NOT met'} "
               f"({eight['ratio']:.2f}x)")
     print(json.dumps({"bench": "generate", "quick": args.quick, "max_tokens": args.max_tokens,
-                      "threads": args.threads, "build_s": build_s, "baseline": base,
+                      "threads": args.threads, "build_s": build_s,
                       "levels": rows, "ttft_warm_ms": warm, "ttft_ram_ms": srv["ttft_ram_ms"],
                       "ram_sources": srv["ram_sources"],
                       "ttft_registry_ms": srv["ttft_registry_ms"],

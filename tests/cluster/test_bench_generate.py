@@ -23,12 +23,11 @@ def test_generate_bench_quick_runs() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["bench"] == "generate" and result["quick"] is True
-    # the baseline forces max_tokens new tokens for each of its two prompts
-    assert result["baseline"]["tokens"] == 2 * result["max_tokens"]
     assert [lv["streams"] for lv in result["levels"]] == [1, 2]
     for lv in result["levels"]:
         assert 0 < lv["tokens"] <= lv["streams"] * result["max_tokens"]
         assert lv["tokens_per_s"] > 0 and lv["ttft_p50_ms"] > 0
+        assert lv["ratio"] == pytest.approx(lv["tokens_per_s"] / lv["baseline_tokens_per_s"])
     assert result["ram_sources"] == ["local"]  # the scale from zero came out of host RAM
     assert result["migration"] is None  # issue 21 item 5 fills this in
     assert "ratio vs generate" in out.stdout and "migration gap" in out.stdout
