@@ -144,3 +144,33 @@ def test_ledger_whole_answer_and_cold_phases():
     led.admitted(fn, "r3", _text("hello"), 3.0)
     led.ended("r3")
     assert led.finished("r3", _answer(1, 1), {}, cold=False, now_s=4.0) == {}
+
+
+def test_controller_state_hands_the_token_load_to_the_autoscaler():
+    from flashpoint.controller.state.core import (
+        ControllerState,
+        DeployReplica,
+        DeviceRecord,
+        FunctionLoad,
+        FunctionUpserted,
+        HostRegistered,
+        Tick,
+    )
+    from flashpoint.spec import FunctionSpec
+
+    st = ControllerState(heartbeat_timeout_s=60.0, replica_overhead_bytes=0,
+                         autoscaler=make_autoscaler("tokens", {"replica_tokens_per_s": 100,
+                                                               "drain_s": 1}))
+    devs = tuple(DeviceRecord(f"cpu:{i}", "cpu", 4 << 30) for i in range(8))
+    st.handle(HostRegistered("h1", devs, 16 << 30, frozenset(), (), 0.0))
+    st.handle(FunctionUpserted(FunctionSpec(name="g", model="m", max_replicas=8), 10 << 20))
+    # 4 requests: the concurrency rule wants 1 replica (16 each); 350 tokens at 100 tok/s
+    # per replica, drained within 1 s, want 4
+    tok = TokenLoad(350, 0, 0.0, 0.0, 4)
+    cmds = st.handle(Tick(1.0, {"g": FunctionLoad(4, 0, 1.0, tokens=tok)}))
+    assert len([c for c in cmds if isinstance(c, DeployReplica)]) == 4
+    assert st.functions["g"].reason.startswith("tokens:350tok")
+    # the same load without tokens: the concurrency rule, one replica
+    st.handle(FunctionUpserted(FunctionSpec(name="h", model="m", max_replicas=8), 10 << 20))
+    cmds = st.handle(Tick(1.1, {"h": FunctionLoad(4, 0, 1.1)}))
+    assert len([c for c in cmds if isinstance(c, DeployReplica) and c.spec.name == "h"]) == 1
