@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -255,6 +256,7 @@ async def served(directory: Path, args: argparse.Namespace, base: Baseline) -> d
             out["migration"] = (await measure_migration_gap(s, url, cluster, "gen",
                                                             args.max_tokens)
                                 if args.migration else None)
+    shutil.rmtree(home, ignore_errors=True)  # its registry and cache copies of the model
     return out
 
 
