@@ -21,7 +21,9 @@ from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from flashpoint import heap
-from flashpoint.controller.state import core as cs
+from flashpoint.controller.state import events as cs  # the state's events and commands
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.records import FunctionRecord, GroupPhase, ReplicaPhase
 from flashpoint.controller.cold_timings import ColdStartMarks, cold_start_phases
 from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.controller.gateway_service import GatewayService
@@ -106,21 +108,21 @@ class Controller:
         self.config = config
         self.cc = config.controller
         self.store = store
-        self.state = cs.ControllerState(heartbeat_timeout_s=self.cc.heartbeat_timeout_s,
-                                        cold_start_timeout_s=self.cc.cold_start_timeout_s,
-                                        replica_overhead_bytes=self.cc.replica_overhead_bytes,
-                                        stop_unknown_replicas=self.cc.stop_unknown_replicas,
-                                        process_bytes=config.host.worker_memory_bytes,
-                                        autoscaler=make_autoscaler(self.cc.autoscaler,
-                                                                   self.cc.autoscaler_params),
-                                        max_chain_length=self.cc.max_chain_length,
-                                        drain_margin_s=self.cc.drain_margin_s,
-                                        share_policy=self.cc.share_policy,
-                                        kaas_replicas=self.cc.kaas_workers,
-                                        kaas_cache_bytes=self.cc.kaas_cache_bytes,
-                                        max_start_failures=self.cc.max_start_failures,
-                                        start_backoff_s=self.cc.start_backoff_s,
-                                        start_backoff_max_s=self.cc.start_backoff_max_s)
+        self.state = ControllerState(heartbeat_timeout_s=self.cc.heartbeat_timeout_s,
+                                     cold_start_timeout_s=self.cc.cold_start_timeout_s,
+                                     replica_overhead_bytes=self.cc.replica_overhead_bytes,
+                                     stop_unknown_replicas=self.cc.stop_unknown_replicas,
+                                     process_bytes=config.host.worker_memory_bytes,
+                                     autoscaler=make_autoscaler(self.cc.autoscaler,
+                                                                self.cc.autoscaler_params),
+                                     max_chain_length=self.cc.max_chain_length,
+                                     drain_margin_s=self.cc.drain_margin_s,
+                                     share_policy=self.cc.share_policy,
+                                     kaas_replicas=self.cc.kaas_workers,
+                                     kaas_cache_bytes=self.cc.kaas_cache_bytes,
+                                     max_start_failures=self.cc.max_start_failures,
+                                     start_backoff_s=self.cc.start_backoff_s,
+                                     start_backoff_max_s=self.cc.start_backoff_max_s)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
         self.streams = StreamRegistry()  # streamed generation requests (gateway/streams.py)
@@ -256,10 +258,10 @@ class Controller:
         }
         idle = frozenset(
             r.replica_id for r in self.state.replicas.values()
-            if r.phase == cs.ReplicaPhase.STOPPING and self.dispatcher.inflight_of(r.replica_id) == 0
+            if r.phase == ReplicaPhase.STOPPING and self.dispatcher.inflight_of(r.replica_id) == 0
         ) | frozenset(
             g.group_id for g in self.state.groups.values()
-            if g.phase == cs.GroupPhase.STOPPING and self.dispatcher.inflight_of(g.group_id) == 0
+            if g.phase == GroupPhase.STOPPING and self.dispatcher.inflight_of(g.group_id) == 0
         )
         self._execute(self.state.handle(cs.Tick(now, loads, idle)))
         if self.mig is not None:
@@ -354,10 +356,10 @@ class Controller:
         """Every warm replica with a live worker handle is dispatchable (a KaaS executor's
         joins the KaaS pool, whichever came first: its report or its host's); then pump."""
         for rep in self.state.replicas.values():
-            if rep.phase == cs.ReplicaPhase.WARM and rep.function == KAAS_FUNCTION \
+            if rep.phase == ReplicaPhase.WARM and rep.function == KAAS_FUNCTION \
                     and (w := self.workers.get(rep.replica_id)) is not None:
                 self.kaas.ensure(rep.replica_id, w.conn)
-            elif rep.phase == cs.ReplicaPhase.WARM and rep.replica_id in self.workers \
+            elif rep.phase == ReplicaPhase.WARM and rep.replica_id in self.workers \
                     and not self.dispatcher.has_replica(rep.replica_id):
                 fn = self.state.functions.get(rep.function)
                 if fn is not None:
@@ -567,7 +569,7 @@ class Controller:
             self._spawn(self._watch_worker(rid, conn), f"watch:{rid}")
         self._conn_replica[id(conn)] = rid
         known = self.state.replicas.get(rid)
-        if known is not None and known.phase == cs.ReplicaPhase.STARTING:
+        if known is not None and known.phase == ReplicaPhase.STARTING:
             for phase, secs in timings.items():
                 COLD_STARTS.labels(phase).observe(secs)
         self._apply(cs.ReplicaWarmed(rid, timings, time.monotonic()))
@@ -939,13 +941,13 @@ class Controller:
         self._ok_metrics.pop(name, None)
         self._slo.pop(name, None)
 
-    def _info(self, fn: cs.FunctionRecord) -> FunctionInfo:
+    def _info(self, fn: FunctionRecord) -> FunctionInfo:
         reps = self.state.replicas_of(fn.spec.name)
         failure = self.state.not_ready(fn.spec.name)
         return FunctionInfo(
             fn.spec, ready=failure is None,
-            replicas_warm=sum(r.phase == cs.ReplicaPhase.WARM for r in reps),
-            replicas_starting=sum(r.phase == cs.ReplicaPhase.STARTING for r in reps),
+            replicas_warm=sum(r.phase == ReplicaPhase.WARM for r in reps),
+            replicas_starting=sum(r.phase == ReplicaPhase.STARTING for r in reps),
             queued=self.dispatcher.queued(fn.spec.name),
             reason=None if failure is None else _not_ready_reason(failure, time.monotonic()),
             rollout=self.state.rollout(fn.spec.name),
