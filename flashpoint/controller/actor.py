@@ -1,9 +1,10 @@
 """Controller: the cluster's one decision maker, plus the HTTP gateway it serves.
 
 I/O only: RPC handlers and the control loop turn what they hear into events for
-:class:`ControllerState`, execute the commands it returns, and move requests from the
-per-function queues to warm replicas with credit-based dispatch (:class:`Dispatcher`).
-It implements :class:`flashpoint.gateway.backend.InvokeBackend` for the gateway.
+:class:`ControllerState` and execute the commands it returns. Requests travel through the
+:class:`RequestPath` it owns (``requests.py``: per-function queues, credit-based dispatch to
+warm replicas by :class:`Dispatcher`, retries, deadlines). It implements
+:class:`flashpoint.gateway.backend.InvokeBackend` for the gateway.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ WORKERS_SILENT = Counter("flashpoint_workers_silent_total",
 class Controller:
     """The controller actor."""
 
-    # invoke() fails a request at its deadline (the call_later expiry, never later than the
-    # timeout_s it was given), so the gateway needs no backstop timer around it.
+    # invoke() fails a request at its deadline (RequestPath's call_later expiry, never later
+    # than the timeout_s it was given), so the gateway needs no backstop timer around it.
     enforces_deadline = True
 
     def __init__(self, config: ClusterConfig, store: Any) -> None:
