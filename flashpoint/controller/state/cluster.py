@@ -148,6 +148,7 @@ class ClusterRecords:
         return ClusterSnapshot(now_s, tuple(hosts))
 
     def replicas_of(self, function: str) -> list[ReplicaRecord]:
+        """Every replica of ``function`` the controller knows, in any phase."""
         return [r for r in self.replicas.values() if r.function == function]
 
     def counts(self, function: str) -> dict[str, Any]:
