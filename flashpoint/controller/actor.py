@@ -34,6 +34,7 @@ from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
 from flashpoint.controller.requests import RequestPath
+from flashpoint.controller.ui_journal import UiJournal
 from flashpoint.audit import AuditLog
 from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.errors import (
@@ -114,6 +115,7 @@ class Controller:
         self.rpc_url = ""
         self._started_s = time.monotonic()
         self._wake = asyncio.Event()
+        self.ui = UiJournal()  # recent history for the dashboard (/ui)
         # "name@version" -> its manifest (immutable): parsed once, its JSON text made once
         # (Manifest.to_json is memoised) and sent as is with every deploy.
         self._manifests: dict[str, Manifest] = {}
@@ -138,7 +140,7 @@ class Controller:
                              ) if self.cc.mig_reconfigure else None
         self.requests = RequestPath(self.cc, self.state, self.dispatcher, self.workers,
                                     self.streams, self._cold_marks, self.mig, self._spawn,
-                                    self._wake.set, self._started_s)
+                                    self._wake.set, self._started_s, self.ui)
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -237,6 +239,7 @@ class Controller:
         self._execute(self.state.handle(event))
 
     def _execute(self, cmds: list[cs.Command]) -> None:
+        self.ui.observe(cmds, self.state, time.monotonic())
         for cmd in cmds:
             match cmd:
                 case cs.DeployReplica() | cs.DeployKaas():
@@ -727,6 +730,7 @@ class Controller:
                      "executors": len(self.kaas.pool.handles),
                      "broken": self.state.kaas_broken, "unplaced": self.state.kaas_unplaced,
                      "max_buffer_bytes": self.kaas.max_buffer_bytes},
+            "ui": self.ui.view(self.state, now),
         }
 
     def is_live(self) -> bool:

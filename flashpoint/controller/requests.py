@@ -28,6 +28,7 @@ from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.state.core import ControllerState
 from flashpoint.controller.state.events import FailFunction, FunctionLoad, StartFailure
 from flashpoint.controller.state.rates import RateMeter
+from flashpoint.controller.ui_journal import UiJournal
 from flashpoint.errors import (
     BadRequest,
     DeadlineExceeded,
@@ -73,16 +74,17 @@ class RequestPath:
     """Requests from their arrival to their reply, for the Controller that owns it.
 
     It shares the Controller's ``dispatcher``, ``workers`` (replica or group id -> the
-    handle requests are sent to), ``streams`` and ``cold_marks`` (replica id -> its cold
-    start's marks) and reads ``state`` (functions, their back-off); ``spawn`` starts a task
-    the Controller owns, ``wake`` wakes the control loop (a cold function, a backlog).
+    handle requests are sent to), ``streams``, ``cold_marks`` (replica id -> its cold
+    start's marks) and the dashboard's ``ui`` journal, and reads ``state`` (functions, their
+    back-off); ``spawn`` starts a task the Controller owns, ``wake`` wakes the control loop
+    (a cold function, a backlog).
     """
 
     def __init__(self, cc: ControllerConfig, state: ControllerState, dispatcher: Dispatcher,
                  workers: Mapping[str, Any], streams: StreamRegistry,
                  cold_marks: Mapping[str, ColdStartMarks], mig: MigDriver | None,
                  spawn: Callable[[Coroutine[Any, Any, None], str], Any],
-                 wake: Callable[[], None], started_s: float) -> None:
+                 wake: Callable[[], None], started_s: float, ui: UiJournal) -> None:
         self.cc = cc
         self.state = state
         self.dispatcher = dispatcher
@@ -95,6 +97,7 @@ class RequestPath:
         # Queued work is failed as unplaceable only after a heartbeat timeout from here
         # (fail_unplaceable): a restarted controller's hosts are about to re-register.
         self._started_s = started_s
+        self.ui = ui  # the dashboard's journal: cold starts and latencies (ui_journal.py)
         self._last_request: dict[str, float] = {}
         self._arrivals = RateMeter()
         self._completions = RateMeter()
@@ -375,11 +378,13 @@ class RequestPath:
                 # Every millisecond of the scale from zero, in order (controller/cold_timings.py).
                 timings.update(cold_start_phases(marks, handle.timings_s, arrived_s=t0,
                                                  sent_s=p.sent_s, done_s=t0 + total))
+            self.ui.cold_start(rid, name, handle.source, timings, t0 + total)
         ok = self._ok_metrics.get(name)
         if ok is None:  # label lookups cost more than the increments on this path
             ok = self._ok_metrics[name] = (REQUESTS.labels(name, "ok"), LATENCY.labels(name))
         ok[0].inc()
         ok[1].observe(total)
+        self.ui.request_done(name, total, t0 + total)
         if fn.spec.slo_ms > 0 and not best_effort:
             before = self.slo.get(name, SloCompliance())
             after = self.slo[name] = before.record(RequestClass.STRICT, total,
