@@ -18,7 +18,7 @@ import numpy as np
 
 from flashpoint.errors import DeadlineExceeded, Overloaded
 from flashpoint.gateway.backend import InvokeBackend, InvokeResult
-from flashpoint.gateway.config import GatewayConfig
+from flashpoint.config import GatewayConfig
 
 _MAX_BUCKETS = 10_000
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from flashpoint.errors import BadRequest, FlashpointError, PayloadTooLarge
-from flashpoint.gateway.config import GatewayConfig
+from flashpoint.config import GatewayConfig
 
 _CHUNK_BYTES = 256 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"

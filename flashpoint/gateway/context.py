@@ -15,7 +15,7 @@ from flashpoint.errors import BadRequest, FunctionNotFound
 from flashpoint.gateway.admission import Admission
 from flashpoint.gateway.auth import ApiKeyAuth, Principal, Role
 from flashpoint.gateway.backend import FunctionInfo, InvokeBackend
-from flashpoint.gateway.config import GatewayConfig
+from flashpoint.config import GatewayConfig
 from flashpoint.gateway.metrics import GatewayMetrics
 from flashpoint.gateway.oip import CodecLimits, load_json
 from flashpoint.ids import new_id

@@ -12,9 +12,8 @@ from typing import Any
 import prometheus_client
 from aiohttp import web
 
-from flashpoint.config import ClusterConfig, GatewaySettings, check_http_auth, check_secret
+from flashpoint.config import ClusterConfig, GatewayConfig, check_http_auth, check_secret
 from flashpoint.gateway.app import RUNNER_KWARGS, make_app
-from flashpoint.gateway.config import GatewayConfig
 from flashpoint.gateway.remote import RemoteBackend
 from flashpoint.gateway.remote_kaas import RemoteKaas
 from flashpoint.log import get_logger
@@ -24,16 +23,10 @@ from flashpoint.rpc.tls import client_context, server_context
 log = get_logger(__name__)
 
 
-def gateway_config(settings: GatewaySettings) -> GatewayConfig:
-    """The HTTP gateway's limits from the cluster configuration's ``[gateway]`` table."""
-    return GatewayConfig(api_keys=dict(settings.api_keys),
-                         max_body_bytes=settings.max_body_bytes,
-                         default_timeout_s=settings.default_timeout_s,
-                         rate_limit_rps=settings.rate_limit_rps,
-                         rate_limit_burst=settings.rate_limit_burst,
-                         max_inflight_requests=settings.max_inflight_requests,
-                         metrics_require_key=settings.metrics_require_key,
-                         audit_log_path=settings.audit_log_path)
+def gateway_config(config: GatewayConfig) -> GatewayConfig:
+    """The HTTP gateway's configuration: the cluster configuration's ``[gateway]`` table is
+    it (one type). Kept for the controller actor, which still asks for it by this name."""
+    return config
 
 
 def controller_rpc_url(config: ClusterConfig) -> str:
@@ -66,7 +59,7 @@ class StandaloneGateway:
                                 # inputs travel in one frame: room for the largest body
                                 max_frame_bytes=max(gw.max_body_bytes * 2, 64 << 20))
         await backend.start()
-        runner = web.AppRunner(make_app(backend, gateway_config(gw), kaas=RemoteKaas(backend),
+        runner = web.AppRunner(make_app(backend, gw, kaas=RemoteKaas(backend),
                                         process_registry=prometheus_client.REGISTRY),
                                access_log=None, **RUNNER_KWARGS)
         try:

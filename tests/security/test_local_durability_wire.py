@@ -16,7 +16,7 @@ from aiohttp import web
 
 from flashpoint.gateway.app import RUNNER_KWARGS
 from flashpoint.gateway.body import read_body
-from flashpoint.gateway.config import GatewayConfig
+from flashpoint.config import GatewayConfig
 
 # -- 11. wire hygiene: a body must be what its Content-Encoding says ------------------------
 

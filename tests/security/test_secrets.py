@@ -20,7 +20,7 @@ from flashpoint.config import (
     validate_secret,
 )
 from flashpoint.errors import BadRequest
-from flashpoint.gateway.config import GatewayConfig
+from flashpoint.config import GatewayConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 WEAK = ["change-me", "flashpoint-local-dev-secret", "netns-cluster-test-secret", "s3cret",
