@@ -91,6 +91,11 @@ class Actor:
                         tasks=sorted(self._tasks[t] for t in pending if t in self._tasks))
         await self.on_stop(max(0.0, deadline - time.monotonic()))
 
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` began: the actor starts nothing new."""
+        return self._stopping
+
     async def on_start(self) -> None:
         """The subclass's start-up (connections, listeners); spawn its loops here."""
 

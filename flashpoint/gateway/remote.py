@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import msgspec
 import numpy as np
 
+from flashpoint.actor import Actor
 from flashpoint.errors import (
     ConnectFailed,
     DeadlineExceeded,
@@ -104,14 +105,18 @@ def never_reached(exc: BaseException) -> bool:
     return isinstance(exc, ConnectFailed)
 
 
-class RemoteBackend:
-    """``InvokeBackend`` over RPC to the controller at ``controller_url``."""
+class RemoteBackend(Actor):
+    """``InvokeBackend`` over RPC to the controller at ``controller_url``; an
+    :class:`~flashpoint.actor.Actor` owning the table's refresh loop."""
 
     def __init__(self, controller_url: str, *, secret: bytes, refresh_s: float = 0.5,
                  max_frame_bytes: int | None = None,
-                 ssl_context: ssl.SSLContext | None = None, name: str = "gateway-admin") -> None:
+                 ssl_context: ssl.SSLContext | None = None, name: str = "gateway-admin",
+                 loop_lag_interval_s: float | None = None) -> None:
         """``secret`` is the key of principal ``name`` (rpc/roles.py): ``"gateway"``'s, or
-        the cluster secret itself under any non-role name."""
+        the cluster secret itself under any non-role name. ``loop_lag_interval_s``: sample
+        the event loop's lag (the stand-alone gateway's process does; see flashpoint/actor.py)."""
+        super().__init__("gateway", loop_lag_interval_s=loop_lag_interval_s)
         kwargs: dict[str, Any] = {"ssl_context": ssl_context}
         if max_frame_bytes is not None:
             kwargs["max_frame_bytes"] = max_frame_bytes
@@ -124,19 +129,14 @@ class RemoteBackend:
         self._status: dict[str, Any] = {}
         self._ready = False
         self._refreshed_s = 0.0  # monotonic time of the last good refresh
-        self._task: asyncio.Task[None] | None = None
         self.retries = 0  # calls that met an unreachable controller and were re-sent
         self.held = 0  # calls that found no connection and waited for the controller
 
-    async def start(self) -> None:
+    async def on_start(self) -> None:
         await self._client.start()
-        self._task = asyncio.get_running_loop().create_task(self._refresh_loop(),
-                                                            name="gateway-refresh")
+        self.spawn(self._refresh_loop(), "refresh")
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+    async def on_stop(self, timeout_s: float) -> None:
         await self._client.stop()
 
     @property

@@ -22,6 +22,9 @@ from flashpoint.rpc.tls import client_context, server_context
 
 log = get_logger(__name__)
 
+# The gateway process's event-loop lag is sampled this often (flashpoint/actor.py).
+LOOP_LAG_INTERVAL_S = 0.5
+
 
 def gateway_config(config: GatewayConfig) -> GatewayConfig:
     """The HTTP gateway's configuration: the cluster configuration's ``[gateway]`` table is
@@ -57,7 +60,8 @@ class StandaloneGateway:
                                 refresh_s=gw.refresh_s,
                                 ssl_context=client_context(gw.tls_ca_path, setting="gateway"),
                                 # inputs travel in one frame: room for the largest body
-                                max_frame_bytes=max(gw.max_body_bytes * 2, 64 << 20))
+                                max_frame_bytes=max(gw.max_body_bytes * 2, 64 << 20),
+                                loop_lag_interval_s=LOOP_LAG_INTERVAL_S)
         await backend.start()
         runner = web.AppRunner(make_app(backend, gw, kaas=RemoteKaas(backend),
                                         process_registry=prometheus_client.REGISTRY),
