@@ -92,7 +92,8 @@ def test_bf16_is_checked_as_the_float32_it_decodes_to() -> None:
 
 @pytest.mark.parametrize("wire", [
     "x", {"dtype": "float32", "shape": [2], "data": b"\0" * 4},
-    {"dtype": "float32", "shape": [True], "data": b""}, {"dtype": "complex64", "shape": [1], "data": b"\0" * 8},
+    {"dtype": "float32", "shape": [True], "data": b""},
+    {"dtype": "complex64", "shape": [1], "data": b"\0" * 8},
     {"dtype": "float32", "shape": [1] * 9, "data": b"\0" * 4},
     {"dtype": "object", "shape": [2], "items": [b"a"]},
     {"dtype": "bfloat16", "shape": [2], "data": b"\0" * 2}, {"dtype": 3, "shape": [1], "data": b""},
