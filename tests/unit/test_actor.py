@@ -9,6 +9,7 @@ import time
 
 import pytest
 from prometheus_client import REGISTRY
+from structlog.testing import capture_logs
 
 from flashpoint.actor import Actor
 
@@ -94,18 +95,19 @@ async def test_stop_returns_at_its_deadline_when_a_task_never_ends() -> None:
     await asyncio.wait_for(task, 1.0)
 
 
-async def test_a_failed_task_is_logged_not_lost(capsys: pytest.CaptureFixture[str]) -> None:
+async def test_a_failed_task_is_logged_not_lost() -> None:
     actor = Actor("failing-test")
 
     async def boom() -> None:
         raise ValueError("kaput")
 
-    task = actor.spawn(boom(), "boom")
-    await asyncio.wait([task], timeout=1.0)
-    await asyncio.sleep(0)  # the done callback runs on the next loop step
+    with capture_logs() as logs:
+        task = actor.spawn(boom(), "boom")
+        await asyncio.wait([task], timeout=1.0)
+        await asyncio.sleep(0)  # the done callback runs on the next loop step
     assert actor.task_names() == []
-    out = capsys.readouterr()
-    assert "actor_task_failed" in out.out + out.err and "kaput" in out.out + out.err
+    failed = [e for e in logs if e["event"] == "actor_task_failed"]
+    assert len(failed) == 1 and failed[0]["task"] == "boom" and "kaput" in failed[0]["error"]
     await actor.stop(timeout_s=1.0)
 
 
