@@ -40,7 +40,7 @@ from flashpoint.gateway.remote import info_to_wire, result_to_wire
 from flashpoint.kaas.backend import KaasBackend
 from flashpoint.kaas.remote import FRAME_BUDGET_BYTES
 from flashpoint.kaas.spec import KaasRequest, check_key, check_object, check_ttl
-from flashpoint.messages.base import Message, to_payload
+from flashpoint.messages.base import Message
 from flashpoint.messages.gateway_controller import (
     Ack,
     DeleteRequest,
@@ -60,6 +60,7 @@ from flashpoint.messages.gateway_controller import (
     RegisterRequest,
     StreamChunkNote,
     decode,
+    encode,
 )
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.spec import FunctionSpec
@@ -115,7 +116,7 @@ class GatewayService:
         try:
             async for item in stream:
                 if isinstance(item, StreamChunk):
-                    await conn.notify("gw_chunk", to_payload(StreamChunkNote(
+                    await conn.notify("gw_chunk", encode(StreamChunkNote(
                         request_id=rid, index=item.index, text=item.text,
                         token_id=item.token_id)), trace=rid)
                 else:
@@ -188,7 +189,7 @@ def _typed(kind: type[M], fn: Callable[[Any, M], Awaitable[Message]],
     (``messages.gateway_controller.decode``), the reply encoded."""
 
     async def typed(conn: Any, payload: Any) -> dict[str, Any]:
-        return to_payload(await fn(conn, decode(kind, payload, method=method)))
+        return encode(await fn(conn, decode(kind, payload, method=method)))
 
     typed.__name__ = method
     return typed

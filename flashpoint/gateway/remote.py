@@ -41,7 +41,6 @@ from flashpoint.errors import (
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult, StreamChunk
 from flashpoint.gateway.streams import StreamRegistry, stream_invocation
 from flashpoint.log import get_logger
-from flashpoint.messages.base import to_payload
 from flashpoint.messages.gateway_controller import (
     Ack,
     DeleteRequest,
@@ -54,6 +53,7 @@ from flashpoint.messages.gateway_controller import (
     RegisterReply,
     RegisterRequest,
     decode,
+    encode,
 )
 from flashpoint.rpc.backoff import Backoff, retry
 from flashpoint.rpc.client import ReconnectingClient
@@ -151,7 +151,7 @@ class RemoteBackend(Actor):
     # -- the function table ------------------------------------------------------------------
     async def refresh(self, timeout_s: float = CALL_TIMEOUT_S) -> None:
         reply = decode(FunctionsReply, await self._client.call(
-            "gw_functions", to_payload(FunctionsRequest()), timeout_s=timeout_s),
+            "gw_functions", encode(FunctionsRequest()), timeout_s=timeout_s),
             method="gw_functions", reply=True)
         self._functions = {i.spec.name: i for i in map(info_from_wire, reply.functions)}
         self._status = dict(reply.status)
@@ -223,7 +223,7 @@ class RemoteBackend(Actor):
         """The controller's ``gw_stream``: chunks as they come, then the result. Never
         re-sent (its tokens may have gone out already); closing it early cancels the call."""
         timeout = timeout_s if timeout_s is not None else 60.0
-        payload = to_payload(InvokeRequest(name=name, inputs=encode_tensors(inputs),
+        payload = encode(InvokeRequest(name=name, inputs=encode_tensors(inputs),
                                            request_id=request_id, timeout_s=timeout,
                                            request_class=request_class))
 
@@ -262,7 +262,7 @@ class RemoteBackend(Actor):
             if "timeout_s" in msg.__struct_fields__:
                 # The controller's deadline is what is left.
                 sent = msgspec.structs.replace(msg, timeout_s=left)  # type: ignore[call-arg]
-            return decode(reply, await self._client.call(method, to_payload(sent), timeout_s=left,
+            return decode(reply, await self._client.call(method, encode(sent), timeout_s=left,
                                                          trace=trace),
                           method=method, reply=True)
 
