@@ -31,6 +31,7 @@ from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
 from flashpoint.controller.state.rates import RateMeter
+from flashpoint.controller.ui_journal import UiJournal
 from flashpoint.audit import AuditLog
 from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.errors import (
@@ -141,6 +142,7 @@ class Controller:
         self._pump_pending: set[str] = set()
         self._ok_metrics: dict[str, tuple[Any, Any]] = {}  # function -> (ok counter, latency)
         self._slo: dict[str, SloCompliance] = {}  # strict requests within the function's SLO
+        self.ui = UiJournal()  # recent history for the dashboard (/ui)
         # "name@version" -> its manifest (immutable): parsed once, its JSON text made once
         # (Manifest.to_json is memoised) and sent as is with every deploy.
         self._manifests: dict[str, Manifest] = {}
@@ -296,6 +298,7 @@ class Controller:
         self._execute(self.state.handle(event))
 
     def _execute(self, cmds: list[cs.Command]) -> None:
+        self.ui.observe(cmds, self.state, time.monotonic())
         for cmd in cmds:
             match cmd:
                 case cs.DeployReplica() | cs.DeployKaas():
@@ -866,11 +869,13 @@ class Controller:
                 # Every millisecond of the scale from zero, in order (controller/cold_timings.py).
                 timings.update(cold_start_phases(marks, handle.timings_s, arrived_s=t0,
                                                  sent_s=p.sent_s, done_s=t0 + total))
+            self.ui.cold_start(rid, name, handle.source, timings, t0 + total)
         ok = self._ok_metrics.get(name)
         if ok is None:  # label lookups cost more than the increments on this path
             ok = self._ok_metrics[name] = (REQUESTS.labels(name, "ok"), LATENCY.labels(name))
         ok[0].inc()
         ok[1].observe(total)
+        self.ui.request_done(name, total, t0 + total)
         if fn.spec.slo_ms > 0 and not best_effort:
             before = self._slo.get(name, SloCompliance())
             after = self._slo[name] = before.record(RequestClass.STRICT, total,
@@ -1008,6 +1013,7 @@ class Controller:
                      "executors": len(self.kaas.pool.handles),
                      "broken": self.state.kaas_broken, "unplaced": self.state.kaas_unplaced,
                      "max_buffer_bytes": self.kaas.max_buffer_bytes},
+            "ui": self.ui.view(self.state, now),
         }
 
     def is_live(self) -> bool:
