@@ -57,7 +57,6 @@ from typing import Any
 
 import torch
 
-from flashpoint.actor import Actor
 from flashpoint.errors import (
     AuthFailed,
     DeadlineExceeded,
@@ -123,10 +122,8 @@ class _Route:
     created_s: float
 
 
-class StageServer(Actor):
-    """Serves one stage (``module``: layers first..last, or any callable on tensors); an
-    :class:`~flashpoint.actor.Actor` owning its accept, work and link tasks. After
-    :meth:`start`, :attr:`endpoint` is where it listens."""
+class StageServer:
+    """Serves one stage (``module``: layers first..last, or any callable on tensors)."""
 
     def __init__(
         self,
@@ -147,11 +144,9 @@ class StageServer(Actor):
         reply_timeout_s: float = 300.0,
         on_record: Callable[[StageRecord], None] | None = None,
         sock: socket.socket | None = None,
-        loop_lag_interval_s: float | None = None,
     ) -> None:
         if max_queued < 1:
             raise ValueError("max_queued must be at least 1")
-        super().__init__(f"stage:{stage_id}", loop_lag_interval_s=loop_lag_interval_s)
         self.module = module
         self.host = host
         self.port = port
@@ -170,6 +165,7 @@ class StageServer(Actor):
         self.records: collections.deque[StageRecord] = collections.deque(maxlen=RECORDS_KEPT)
         self.endpoint: Endpoint | None = None
         self._sock: socket.socket | None = sock  # a listening socket handed over, if any
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._executor: ThreadPoolExecutor | None = None
         self._inbox: asyncio.Queue[_Queued] | None = None
         self._upstreams: set[ActivationLink] = set()
@@ -179,10 +175,10 @@ class StageServer(Actor):
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def on_start(self) -> None:
+    async def start(self) -> Endpoint:
         """Bind, listen and start serving (or serve the listening socket handed over as
-        ``sock``: its owner knew the address before the stage was built); the bound address
-        is :attr:`endpoint`."""
+        ``sock``: its owner knew the address before the stage was built); returns the
+        bound address."""
         if self._sock is None:
             self._sock = await self._bind()
         else:
@@ -192,19 +188,23 @@ class StageServer(Actor):
         self.endpoint = Endpoint(self.stage_id, addr, port)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"fp-stage-{self.stage_id}")
         self._inbox = asyncio.Queue(self.max_queued)
-        self.spawn(self._accept_loop(), "accept")
-        self.spawn(self._work_loop(), "work")
+        self._spawn(self._accept_loop(), f"pipe-accept-{self.stage_id}")
+        self._spawn(self._work_loop(), f"pipe-work-{self.stage_id}")
         log.info("stage_listening", stage_id=self.stage_id, addr=addr, port=port,
                  next_hop=str(self.next_hop) if self.next_hop else None)
+        return self.endpoint
 
     async def _bind(self) -> socket.socket:
         return await listen_socket(self.host, self.port)
 
-    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Cancel every task, then close every link and the listening socket (bounded)."""
-        await super().stop(timeout_s)
-
-    async def on_stop(self, timeout_s: float) -> None:
+    async def stop(self) -> None:
+        """Cancel every task, close every link and the listening socket (bounded)."""
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            _, pending = await asyncio.wait(list(self._tasks), timeout=STOP_TIMEOUT_S)
+            if pending:
+                log.error("stage_stop_timeout", tasks=[t.get_name() for t in pending])
         for link in [*self._upstreams, *([self._down] if self._down else [])]:
             link.close()
         self._upstreams.clear()
@@ -217,12 +217,23 @@ class StageServer(Actor):
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
 
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("stage_task_failed", task=task.get_name(), error=repr(task.exception()))
+
     # -- upstream: requests in, replies out --------------------------------------------------
 
     async def _accept_loop(self) -> None:
         assert self._sock is not None
-        await accept_loop(self._sock, lambda sock, peer: self.spawn(
-            self._serve_upstream(sock, peer), f"up:{peer}"), "stage_accept_failed")
+        await accept_loop(self._sock, lambda sock, peer: self._spawn(
+            self._serve_upstream(sock, peer), f"pipe-up-{self.stage_id}"), "stage_accept_failed")
 
     async def _serve_upstream(self, sock: socket.socket, peer: str) -> None:
         conn = DataConn(sock, peer)
@@ -362,7 +373,7 @@ class StageServer(Actor):
                                            timeout_s=self.connect_timeout_s,
                                            max_frame_bytes=self.max_frame_bytes)
         self._down = link
-        self.spawn(self._read_downstream(link), "down")
+        self._spawn(self._read_downstream(link), f"pipe-down-{self.stage_id}")
         return link
 
     def _lost(self, exc: FlashpointError | None) -> FlashpointError:
@@ -482,9 +493,7 @@ async def _serve(args: argparse.Namespace, prepared: tuple[Any, Any] | None = No
         stage_id=stage_id, max_queued=args.max_queued,
         on_record=(lambda r: emit("request", **r.to_dict())) if args.events else None,
         sock=socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else None)
-    await server.start()
-    ep = server.endpoint
-    assert ep is not None  # start() bound it
+    ep = await server.start()
     emit("listening", addr=ep.addr, port=ep.port, stage_id=stage_id, pid=os.getpid(),
          layers=layers, next=args.next or None, t_load0=t_load0, t_load1=t_load1)
     stop = asyncio.Event()
