@@ -150,7 +150,6 @@ class Controller:
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         from flashpoint.gateway.app import RUNNER_KWARGS, add_routes
-        from flashpoint.gateway.standalone import gateway_config
         from flashpoint.rpc import RpcServer
 
         check_secret(self.config.secret, self.cc.listen_host, "the controller")
@@ -167,7 +166,7 @@ class Controller:
         tls = server_context(self.cc.tls_cert_path, self.cc.tls_key_path, setting="controller")
         gw = self.config.gateway
         app = web.Application(client_max_size=gw.max_body_bytes)
-        add_routes(app, self, gateway_config(gw), kaas=self.kaas,
+        add_routes(app, self, gw, kaas=self.kaas,
                    process_registry=prometheus_client.REGISTRY)
         # Each peer proves its own key and may call only what its role needs (rpc/roles.py).
         self._rpc = RpcServer(

@@ -126,12 +126,12 @@ async def test_pool_over_remote_handles_comes_and_goes(setup):
             await pool.invoke(_plan(), client="c", request_id="r2", timeout_s=0.05)
         assert pool.status()["executors"] == []
     finally:
-        await pool.close()
+        await pool.stop()
 
 
 async def test_controller_pool_relearns_a_reconnected_worker(setup):
-    from flashpoint.controller.kaas_pool import KaasPool
     from flashpoint.config import ControllerConfig
+    from flashpoint.controller.kaas_pool import KaasPool
 
     _, conn, store = setup
     kp = KaasPool(ControllerConfig(kaas_workers=1, kaas_cache_bytes=1 << 20))
