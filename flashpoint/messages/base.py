@@ -28,22 +28,17 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     what this side does not understand learns it at once instead of being half-obeyed."""
 
 
+# Values a payload carries as they are (the frame codec packs them as bin).
+_PASS_THROUGH = (bytes, bytearray, memoryview)
+
+
 def to_payload(msg: Message) -> dict[str, Any]:
-    """The frame payload for ``msg``: nested messages become maps, tuples lists; every other
-    value (numbers, str, bytes, encoded tensors) passes as it is, for the frame codec to pack."""
-    return _plain(msg)  # type: ignore[no-any-return]
-
-
-def _plain(obj: Any) -> Any:
-    if isinstance(obj, msgspec.Struct):
-        return {f: _plain(getattr(obj, f)) for f in obj.__struct_fields__}
-    if isinstance(obj, (tuple, list)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (frozenset, set)):
-        return sorted(_plain(v) for v in obj)
-    return obj
+    """The frame payload for ``msg``: nested messages become maps (under their wire names,
+    so a field renamed with ``msgspec.field(name=...)`` travels as that name), tuples lists,
+    sets sorted lists; bytes (encoded tensors among them) pass as the same objects, never
+    copied, for the frame codec to pack. One C pass (``msgspec.to_builtins``): the infer path
+    goes through here for every request."""
+    return msgspec.to_builtins(msg, builtin_types=_PASS_THROUGH, order="deterministic")  # type: ignore[no-any-return]
 
 
 def from_payload(kind: type[M], payload: Any, *, method: str = "") -> M:
