@@ -51,6 +51,8 @@ from flashpoint.gateway.streams import StreamRegistry, stream_invocation
 from flashpoint.ids import ModelKey
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
+from flashpoint.messages import controller_worker as cw
+from flashpoint.messages.base import handler, to_payload
 from flashpoint.partition.cache import PlanCache
 from flashpoint.partition.model import CostModel, LayerProfile
 from flashpoint.partition.stageable import why_not_staged
@@ -193,8 +195,10 @@ class Controller:
         # Each peer proves its own key and may call only what its role needs (rpc/roles.py).
         self._rpc = RpcServer(
             roles.guard({"register_host": self._register_host, "heartbeat": self._heartbeat,
-             "replica_ready": self._replica_ready, "replica_failed": self._replica_failed,
-             "stage_ready": self._stage_ready, "host_draining": self._host_draining,
+             "replica_ready": handler(cw.ReplicaReady, self._replica_ready, "replica_ready"),
+             "replica_failed": self._replica_failed,
+             "stage_ready": handler(cw.StageReady, self._stage_ready, "stage_ready"),
+             "host_draining": self._host_draining,
              "gen_chunk": self.streams.on_chunk,
              **GatewayService(self, self.kaas).handlers()}),
             secret=roles.controller_keyring(self.config.secret.encode()),
@@ -555,14 +559,13 @@ class Controller:
         self._apply(cs.HostHeartbeat(host_id, frozenset(p.get("cached_models", [])), time.monotonic(),
                                      frozenset(map(str, reps)) if isinstance(reps, list) else None))
 
-    async def _replica_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
-        rid = str(p["replica_id"])
-        host_id = self._check_replica_host(conn, rid, str(p.get("host_id", "")))
-        timings = {str(k): float(v) for k, v in (p.get("timings_s") or {}).items()}
+    async def _replica_ready(self, conn: Any, msg: cw.ReplicaReady) -> cw.Ok:
+        rid = msg.replica_id
+        host_id = self._check_replica_host(conn, rid, msg.host_id)
+        timings = dict(msg.timings_s)
         if (marks := self._cold_marks.get(rid)) is not None and not marks.ready_s:
             marks.ready_s = time.monotonic()
-        self.workers[rid] = WorkerHandle(conn, host_id, timings,
-                                         str(p.get("source", "")))
+        self.workers[rid] = WorkerHandle(conn, host_id, timings, msg.source)
         if id(conn) not in self._conn_replica:  # a new connection: watch it until it closes
             self._spawn(self._watch_worker(rid, conn), f"watch:{rid}")
         self._conn_replica[id(conn)] = rid
@@ -572,7 +575,7 @@ class Controller:
                 COLD_STARTS.labels(phase).observe(secs)
         self._apply(cs.ReplicaWarmed(rid, timings, time.monotonic()))
         log.info("replica_warm", replica_id=rid, timings=timings)
-        return {"ok": True}
+        return cw.Ok()
 
     def _check_replica_host(self, conn: Any, rid: str, host_id: str) -> str:
         """A host or worker may speak only for replicas placed on its own host (one the
@@ -585,15 +588,14 @@ class Controller:
             raise Forbidden(f"{me} may not speak for replica {rid!r}")
         return me.host_id
 
-    async def _stage_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
-        rid = str(p["replica_id"])
-        self._check_replica_host(conn, rid, str(p.get("host_id", "")))
-        self._stage_endpoints[rid] = Endpoint.from_wire(p.get("pipeline_endpoint")).to_wire()
-        self._stage_timings[rid] = {str(k): float(v) for k, v in (p.get("timings_s") or {}).items()}
-        log.info("stage_ready", replica_id=rid, source=p.get("source"),
-                 timings=p.get("timings_s"))
+    async def _stage_ready(self, conn: Any, msg: cw.StageReady) -> cw.Ok:
+        rid = msg.replica_id
+        self._check_replica_host(conn, rid, msg.host_id)
+        self._stage_endpoints[rid] = Endpoint.from_wire(msg.pipeline_endpoint).to_wire()
+        self._stage_timings[rid] = dict(msg.timings_s)
+        log.info("stage_ready", replica_id=rid, source=msg.source, timings=msg.timings_s)
         self._apply(cs.StageReady(rid, time.monotonic()))
-        return {"ok": True}
+        return cw.Ok()
 
     async def _host_draining(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
         remaining = float(p.get("remaining_s", 0.0))
@@ -628,7 +630,7 @@ class Controller:
                 await asyncio.wait_for(conn.wait_closed(), interval_s)
                 return
             try:
-                await conn.call("ping", {}, timeout_s=timeout_s)
+                await conn.call("ping", to_payload(cw.Ping()), timeout_s=timeout_s)
             except DeadlineExceeded:
                 log.warning("worker_silent", replica_id=rid, timeout_s=timeout_s)
                 WORKERS_SILENT.inc()

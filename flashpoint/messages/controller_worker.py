@@ -34,8 +34,8 @@ class ReplicaReady(Message, kw_only=True):
 
     replica_id: str
     host_id: str = ""
-    function: str
-    credits: int  # how many requests the controller may have in flight on it
+    function: str = ""
+    credits: int = 1  # how many requests it takes at once (the controller uses its spec's)
     timings_s: dict[str, float] = {}  # its cold start's phases (controller/cold_timings.py)
     source: str = ""  # where its cold start got the model bytes
     kind: str = "model"  # "model" or "kaas" (an executor replica)
