@@ -25,7 +25,9 @@ M = TypeVar("M", bound="Message")
 
 class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Base of every RPC request and reply. Unknown fields are refused: a peer that sends
-    what this side does not understand learns it at once instead of being half-obeyed."""
+    what this side does not understand learns it at once instead of being half-obeyed.
+    msgspec does not inherit ``kw_only``: a subclass whose required fields follow defaulted
+    ones declares ``class X(Message, kw_only=True)`` itself."""
 
 
 # Values a payload carries as they are (the frame codec packs them as bin).

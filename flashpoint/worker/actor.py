@@ -216,15 +216,15 @@ class Worker:
             return hw.LoadReplicaReply(timings_s=commands[0].timings_s,
                                        weights=self.weights_role,
                                        pipeline_endpoint=self._stage_endpoint())
-        spec = FunctionSpec.from_dict(msg.spec)
-        bind_ids(replica_id=msg.replica_id)
-        # Before anything touches CUDA: its GPU binding and MPS/hook settings (warm pool
-        # ordering, flashpoint/gpu/host_sharing.py).
-        apply_env(msg.env)
-        self._controller_url = msg.controller_url
         try:
+            spec = FunctionSpec.from_dict(msg.spec)
+            bind_ids(replica_id=msg.replica_id)
+            # Before anything touches CUDA: its GPU binding and MPS/hook settings (warm pool
+            # ordering, flashpoint/gpu/host_sharing.py).
+            apply_env(msg.env)
+            self._controller_url = msg.controller_url
             # ConnectController first (when the state asks): the socket, WebSocket upgrade
-            # and handshake (tens of ms) overlap the module's load.
+            # and handshake (tens of ms) overlap LoadModule, the thread below.
             await self._execute([c for c in commands if isinstance(c, ConnectController)])
             loaded = await asyncio.to_thread(loading.load, msg, spec, received)
         except BaseException:
@@ -422,7 +422,8 @@ class Worker:
         if msg.stream and hasattr(self.batcher, "stream"):
             return await self._infer_stream(conn, msg, inputs)
         outputs, timings = await self.batcher.submit(inputs, best_effort=best_effort)
-        await self._execute(self._apply(RequestAnswered()))
+        if not self.state.served:  # the hot path pays one attribute read after the first
+            await self._execute(self._apply(RequestAnswered()))
         return cw.InferReply(outputs=encode_tensors(self._finish(outputs)), timings_s=timings)
 
     async def _report_served(self) -> None:
@@ -519,7 +520,8 @@ class Worker:
                 if not isinstance(w, cw.InferFailed):
                     w.cancel()
             raise
-        await self._execute(self._apply(RequestAnswered()))
+        if not self.state.served:  # the hot path pays one attribute read after the first
+            await self._execute(self._apply(RequestAnswered()))
         return cw.InferManyReply(replies=replies)
 
     async def _replica_stats(self, conn: Any, msg: hw.ReplicaStats) -> hw.ReplicaStatsReply:
