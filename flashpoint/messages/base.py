@@ -14,7 +14,7 @@ bytes while modules move over one at a time.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
@@ -29,6 +29,12 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     msgspec does not inherit ``kw_only``: a subclass whose required fields follow defaulted
     ones declares ``class X(Message, kw_only=True)`` itself."""
 
+    # True on a message whose field values are in wire form already (builtins, encoded
+    # tensors, other messages' payloads) and whose fields keep their names: to_payload then
+    # copies it shallowly instead of walking every value (the infer path's tensor maps and
+    # frames of requests: ~0.06 us instead of 1-100 us a message).
+    wire_values: ClassVar[bool] = False
+
 
 # Values a payload carries as they are (the frame codec packs them as bin).
 _PASS_THROUGH = (bytes, bytearray, memoryview)
@@ -39,7 +45,9 @@ def to_payload(msg: Message) -> dict[str, Any]:
     so a field renamed with ``msgspec.field(name=...)`` travels as that name), tuples lists,
     sets sorted lists; bytes (encoded tensors among them) pass as the same objects, never
     copied, for the frame codec to pack. One C pass (``msgspec.to_builtins``): the infer path
-    goes through here for every request."""
+    goes through here for every request: a ``wire_values`` message is copied shallowly."""
+    if msg.wire_values:
+        return msgspec.structs.asdict(msg)
     return msgspec.to_builtins(msg, builtin_types=_PASS_THROUGH, order="deterministic")  # type: ignore[no-any-return]
 
 

@@ -14,7 +14,7 @@ frame's own), and validating or encoding a message never copies them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -72,6 +72,7 @@ class InferRequest(Message, kw_only=True):
 
 
 class InferReply(Message, kw_only=True):
+    wire_values: ClassVar[bool] = True
     outputs: dict[str, Any]  # encoded tensors
     timings_s: dict[str, float] = {}
 
@@ -80,6 +81,7 @@ class InferStreamReply(Message, kw_only=True):
     """A streamed request's reply: the whole answer and how many chunks were notified
     (notifications may be handled after the reply arrives)."""
 
+    wire_values: ClassVar[bool] = True
     outputs: dict[str, Any]
     chunks: int
     timings_s: dict[str, float] = {}
@@ -88,6 +90,7 @@ class InferStreamReply(Message, kw_only=True):
 class InferFailed(Message, kw_only=True):
     """One request's failure inside an ``infer_many`` reply (an error's wire form)."""
 
+    wire_values: ClassVar[bool] = True
     error: dict[str, Any]
 
 
@@ -96,12 +99,14 @@ class InferMany(Message, kw_only=True):
     :class:`InferRequest`'s wire form, validated on its own so that one malformed request
     fails alone."""
 
+    wire_values: ClassVar[bool] = True
     requests: list[Any]
 
 
 class InferManyReply(Message, kw_only=True):
     """One :class:`InferReply` or :class:`InferFailed` wire form per request, in order."""
 
+    wire_values: ClassVar[bool] = True
     replies: list[Any]
 
 

@@ -59,8 +59,8 @@ from flashpoint.tensors import decode_tensors, encode_tensors
 from flashpoint.worker import loading
 from flashpoint.worker.loading import LoadedReplica
 from flashpoint.worker.state import (
-    Announce, BuildWhole, Command, CompletionFailed, CompletionRequested,
-    ConnectController, DropController, Event, LoadFailed, LoadRequested, ReplicaCompleted,
+    Announce, BuildWhole, Command, CompletionFailed, CompletionRequested, ConnectController,
+    ControllerConnected, DropController, Event, LoadFailed, LoadRequested, ReplicaCompleted,
     ReplicaKind, ReplicaLoaded, ReplyCompleted, ReplyLoaded, ReportServed, RequestAnswered,
     StageDissolved, StartServing, StartStageServer, WorkerState,
 )
@@ -169,7 +169,8 @@ class Worker:
             elif isinstance(cmd, StartServing):
                 self._start_batcher()
             elif isinstance(cmd, Announce):
-                await self._controller.call("replica_ready", self._announcement(), timeout_s=10.0)
+                await self._controller.call("replica_ready", to_payload(cmd.message),
+                                            timeout_s=10.0)
             elif isinstance(cmd, ReportServed):
                 if self._host_conn is not None:
                     self._served_task = asyncio.get_running_loop().create_task(
@@ -177,13 +178,12 @@ class Worker:
             else:  # a command for the handler that applied the event
                 raise AssertionError(f"unexpected worker command {cmd!r}")
 
-    def _announcement(self) -> dict[str, Any]:
-        return to_payload(self.state.announcement(time.perf_counter()))
-
     async def _announce(self, conn: Any) -> None:
         """Every connection to the controller announces the replica, once it serves."""
         await self._announceable.wait()  # connected while loading: announce once serving
-        await conn.call("replica_ready", self._announcement(), timeout_s=10.0)
+        for cmd in self._apply(ControllerConnected(time.perf_counter())):
+            assert isinstance(cmd, Announce)
+            await conn.call("replica_ready", to_payload(cmd.message), timeout_s=10.0)
 
     def _connect_controller(self) -> None:
         """The client that serves this replica's requests (or KaaS runs); its first and
@@ -493,31 +493,32 @@ class Worker:
         # before the first wait.
         prepared = (await asyncio.to_thread(prepare_all) if self._prepares_in_thread()
                     else prepare_all())
-        waits: list[asyncio.Future | cw.InferFailed] = []
+        waits: list[asyncio.Future | dict[str, Any]] = []
         for item in prepared:
             if isinstance(item, Exception):
-                waits.append(_failed(item))
+                waits.append(to_payload(_failed(item)))
                 continue
             inputs, best_effort = item
             assert self.batcher is not None
             waits.append(self.batcher.enqueue(inputs, best_effort=best_effort))
-        replies: list[cw.InferReply | cw.InferFailed] = []
+        # Each reply in wire form as it comes (InferManyReply carries wire values).
+        replies: list[dict[str, Any]] = []
         try:
             for w in waits:
-                if isinstance(w, cw.InferFailed):
+                if isinstance(w, dict):
                     replies.append(w)
                     continue
                 try:
                     outputs, timings = await w
-                    replies.append(cw.InferReply(outputs=encode_tensors(self._finish(outputs)),
-                                                 timings_s=timings))
+                    replies.append(to_payload(cw.InferReply(
+                        outputs=encode_tensors(self._finish(outputs)), timings_s=timings)))
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    replies.append(_failed(exc))
+                    replies.append(to_payload(_failed(exc)))
         except BaseException:
             for w in waits:  # cancelled (the caller gave up): nobody waits on the rest
-                if not isinstance(w, cw.InferFailed):
+                if not isinstance(w, dict):
                     w.cancel()
             raise
         if not self.state.served:  # the hot path pays one attribute read after the first

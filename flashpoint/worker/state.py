@@ -16,9 +16,9 @@ Phases::
     IDLE --LoadRequested(kaas)--> LOADING --ReplicaLoaded(kaas)--> KAAS
     LOADING --LoadFailed--> IDLE
 
-What the controller is told (``replica_ready``) is :meth:`WorkerState.announcement`: one
-message per replica, with its cold start's timings, sent on every (re)connection once the
-replica serves.
+What the controller is told (``replica_ready``) is the :class:`Announce` command's message:
+the replica with its cold start's timings, sent on every (re)connection once the replica
+serves (:class:`ControllerConnected`) and again when a stage becomes whole.
 """
 
 from __future__ import annotations
@@ -98,13 +98,21 @@ class StageDissolved:
 
 
 @dataclass(frozen=True)
+class ControllerConnected:
+    """A connection to the controller is open and the replica serves (the actor waits for
+    ``announceable`` before it says so): it must hear of the replica."""
+
+    now_s: float
+
+
+@dataclass(frozen=True)
 class RequestAnswered:
     """A request (or a frame of them) got its answer."""
 
 
 Event = (LoadRequested | LoadFailed | ReplicaLoaded
          | CompletionRequested | ReplicaCompleted | CompletionFailed | StageDissolved
-         | RequestAnswered)
+         | ControllerConnected | RequestAnswered)
 
 
 # commands ------------------------------------------------------------------------------------
@@ -143,7 +151,9 @@ class StartServing:
 
 @dataclass(frozen=True)
 class Announce:
-    """Send ``replica_ready`` (:meth:`WorkerState.announcement`) on the open connection."""
+    """Send ``message`` (``replica_ready``) to the controller."""
+
+    message: ReplicaReady
 
 
 @dataclass(frozen=True)
@@ -216,13 +226,17 @@ class WorkerState:
                     return [StartServing(), ConnectController()]
                 # A stage deployed without pipeline options announced itself already: the
                 # controller learns it is whole from a second announcement.
-                return [Announce()]
+                return [Announce(self._announcement(event.now_s))]
             case CompletionFailed():
                 self.phase = WorkerPhase.STAGE
                 return []
             case StageDissolved():
                 self.pipeline = False
                 return []
+            case ControllerConnected():
+                if not self.announceable:
+                    raise Unavailable("nothing to announce yet", retry_after_s=0.1)
+                return [Announce(self._announcement(event.now_s))]
             case RequestAnswered():
                 if self.served:
                     return []
@@ -275,7 +289,7 @@ class WorkerState:
         self.phase = WorkerPhase.COMPLETING
         return [BuildWhole()]
 
-    def announcement(self, now_s: float) -> ReplicaReady:
+    def _announcement(self, now_s: float) -> ReplicaReady:
         """The ``replica_ready`` message; the first one records how long the replica took
         from warm to announced (``announce``, a cold start phase)."""
         if "announce" not in self.timings_s and self.loaded_s:

@@ -16,12 +16,19 @@ from flashpoint.messages.controller_worker import ReplicaReady
 from flashpoint.rpc import frames
 from flashpoint.worker.state import (
     Announce, AwaitCompletion, BuildWhole, CompletionFailed, CompletionRequested,
-    ConnectController, DropController, LoadFailed, LoadModule, LoadRequested, ReplicaCompleted,
+    ConnectController, ControllerConnected, DropController, LoadFailed, LoadModule, LoadRequested, ReplicaCompleted,
     ReplicaKind, ReplicaLoaded, ReplyCompleted, ReplyLoaded, ReportServed, RequestAnswered,
     StageDissolved, StartServing, StartStageServer, WorkerPhase, WorkerState,
 )
 
 COLD = {"worker_prepare": 0.001, "load": 0.01, "to_device": 0.0, "first_inference": 0.02}
+
+
+def _announced(st: WorkerState, now_s: float) -> ReplicaReady:
+    """What the state sends on a connection that opened at ``now_s``."""
+    [cmd] = st.handle(ControllerConnected(now_s))
+    assert isinstance(cmd, Announce)
+    return cmd.message
 
 
 def _loaded(stage: tuple[int, int] | None = None, now_s: float = 10.0,
@@ -33,15 +40,17 @@ def test_whole_replica_connects_while_loading_then_serves_and_announces_once_tim
     st = WorkerState()
     assert st.handle(LoadRequested("r1")) == [ConnectController(), LoadModule()]
     assert st.phase is WorkerPhase.LOADING and not st.announceable
+    with pytest.raises(Unavailable):  # the actor waits for announceable; never early
+        st.handle(ControllerConnected(1.0))
     # The connection is open already: serving starts, nothing reconnects.
     assert st.handle(_loaded(now_s=10.0)) == [StartServing()]
     assert st.phase is WorkerPhase.WARM and st.announceable
-    first = st.announcement(10.25)
+    first = _announced(st, 10.25)
     assert first == ReplicaReady(replica_id="r1", host_id="h1", function="f", credits=4,
                                  timings_s={**COLD, "announce": 0.25}, source="local",
                                  kind="model")
     # A reconnect announces again with the first announcement's phase, not a new one.
-    assert st.announcement(99.0).timings_s["announce"] == 0.25
+    assert _announced(st, 99.0).timings_s["announce"] == 0.25
     assert st.handle(RequestAnswered()) == [ReportServed()]
     assert st.handle(RequestAnswered()) == []  # the host is told once
 
@@ -78,7 +87,7 @@ def test_pipeline_stage_completes_into_a_whole_replica_then_announces():
     # Its first announcement: the batcher starts and the controller connection opens.
     assert st.handle(ReplicaCompleted(done, now_s=7.0)) == [StartServing(), ConnectController()]
     assert st.phase is WorkerPhase.WARM and st.stage is None and st.announceable
-    ready = st.announcement(7.5)
+    ready = _announced(st, 7.5)
     assert ready.timings_s == {**COLD, **done, "announce": 2.5}  # from the stage's load
     assert st.handle(CompletionRequested()) == [ReplyCompleted({})]  # whole: at once
     assert st.handle(StageDissolved()) == [] and not st.pipeline
@@ -87,10 +96,14 @@ def test_pipeline_stage_completes_into_a_whole_replica_then_announces():
 def test_stage_without_pipeline_serves_at_once_and_reannounces_when_whole():
     st = WorkerState()
     assert st.handle(LoadRequested("r1")) == [ConnectController(), LoadModule()]
-    assert st.handle(_loaded(stage=(0, 1))) == [StartServing()]
+    assert st.handle(_loaded(stage=(0, 1), now_s=10.0)) == [StartServing()]
     assert st.phase is WorkerPhase.STAGE and st.announceable
+    assert _announced(st, 10.5).timings_s == {**COLD, "announce": 0.5}
     st.handle(CompletionRequested())
-    assert st.handle(ReplicaCompleted({"complete_load": 0.1}, now_s=12.0)) == [Announce()]
+    [cmd] = st.handle(ReplicaCompleted({"complete_load": 0.1}, now_s=12.0))
+    assert cmd == Announce(ReplicaReady(  # the same replica, whole now, its phases grown
+        replica_id="r1", host_id="h1", function="f", credits=4, source="local",
+        timings_s={**COLD, "announce": 0.5, "complete_load": 0.1}))
 
 
 def test_a_failed_completion_leaves_a_working_stage_that_may_try_again():
@@ -122,7 +135,7 @@ def test_kaas_executor_connects_once_built_and_announces_its_kind():
                            kind=ReplicaKind.KAAS)
     assert st.handle(loaded) == [ConnectController()]
     assert st.phase is WorkerPhase.KAAS and st.announceable
-    ready = st.announcement(50.0)
+    ready = _announced(st, 50.0)
     assert ready.kind == "kaas" and ready.timings_s == {"load": 0.3}  # no announce phase
     assert st.handle(LoadRequested("k1", ReplicaKind.KAAS)) == [ReplyLoaded({"load": 0.3})]
 
@@ -131,7 +144,7 @@ def test_the_announcement_survives_the_frame_codec_under_its_wire_names():
     st = WorkerState()
     st.handle(LoadRequested("r1"))
     st.handle(_loaded(now_s=1.0))
-    msg = st.announcement(1.5)
+    msg = _announced(st, 1.5)
     wire = frames.encode(frames.Request(id=3, method="replica_ready", payload=to_payload(msg),
                                         timeout_s=10.0))
     payload = frames.decode(wire).payload
