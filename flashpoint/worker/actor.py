@@ -57,13 +57,8 @@ from flashpoint.rpc.roles import CREDENTIAL_ENV, Credential
 from flashpoint.spec import FunctionSpec
 from flashpoint.tensors import decode_tensors, encode_tensors
 from flashpoint.worker import loading
+from flashpoint.worker import state as ws
 from flashpoint.worker.loading import LoadedReplica
-from flashpoint.worker.state import (
-    Announce, BuildWhole, Command, CompletionFailed, CompletionRequested, ConnectController,
-    ControllerConnected, DropController, Event, LoadFailed, LoadRequested, ReplicaCompleted,
-    ReplicaKind, ReplicaLoaded, ReplyCompleted, ReplyLoaded, ReportServed, RequestAnswered,
-    StageDissolved, StartServing, StartStageServer, WorkerState,
-)
 
 log = get_logger("flashpoint.worker")
 
@@ -80,7 +75,7 @@ class Worker:
         # What it proves to its host and the controller (rpc/roles.py): its host's workers'.
         self.credential = credential or Credential("worker", secret)
         self.torch_threads = torch_threads
-        self.state = WorkerState()
+        self.state = ws.WorkerState()
         self.replica: LoadedReplica | None = None
         self.batcher: Any = None
         self.stage_server: Any = None  # a StageServer while this worker serves a pipeline stage
@@ -149,29 +144,29 @@ class Worker:
         return hw.Ok()
 
     # the state and its commands -----------------------------------------------------------
-    def _apply(self, event: Event) -> list[Command]:
+    def _apply(self, event: ws.Event) -> list[ws.Command]:
         commands = self.state.handle(event)
         if self.state.announceable:
             self._announceable.set()
         return commands
 
-    async def _execute(self, commands: list[Command]) -> None:
+    async def _execute(self, commands: list[ws.Command]) -> None:
         """Run the commands that need nothing but this actor (the handlers run the others,
         whose outcome is their reply)."""
         for cmd in commands:
-            if isinstance(cmd, ConnectController):
+            if isinstance(cmd, ws.ConnectController):
                 self._connect_controller()
                 await self._controller.start()
-            elif isinstance(cmd, DropController):
+            elif isinstance(cmd, ws.DropController):
                 client, self._controller = self._controller, None
                 if client is not None:
                     await client.stop()
-            elif isinstance(cmd, StartServing):
+            elif isinstance(cmd, ws.StartServing):
                 self._start_batcher()
-            elif isinstance(cmd, Announce):
+            elif isinstance(cmd, ws.Announce):
                 await self._controller.call("replica_ready", to_payload(cmd.message),
                                             timeout_s=10.0)
-            elif isinstance(cmd, ReportServed):
+            elif isinstance(cmd, ws.ReportServed):
                 if self._host_conn is not None:
                     self._served_task = asyncio.get_running_loop().create_task(
                         self._report_served(), name="replica-served")
@@ -181,8 +176,8 @@ class Worker:
     async def _announce(self, conn: Any) -> None:
         """Every connection to the controller announces the replica, once it serves."""
         await self._announceable.wait()  # connected while loading: announce once serving
-        for cmd in self._apply(ControllerConnected(time.perf_counter())):
-            assert isinstance(cmd, Announce)
+        for cmd in self._apply(ws.ControllerConnected(time.perf_counter())):
+            assert isinstance(cmd, ws.Announce)
             await conn.call("replica_ready", to_payload(cmd.message), timeout_s=10.0)
 
     def _connect_controller(self) -> None:
@@ -192,7 +187,7 @@ class Worker:
 
         common = {"replica_status": handler(cw.ReplicaStatus, self._status, "replica_status"),
                   "ping": handler(cw.Ping, self._ping, "ping")}
-        if self.state.kind is ReplicaKind.KAAS:
+        if self.state.kind is ws.ReplicaKind.KAAS:
             methods = {"kaas_run": handler(cw.KaasRun, self._kaas_run, "kaas_run"),
                        "kaas_reset": handler(cw.KaasReset, self._kaas_reset, "kaas_reset")}
         else:
@@ -210,9 +205,9 @@ class Worker:
                 raise BadRequest("pipeline options need a stage")
             if not 0 <= msg.pipeline.port < 65536:
                 raise BadRequest("pipeline port must be an integer in [0, 65536)")
-        commands = self._apply(LoadRequested(msg.replica_id, ReplicaKind.MODEL,
+        commands = self._apply(ws.LoadRequested(msg.replica_id, ws.ReplicaKind.MODEL,
                                              pipeline=msg.pipeline is not None))
-        if isinstance(commands[0], ReplyLoaded):  # a retried call: the same answer
+        if isinstance(commands[0], ws.ReplyLoaded):  # a retried call: the same answer
             return hw.LoadReplicaReply(timings_s=commands[0].timings_s,
                                        weights=self.weights_role,
                                        pipeline_endpoint=self._stage_endpoint())
@@ -225,17 +220,17 @@ class Worker:
             self._controller_url = msg.controller_url
             # ConnectController first (when the state asks): the socket, WebSocket upgrade
             # and handshake (tens of ms) overlap LoadModule, the thread below.
-            await self._execute([c for c in commands if isinstance(c, ConnectController)])
+            await self._execute([c for c in commands if isinstance(c, ws.ConnectController)])
             loaded = await asyncio.to_thread(loading.load, msg, spec, received)
         except BaseException:
-            await self._execute(self._apply(LoadFailed()))
+            await self._execute(self._apply(ws.LoadFailed()))
             raise
         self.replica, self.weights_role = loaded.replica, loaded.weights_role
         timings = {**loaded.timings_s, "fetch": msg.fetch_s, **msg.host_timings_s}
-        commands = self._apply(ReplicaLoaded(
+        commands = self._apply(ws.ReplicaLoaded(
             msg.replica_id, msg.host_id, spec.name, spec.replica_concurrency, timings,
             msg.source, loaded.loaded_s, stage=msg.stage))
-        if any(isinstance(c, StartStageServer) for c in commands):
+        if any(isinstance(c, ws.StartStageServer) for c in commands):
             assert msg.pipeline is not None
             await self._start_stage_server(msg.pipeline)
             log.info("stage_loaded", endpoint=str(self.stage_server.endpoint),
@@ -275,8 +270,8 @@ class Worker:
         from flashpoint.kaas import KAAS_FUNCTION
         from flashpoint.kaas.remote import WorkerKaasRuntime
 
-        commands = self._apply(LoadRequested(msg.replica_id, ReplicaKind.KAAS))
-        if isinstance(commands[0], ReplyLoaded):
+        commands = self._apply(ws.LoadRequested(msg.replica_id, ws.ReplicaKind.KAAS))
+        if isinstance(commands[0], ws.ReplyLoaded):
             return hw.LoadKaasReply(timings_s=commands[0].timings_s)
         try:
             if msg.cache_bytes <= 0:
@@ -287,14 +282,14 @@ class Worker:
             t0 = time.perf_counter()
             await asyncio.to_thread(runtime.executor)
         except BaseException:
-            await self._execute(self._apply(LoadFailed()))
+            await self._execute(self._apply(ws.LoadFailed()))
             raise
         timings = {"load": time.perf_counter() - t0}
         self.kaas, self._controller_url = runtime, msg.controller_url
         # now_s 0: an executor's announcement carries no ``announce`` phase (as before).
-        await self._execute(self._apply(ReplicaLoaded(
+        await self._execute(self._apply(ws.ReplicaLoaded(
             msg.replica_id, msg.host_id, KAAS_FUNCTION, 1, timings, "kaas", 0.0,
-            kind=ReplicaKind.KAAS)))
+            kind=ws.ReplicaKind.KAAS)))
         log.info("kaas_executor_loaded", **{k: round(v, 4) for k, v in timings.items()})
         return hw.LoadKaasReply(timings_s=timings)
 
@@ -336,10 +331,10 @@ class Worker:
         to the controller as a whole replica. The stage server (if any) keeps serving,
         untouched, until ``dissolve_stage``, so completion never fails a pipeline request
         in flight. Idempotent; a whole replica replies at once."""
-        commands = self._apply(CompletionRequested())
-        if isinstance(commands[0], ReplyCompleted):
+        commands = self._apply(ws.CompletionRequested())
+        if isinstance(commands[0], ws.ReplyCompleted):
             return hw.CompleteReplicaReply(completed=True, timings_s=commands[0].timings_s)
-        if isinstance(commands[0], BuildWhole):
+        if isinstance(commands[0], ws.BuildWhole):
             self._completing = asyncio.get_running_loop().create_task(
                 self._complete(), name="complete-replica")
         task = self._completing  # AwaitCompletion: the one already under way
@@ -358,12 +353,12 @@ class Worker:
         try:
             whole, timings = await asyncio.to_thread(loading.build_whole, rep)
         except BaseException:
-            self._apply(CompletionFailed())
+            self._apply(ws.CompletionFailed())
             raise
         t0 = time.perf_counter()
         # From here ``_run_batch`` uses the whole module; the stage server holds its own.
         self.replica = whole
-        await self._execute(self._apply(ReplicaCompleted(timings, t0)))
+        await self._execute(self._apply(ws.ReplicaCompleted(timings, t0)))
         log.info("replica_completed", announce_s=round(time.perf_counter() - t0, 4))
         return dict(self.state.timings_s)
 
@@ -385,7 +380,7 @@ class Worker:
         server, self.stage_server = self.stage_server, None
         if server is None:
             return hw.DissolveStageReply(dissolved=False)
-        self._apply(StageDissolved())
+        self._apply(ws.StageDissolved())
         await server.stop()
         return hw.DissolveStageReply(dissolved=True)
 
@@ -423,7 +418,7 @@ class Worker:
             return await self._infer_stream(conn, msg, inputs)
         outputs, timings = await self.batcher.submit(inputs, best_effort=best_effort)
         if not self.state.served:  # the hot path pays one attribute read after the first
-            await self._execute(self._apply(RequestAnswered()))
+            await self._execute(self._apply(ws.RequestAnswered()))
         return cw.InferReply(outputs=encode_tensors(self._finish(outputs)), timings_s=timings)
 
     async def _report_served(self) -> None:
@@ -522,7 +517,7 @@ class Worker:
                     w.cancel()
             raise
         if not self.state.served:  # the hot path pays one attribute read after the first
-            await self._execute(self._apply(RequestAnswered()))
+            await self._execute(self._apply(ws.RequestAnswered()))
         return cw.InferManyReply(replies=replies)
 
     async def _replica_stats(self, conn: Any, msg: hw.ReplicaStats) -> hw.ReplicaStatsReply:

@@ -30,7 +30,7 @@ from flashpoint.errors import BadRequest, Unavailable
 from flashpoint.messages.controller_worker import ReplicaReady
 
 
-class WorkerPhase(str, enum.Enum):
+class WorkerPhase(enum.StrEnum):
     IDLE = "idle"  # in the warm pool: torch imported, no replica
     LOADING = "loading"
     STAGE = "stage"  # serves a partition stage's module
@@ -39,7 +39,7 @@ class WorkerPhase(str, enum.Enum):
     KAAS = "kaas"  # a KaaS executor replica
 
 
-class ReplicaKind(str, enum.Enum):
+class ReplicaKind(enum.StrEnum):
     MODEL = "model"
     KAAS = "kaas"
 

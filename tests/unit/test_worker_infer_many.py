@@ -9,9 +9,9 @@ import numpy as np
 
 from flashpoint.messages.base import from_payload, to_payload
 from flashpoint.messages.controller_worker import InferMany, InferRequest
-from flashpoint.worker.batcher import Batcher
-from flashpoint.worker.actor import Worker
 from flashpoint.tensors import decode_tensors, encode_tensors
+from flashpoint.worker.actor import Worker
+from flashpoint.worker.batcher import Batcher
 
 T = 5.0  # bound on every await
 

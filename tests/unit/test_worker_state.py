@@ -15,10 +15,29 @@ from flashpoint.messages.base import from_payload, to_payload
 from flashpoint.messages.controller_worker import ReplicaReady
 from flashpoint.rpc import frames
 from flashpoint.worker.state import (
-    Announce, AwaitCompletion, BuildWhole, CompletionFailed, CompletionRequested,
-    ConnectController, ControllerConnected, DropController, LoadFailed, LoadModule, LoadRequested, ReplicaCompleted,
-    ReplicaKind, ReplicaLoaded, ReplyCompleted, ReplyLoaded, ReportServed, RequestAnswered,
-    StageDissolved, StartServing, StartStageServer, WorkerPhase, WorkerState,
+    Announce,
+    AwaitCompletion,
+    BuildWhole,
+    CompletionFailed,
+    CompletionRequested,
+    ConnectController,
+    ControllerConnected,
+    DropController,
+    LoadFailed,
+    LoadModule,
+    LoadRequested,
+    ReplicaCompleted,
+    ReplicaKind,
+    ReplicaLoaded,
+    ReplyCompleted,
+    ReplyLoaded,
+    ReportServed,
+    RequestAnswered,
+    StageDissolved,
+    StartServing,
+    StartStageServer,
+    WorkerPhase,
+    WorkerState,
 )
 
 COLD = {"worker_prepare": 0.001, "load": 0.01, "to_device": 0.0, "first_inference": 0.02}
