@@ -31,6 +31,8 @@ from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
 from flashpoint.controller.state.rates import RateMeter
+from flashpoint.controller.token_metrics import TokenLedger
+from flashpoint.controller.ui_journal import UiJournal
 from flashpoint.audit import AuditLog
 from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.errors import (
@@ -51,6 +53,7 @@ from flashpoint.gateway.streams import StreamRegistry, stream_invocation
 from flashpoint.ids import ModelKey
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
+from flashpoint.messages import controller_host as ch
 from flashpoint.messages import controller_worker as cw
 from flashpoint.messages.base import handler, to_payload
 from flashpoint.partition.cache import PlanCache
@@ -61,10 +64,10 @@ from flashpoint.policy.autoscale import make_autoscaler
 from flashpoint.policy.request_class import RequestClass, SloCompliance
 from flashpoint.policy.share_placement import ReplicaShare
 from flashpoint.policy.sourcing import REGISTRY
-from flashpoint.registry.manifest import Manifest
+from flashpoint.registry.manifest import IoSignature, Manifest
 from flashpoint.rpc import roles
 from flashpoint.rpc.tls import server_context
-from flashpoint.spec import FunctionSpec, TensorSpec
+from flashpoint.spec import FunctionSpec
 from flashpoint.spot.cost import TABLE3_PRICES, CostMeter
 from flashpoint.spot.provider import HostProvider, replace_host
 from flashpoint.tensors import DECODED_DTYPE, decode_tensors, encode_tensors
@@ -126,6 +129,7 @@ class Controller:
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
         self.streams = StreamRegistry()  # streamed generation requests (gateway/streams.py)
+        self.tokens = TokenLedger()  # generation load and metrics in tokens (token_metrics.py)
         self.kaas = KaasPool(self.cc, lambda: self.state.kaas_broken)
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())
         self.hosts: dict[str, HostHandle] = {}
@@ -143,6 +147,7 @@ class Controller:
         self._pump_pending: set[str] = set()
         self._ok_metrics: dict[str, tuple[Any, Any]] = {}  # function -> (ok counter, latency)
         self._slo: dict[str, SloCompliance] = {}  # strict requests within the function's SLO
+        self.ui = UiJournal()  # recent history for the dashboard (/ui)
         # "name@version" -> its manifest (immutable): parsed once, its JSON text made once
         # (Manifest.to_json is memoised) and sent as is with every deploy.
         self._manifests: dict[str, Manifest] = {}
@@ -194,12 +199,13 @@ class Controller:
                    process_registry=prometheus_client.REGISTRY)
         # Each peer proves its own key and may call only what its role needs (rpc/roles.py).
         self._rpc = RpcServer(
-            roles.guard({"register_host": self._register_host, "heartbeat": self._heartbeat,
+            roles.guard({"register_host": handler(ch.RegisterHost, self._register_host),
+             "heartbeat": handler(ch.Heartbeat, self._heartbeat),
              "replica_ready": handler(cw.ReplicaReady, self._replica_ready, "replica_ready"),
-             "replica_failed": self._replica_failed,
-             "stage_ready": handler(cw.StageReady, self._stage_ready, "stage_ready"),
-             "host_draining": self._host_draining,
-             "gen_chunk": self.streams.on_chunk,
+             "replica_failed": handler(ch.ReplicaFailed, self._replica_failed),
+             "stage_ready": handler(ch.StageReady, self._stage_ready),
+             "host_draining": handler(ch.HostDraining, self._host_draining),
+             "gen_chunk": self.tokens.relay(self.streams.on_chunk, time.monotonic),
              **GatewayService(self, self.kaas).handlers()}),
             secret=roles.controller_keyring(self.config.secret.encode()),
             on_disconnect=self._on_disconnect,
@@ -250,12 +256,14 @@ class Controller:
         now = self._step_s = time.monotonic()
         self._arrivals.update(now)
         self._completions.update(now)
+        self.tokens.step(now)
         loads = {
             name: cs.FunctionLoad(self.dispatcher.queued(name), self.dispatcher.inflight(name),
                                   self._last_request.get(name), self._arrivals.rate(name),
                                   self._completions.rate(name), self._exec_s.get(name, 0.0),
                                   now - oldest.enqueued_s if (oldest := self._oldest(name))
-                                  else 0.0, self._invocations.get(name, 0))
+                                  else 0.0, self._invocations.get(name, 0),
+                                  tokens=self.tokens.load(name))
             for name in self.state.functions
         }
         idle = frozenset(
@@ -300,6 +308,7 @@ class Controller:
         self._execute(self.state.handle(event))
 
     def _execute(self, cmds: list[cs.Command]) -> None:
+        self.ui.observe(cmds, self.state, time.monotonic())
         for cmd in cmds:
             match cmd:
                 case cs.DeployReplica() | cs.DeployKaas():
@@ -397,12 +406,14 @@ class Controller:
                 out.append(handle.data_endpoint)
         return out
 
-    def _resolve_source(self, src: cs.SourceAssignment | None) -> dict[str, Any] | None:
+    def _resolve_source(self, src: cs.SourceAssignment | None) -> ch.SourcePlan | None:
+        """The state's source assignment as the host's typed plan, hosts as endpoints."""
         if src is None:
             return None
-        return {"kind": src.kind, "transfer_id": src.transfer_id, "sender": src.sender,
-                "chain": self._endpoints(src.chain), "upstream": self._endpoints(src.upstream),
-                "fallback": self._endpoints(src.fallback)}
+        return ch.source_plan(src.kind, transfer_id=src.transfer_id, sender=src.sender,
+                              chain=tuple(self._endpoints(src.chain)),
+                              upstream=tuple(self._endpoints(src.upstream)),
+                              fallback=tuple(self._endpoints(src.fallback)))
 
     async def _start_chain(self, cmd: cs.StartChain) -> None:
         # A sender that cannot start leaves its receivers to their fallback sources (they wait
@@ -513,51 +524,46 @@ class Controller:
             log.warning("stop_failed", replica_id=replica_id, error=exc.code)
 
     # RPC handlers ------------------------------------------------------------------------
-    async def _register_host(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
-        host_id = str(p["host_id"])
+    async def _register_host(self, conn: Any, msg: ch.RegisterHost) -> ch.Ack:
+        host_id = msg.host_id
         roles.check_host(conn, host_id)
-        self.hosts[host_id] = HostHandle(conn, p.get("data_endpoint"))
-        devices = tuple(cs.DeviceRecord(str(d["device_id"]), str(d["kind"]), int(d["memory_bytes"]),
-                                        int(d.get("gpu_index", -1)), str(d.get("mig_profile", "")))
-                        for d in p.get("devices", []))
+        self.hosts[host_id] = HostHandle(conn, msg.data_endpoint)
+        devices = tuple(cs.DeviceRecord(d.device_id, d.kind, d.memory_bytes, d.gpu_index,
+                                        d.mig_profile) for d in msg.devices)
         gpus = tuple(cs.GpuRecord(int(g["gpu_index"]), str(g.get("model") or ""), bool(g.get("mig")))
-                     for g in p.get("gpus") or () if isinstance(g, dict) and "gpu_index" in g)
-        replicas = tuple((str(r[0]), str(r[1]), str(r[2]), bool(r[3])) for r in p.get("replicas", [])
+                     for g in msg.gpus if "gpu_index" in g)
+        replicas = tuple(r for r in msg.replicas
                          # a host reports only its own replicas, never another host's
-                         if (k := self.state.replicas.get(str(r[0]))) is None or k.host_id == host_id)
+                         if (k := self.state.replicas.get(r[0])) is None or k.host_id == host_id)
         for r in replicas:  # a worker of another host claimed one of these before we knew it
             if (w := self.workers.get(r[0])) is not None and getattr(w, "host_id", host_id) != host_id:
                 self.workers.pop(r[0], None)
-        self._apply(cs.HostRegistered(host_id, devices, int(p.get("ram_bytes", 0)),
-                                      frozenset(p.get("cached_models", [])), replicas, time.monotonic(),
-                                      str(p.get("leaf") or ""),
-                                      str(p.get("gpu_sharing") or "none"),
-                                      _shares(p.get("shares")), gpus, _models(p.get("models"))))
-        kind = str(p.get("kind") or "ondemand")
-        self.cost.start(host_id, kind if kind in ("spot", "ondemand") else "ondemand",
-                        time.monotonic())
+        self._apply(cs.HostRegistered(host_id, devices, msg.ram_bytes,
+                                      frozenset(msg.cached_models), replicas, time.monotonic(),
+                                      msg.leaf, msg.gpu_sharing or "none",
+                                      _shares(msg.shares), gpus, dict(msg.models)))
+        kind = msg.kind if msg.kind in ("spot", "ondemand") else "ondemand"
+        self.cost.start(host_id, kind, time.monotonic())
         log.info("host_registered", host_id=host_id, devices=len(devices), replicas=len(replicas))
-        return {"ok": True}
+        return ch.Ack()
 
-    async def _heartbeat(self, conn: Any, p: dict[str, Any]) -> None:
-        host_id = str(p.get("host_id"))
+    async def _heartbeat(self, conn: Any, msg: ch.Heartbeat) -> None:
+        host_id = msg.host_id
         roles.check_host(conn, host_id)
         if host_id not in self.state.hosts:
             return
         handle = self.hosts.get(host_id)
         if handle is None:
-            handle = self.hosts[host_id] = HostHandle(conn, p.get("data_endpoint"))
+            handle = self.hosts[host_id] = HostHandle(conn, msg.data_endpoint)
         else:
             handle.conn = conn
-        transfers = p.get("transfers")
-        handle.transfers = dict(transfers) if isinstance(transfers, dict) else {}
-        reps = p.get("replicas")
-        draining = p.get("draining_s")
-        if isinstance(draining, int | float) and not self.state.hosts[host_id].draining:
+        handle.transfers = dict(msg.transfers)
+        if msg.draining_s is not None and not self.state.hosts[host_id].draining:
             # The host's own report was lost (or we restarted): its heartbeat says it too.
-            await self._host_draining(conn, {"host_id": host_id, "remaining_s": draining})
-        self._apply(cs.HostHeartbeat(host_id, frozenset(p.get("cached_models", [])), time.monotonic(),
-                                     frozenset(map(str, reps)) if isinstance(reps, list) else None))
+            await self._host_draining(conn, ch.HostDraining(host_id=host_id,
+                                                            remaining_s=msg.draining_s))
+        self._apply(cs.HostHeartbeat(host_id, frozenset(msg.cached_models), time.monotonic(),
+                                     frozenset(msg.replicas) if msg.replicas is not None else None))
 
     async def _replica_ready(self, conn: Any, msg: cw.ReplicaReady) -> cw.Ok:
         rid = msg.replica_id
@@ -588,32 +594,28 @@ class Controller:
             raise Forbidden(f"{me} may not speak for replica {rid!r}")
         return me.host_id
 
-    async def _stage_ready(self, conn: Any, msg: cw.StageReady) -> cw.Ok:
+    async def _stage_ready(self, conn: Any, msg: ch.StageReady) -> ch.Ack:
         rid = msg.replica_id
         self._check_replica_host(conn, rid, msg.host_id)
-        self._stage_endpoints[rid] = Endpoint.from_wire(msg.pipeline_endpoint).to_wire()
+        self._stage_endpoints[rid] = Endpoint.from_wire(list(msg.pipeline_endpoint)).to_wire()
         self._stage_timings[rid] = dict(msg.timings_s)
         log.info("stage_ready", replica_id=rid, source=msg.source, timings=msg.timings_s)
         self._apply(cs.StageReady(rid, time.monotonic()))
-        return cw.Ok()
+        return ch.Ack()
 
-    async def _host_draining(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
-        remaining = float(p.get("remaining_s", 0.0))
-        host_id = str(p.get("host_id", ""))
-        roles.check_host(conn, host_id)
-        log.warning("host_draining", host_id=host_id, remaining_s=round(remaining, 1),
-                    action=p.get("action"))
+    async def _host_draining(self, conn: Any, msg: ch.HostDraining) -> ch.Ack:
+        roles.check_host(conn, msg.host_id)
+        log.warning("host_draining", host_id=msg.host_id, remaining_s=round(msg.remaining_s, 1),
+                    action=msg.action or None)
         now = time.monotonic()
-        self._apply(cs.HostDraining(host_id, now + max(0.0, remaining), now))
-        return {"ok": True}
+        self._apply(cs.HostDraining(msg.host_id, now + max(0.0, msg.remaining_s), now))
+        return ch.Ack()
 
-    async def _replica_failed(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
-        self._check_replica_host(conn, str(p["replica_id"]), str(p.get("host_id", "")))
-        self._apply(cs.ReplicaFailed(str(p["replica_id"]), str(p.get("reason", "")),
-                                     bool(p.get("during_start", False)),
-                                     code=str(p.get("code") or "start_failed"),
-                                     now_s=time.monotonic()))
-        return {"ok": True}
+    async def _replica_failed(self, conn: Any, msg: ch.ReplicaFailed) -> ch.Ack:
+        self._check_replica_host(conn, msg.replica_id, msg.host_id)
+        self._apply(cs.ReplicaFailed(msg.replica_id, msg.reason, msg.during_start,
+                                     code=msg.code or "start_failed", now_s=time.monotonic()))
+        return ch.Ack()
 
     async def _watch_worker(self, rid: str, conn: Any) -> None:
         """Ping a worker on its own connection until the connection closes.
@@ -694,6 +696,7 @@ class Controller:
             now = time.monotonic()
             for p in live:
                 p.sent_s = now
+                self.tokens.sent(p.request_id, rid)
                 if p.stream:  # its chunks come from this connection; its caller gone,
                     self.streams.sent(p.request_id, handle.conn)  # the call is cancelled
                     _cancel_with(p.future, asyncio.current_task())
@@ -815,6 +818,8 @@ class Controller:
         self._arrivals.add(name)
         self._invocations[name] = self._invocations.get(name, 0) + 1
         self.dispatcher.enqueue(name, p, best_effort=best_effort)
+        if (m := self._manifests.get(fn.model_key)) is not None and m.task == "text-generation":
+            self.tokens.admitted(name, request_id, inputs, t0)
         if best_effort and self.mig is not None:
             self.mig.be_began(name)  # PROTEAN's BE demand: queued or in flight
         # Sent from this task only when the function is idle (nothing queued or in flight):
@@ -832,6 +837,7 @@ class Controller:
         # One timer instead of wait_for(shield(...)): a cancelled caller cancels the future,
         # so a request nobody waits for any more is skipped at dispatch.
         expiry = loop.call_later(timeout, _expire, p.future)
+        answered = False
         try:
             if assigned:
                 # Alone in its queue with a replica free: send it from this task. Nothing
@@ -839,6 +845,7 @@ class Controller:
                 # three loop steps each way. A retry it needs goes back through the queue.
                 await self._send([p], assigned[0][1])
             reply, rid = await p.future
+            answered = True
         except _Expired:
             self.dispatcher.remove(name, p)
             REQUESTS.labels(name, "deadline").inc()
@@ -854,6 +861,8 @@ class Controller:
             raise
         finally:
             expiry.cancel()
+            if not answered:  # an answer is counted by tokens.finished below
+                self.tokens.ended(request_id)
             if best_effort and self.mig is not None:
                 self.mig.be_ended(name)
         total = time.monotonic() - t0
@@ -868,17 +877,22 @@ class Controller:
                 # Every millisecond of the scale from zero, in order (controller/cold_timings.py).
                 timings.update(cold_start_phases(marks, handle.timings_s, arrived_s=t0,
                                                  sent_s=p.sent_s, done_s=t0 + total))
+            self.ui.cold_start(rid, name, handle.source, timings, t0 + total)
         ok = self._ok_metrics.get(name)
         if ok is None:  # label lookups cost more than the increments on this path
             ok = self._ok_metrics[name] = (REQUESTS.labels(name, "ok"), LATENCY.labels(name))
         ok[0].inc()
         ok[1].observe(total)
+        self.ui.request_done(name, total, t0 + total)
         if fn.spec.slo_ms > 0 and not best_effort:
             before = self._slo.get(name, SloCompliance())
             after = self._slo[name] = before.record(RequestClass.STRICT, total,
                                                     fn.spec.slo_ms / 1000)
             SLO.labels(name, "met" if after.met > before.met else "missed").inc()
-        return InvokeResult(decode_tensors(reply.get("outputs")), timings, rid, cold,
+        outputs = decode_tensors(reply.get("outputs"))
+        timings.update(self.tokens.finished(request_id, outputs, timings, cold=cold,
+                                            now_s=t0 + total))
+        return InvokeResult(outputs, timings, rid, cold,
                             handle.source if cold and handle is not None else "")
 
     # functions ---------------------------------------------------------------------------
@@ -894,9 +908,8 @@ class Controller:
 
     async def _apply_function(self, spec: FunctionSpec, persist: bool) -> FunctionSpec:
         manifest = await self._manifest(spec.model, spec.model_version)
-        io = manifest.io.to_dict()
-        if not spec.inputs and io.get("inputs"):
-            spec = _replace_io(spec, io)
+        if not spec.inputs and manifest.io.inputs:
+            spec = _replace_io(spec, manifest.io)
         plans, whole_cold_s = None, 0.0
         if spec.max_stages > 1:
             plans, whole_cold_s = await self._plan_table(spec, manifest)
@@ -940,6 +953,7 @@ class Controller:
         self._last_request.pop(name, None)
         self._ok_metrics.pop(name, None)
         self._slo.pop(name, None)
+        self.tokens.forget(name)
 
     def _info(self, fn: cs.FunctionRecord) -> FunctionInfo:
         reps = self.state.replicas_of(fn.spec.name)
@@ -1010,6 +1024,7 @@ class Controller:
                      "executors": len(self.kaas.pool.handles),
                      "broken": self.state.kaas_broken, "unplaced": self.state.kaas_unplaced,
                      "max_buffer_bytes": self.kaas.max_buffer_bytes},
+            "ui": self.ui.view(self.state, now),
         }
 
     def is_live(self) -> bool:
@@ -1019,31 +1034,20 @@ class Controller:
         return any(h.alive for h in self.state.hosts.values())
 
 
-def _replace_io(spec: FunctionSpec, io: dict[str, Any]) -> FunctionSpec:
+def _replace_io(spec: FunctionSpec, io: IoSignature) -> FunctionSpec:
+    """``spec`` with the model's own inputs and outputs (typed values, no dict round trip)."""
     import dataclasses
 
-    return dataclasses.replace(
-        spec,
-        inputs=tuple(TensorSpec.from_dict(t) for t in io.get("inputs", [])),
-        outputs=tuple(TensorSpec.from_dict(t) for t in io.get("outputs", [])),
-    )
+    return dataclasses.replace(spec, inputs=io.inputs, outputs=io.outputs)
 
 
-def _models(wire: Any) -> dict[str, str]:
-    """A host's ``models`` report (replica id -> model version key); anything but a map of
-    strings is dropped (its replicas are then taken to run the registered version)."""
-    if not isinstance(wire, dict):
-        return {}
-    return {rid: key for rid, key in wire.items() if isinstance(rid, str) and isinstance(key, str)}
-
-
-def _shares(wire: Any) -> dict[str, ReplicaShare]:
+def _shares(wire: dict[str, Any]) -> dict[str, ReplicaShare]:
     """A host's ``shares`` report (replica id -> share); a malformed entry is dropped (its
     replica is then treated as unshared, which only makes placement more careful)."""
     out: dict[str, ReplicaShare] = {}
-    for rid, share in (wire or {}).items() if isinstance(wire, dict) else ():
+    for rid, share in wire.items():
         with contextlib.suppress(BadRequest):
-            out[str(rid)] = ReplicaShare.from_wire(share)
+            out[rid] = ReplicaShare.from_wire(share)
     return out
 
 

@@ -21,6 +21,7 @@ from flashpoint.gateway.metrics import GatewayMetrics
 from flashpoint.gateway.middleware import make_middleware
 from flashpoint.gateway.native import NativeRoutes
 from flashpoint.gateway.openai import OpenAIRoutes
+from flashpoint.gateway.ui import UiRoutes
 from flashpoint.kaas.backend import KaasBackend
 
 GATEWAY = web.AppKey("flashpoint_gateway", GatewayContext)
@@ -53,7 +54,7 @@ def add_routes(app: web.Application, backend: InvokeBackend,
     app[GATEWAY] = ctx
     app.middlewares.append(make_middleware(ctx))
     defs = (NativeRoutes(ctx).route_defs() + KServeRoutes(ctx).route_defs()
-            + OpenAIRoutes(ctx).route_defs())
+            + OpenAIRoutes(ctx).route_defs() + UiRoutes(ctx).route_defs())
     if kaas is not None:
         from flashpoint.gateway.kaas import KaasRoutes
 

@@ -36,19 +36,38 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     wire_values: ClassVar[bool] = False
 
 
-# Values a payload carries as they are (the frame codec packs them as bin).
-_PASS_THROUGH = (bytes, bytearray, memoryview)
-
-
 def to_payload(msg: Message) -> dict[str, Any]:
     """The frame payload for ``msg``: nested messages become maps (under their wire names,
-    so a field renamed with ``msgspec.field(name=...)`` travels as that name), tuples lists,
-    sets sorted lists; bytes (encoded tensors among them) pass as the same objects, never
-    copied, for the frame codec to pack. One C pass (``msgspec.to_builtins``): the infer path
-    goes through here for every request: a ``wire_values`` message is copied shallowly."""
+    so a field renamed with ``msgspec.field(name=...)`` travels as that name), tuples lists;
+    every other value (numbers, str, bytes, encoded tensors) passes as it is, for the frame
+    codec to pack. A ``wire_values`` message (the infer path's) is copied shallowly."""
     if msg.wire_values:
         return msgspec.structs.asdict(msg)
-    return msgspec.to_builtins(msg, builtin_types=_PASS_THROUGH, order="deterministic")  # type: ignore[no-any-return]
+    return _plain(msg)  # type: ignore[no-any-return]
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, msgspec.Struct):
+        out = {wire: _plain(getattr(obj, f))
+               for f, wire in zip(obj.__struct_fields__, obj.__struct_encode_fields__,
+                                  strict=True)}
+        cfg = obj.__struct_config__
+        if cfg.tag_field is not None:  # a tagged union member names its type on the wire
+            out[cfg.tag_field] = cfg.tag
+        return out
+    # A domain value a message carries typed (a FunctionSpec, an Endpoint, a GpuShare)
+    # travels as its own wire form; the message's __post_init__ turns it back.
+    if (to_wire := getattr(obj, "to_wire", None)) is not None and not isinstance(obj, type):
+        return _plain(to_wire())
+    if (to_dict := getattr(obj, "to_dict", None)) is not None and not isinstance(obj, type):
+        return _plain(to_dict())
+    if isinstance(obj, (tuple, list)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (frozenset, set)):
+        return sorted(_plain(v) for v in obj)
+    return obj
 
 
 def from_payload(kind: type[M], payload: Any, *, method: str = "") -> M:

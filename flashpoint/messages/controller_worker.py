@@ -4,8 +4,8 @@ The worker opens the connection and announces its replica (``replica_ready``); t
 controller then calls, on that connection, ``infer`` / ``infer_many`` (a model replica;
 ``infer`` with ``stream`` answers a generation token by token through ``gen_chunk``
 notifications), ``kaas_run`` / ``kaas_reset`` (a KaaS executor), ``replica_status`` and
-``ping`` (its liveness probe). ``stage_ready`` announces a pipeline stage's server; the
-stage's host sends it, on the stage worker's behalf, over its own connection.
+``ping`` (its liveness probe). (A pipeline stage's server is announced by its host:
+``stage_ready`` in messages/controller_host.py.)
 
 The infer path is hot: a request's tensors stay in their encoded wire form (``inputs`` /
 ``outputs``: a map of :func:`~flashpoint.tensors.encode_tensor` maps whose bytes are the
@@ -39,16 +39,6 @@ class ReplicaReady(Message, kw_only=True):
     timings_s: dict[str, float] = {}  # its cold start's phases (controller/cold_timings.py)
     source: str = ""  # where its cold start got the model bytes
     kind: str = "model"  # "model" or "kaas" (an executor replica)
-
-
-class StageReady(Message, kw_only=True):
-    """``stage_ready``: a pipeline stage's server listens at ``pipeline_endpoint``."""
-
-    replica_id: str
-    host_id: str = ""
-    pipeline_endpoint: list[Any]
-    source: str = ""
-    timings_s: dict[str, float] = {}
 
 
 class GenChunk(Message, kw_only=True):
