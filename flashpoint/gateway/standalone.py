@@ -12,7 +12,7 @@ from typing import Any
 import prometheus_client
 from aiohttp import web
 
-from flashpoint.config import ClusterConfig, GatewayConfig, check_http_auth, check_secret
+from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.gateway.app import RUNNER_KWARGS, make_app
 from flashpoint.gateway.remote import RemoteBackend
 from flashpoint.gateway.remote_kaas import RemoteKaas

@@ -26,10 +26,14 @@ Two races are closed explicitly:
   controller) would leave the worker caching bytes the data layer does not hold: the handle
   tells the worker to ``forget`` that key with its next request.
 
-Wire messages (version 1, ``messages/kaas_worker.py``)::
+Wire messages (version 1; their types are in messages/controller_worker.py)::
 
-    kaas_run    KaasRunRequest -> KaasRunReply
-    kaas_reset  KaasResetRequest -> KaasWorkerState
+    kaas_run    KaasRun {version, request_id, client, request: KaasRequest dict,
+                         objects: {key: bytes}, forget: [key]}
+             -> KaasRunReply {version, result: KaasResult wire dict, objects: {key: bytes},
+                              held: [object key], cached: [cache key], free_bytes,
+                              capacity_bytes}
+    kaas_reset  KaasReset {} -> KaasState {held, cached, free_bytes, capacity_bytes}
 """
 
 from __future__ import annotations
@@ -44,18 +48,12 @@ from flashpoint.kaas.graph import GraphPlan
 from flashpoint.kaas.spec import BufferKind, KaasRequest
 from flashpoint.kaas.store import MemoryObjectStore, ObjectStore
 from flashpoint.messages.base import from_payload, to_payload
-from flashpoint.messages.kaas_worker import (
-    KAAS_WIRE_VERSION,
-    KaasResetRequest,
-    KaasRunReply,
-    KaasRunRequest,
-    KaasWorkerState,
-)
+from flashpoint.messages.controller_worker import KaasReset, KaasRun, KaasRunReply, KaasState
 
 if TYPE_CHECKING:  # torch: only the worker side builds an executor
     from flashpoint.kaas.executor import Executor
 
-WIRE_VERSION = KAAS_WIRE_VERSION
+WIRE_VERSION = 1
 # What one request may move each way: an RPC frame (rpc.frames.DEFAULT_MAX_FRAME_BYTES,
 # 16 MiB) less room for the request's description and the reply's counters.
 FRAME_BUDGET_BYTES = 15 << 20
@@ -102,41 +100,38 @@ class WorkerKaasRuntime:
                                           capacity_bytes=self.capacity_bytes)
             return self._executor
 
-    def state(self) -> KaasWorkerState:
+    def state(self) -> KaasState:
         """What the controller's handle needs to route and ship: held objects, cache keys."""
         ex = self.executor()
-        return KaasWorkerState(held=list(ex.held_objects()), cached=sorted(ex.cached_keys()),
-                               free_bytes=ex.cache.free_bytes,
-                               capacity_bytes=ex.cache.capacity_bytes)
+        return KaasState(held=ex.held_objects(), cached=sorted(ex.cached_keys()),
+                         free_bytes=ex.cache.free_bytes, capacity_bytes=ex.cache.capacity_bytes)
 
-    def run(self, payload: Any) -> dict[str, Any]:
-        """One ``kaas_run`` (a KaasRunRequest payload): stage the shipped objects, run,
-        return the KaasRunReply payload with the stored outputs' bytes."""
-        msg = from_payload(KaasRunRequest, payload, method="kaas_run")
+    def run(self, msg: KaasRun) -> KaasRunReply:
+        """One ``kaas_run``: stage the shipped objects, run, return stored outputs' bytes."""
         if msg.version != WIRE_VERSION:
             raise BadRequest(f"kaas_run version {msg.version!r}; this worker "
                              f"speaks {WIRE_VERSION}")
+        objects, forget = msg.objects, msg.forget
         ex = self.executor()
         with self._lock:  # one request at a time owns the staging store
-            ex.forget(list(msg.forget))
+            ex.forget(list(forget))
             # A fresh staging store per request: shipped inputs live only until the host
             # cache has them, stored outputs only until they are in the reply.
             staging = MemoryObjectStore()
-            for key, data in msg.objects.items():
+            for key, data in objects.items():
                 staging.put(key, data)
             ex.store = staging
             result = ex.run_wire({"request": msg.request, "client": msg.client})
             out = {key: staging.get(key) for key in result["stored"].values()}
-        state = self.state()
-        return to_payload(KaasRunReply(result=result, objects=out, held=state.held,
-                                       cached=state.cached, free_bytes=state.free_bytes,
-                                       capacity_bytes=state.capacity_bytes))
+        st = self.state()
+        return KaasRunReply(version=WIRE_VERSION, result=result, objects=out, held=st.held,
+                            cached=st.cached, free_bytes=st.free_bytes,
+                            capacity_bytes=st.capacity_bytes)
 
-    def reset(self) -> dict[str, Any]:
-        """Drop every cached buffer (an exclusive reassignment's cold start); the
-        KaasWorkerState payload after it."""
+    def reset(self) -> KaasState:
+        """Drop every cached buffer (an exclusive reassignment's cold start)."""
         self.executor().reset()
-        return to_payload(self.state())
+        return self.state()
 
 
 class RpcConnection(Protocol):
@@ -180,14 +175,14 @@ class WorkerExecutorHandle:
     async def run(self, plan: GraphPlan, client: str, request_id: str = "") -> KaasResult:
         msg, shipped = self._request(plan, client, request_id, ship_all=False)
         try:
-            reply = await self._run(msg, request_id)
+            reply = await self._call_run(msg, request_id)
         except ObjectNotFound:
             # The worker lost an object we thought it held; nothing ran yet. Once more with
             # every store input on board.
             self.retries += 1
             msg, more = self._request(plan, client, request_id, ship_all=True)
             shipped += more
-            reply = await self._run(msg, request_id)
+            reply = await self._call_run(msg, request_id)
         self._forget -= set(msg.forget)
         self._absorb(reply)
         self.requests += 1
@@ -213,18 +208,18 @@ class WorkerExecutorHandle:
 
     async def restart(self) -> None:
         self.restarts += 1
-        self._absorb(from_payload(KaasWorkerState, await self.conn.call(
-            "kaas_reset", to_payload(KaasResetRequest()), timeout_s=self.run_timeout_s),
-            method="kaas_reset"))
+        reply = await self.conn.call("kaas_reset", to_payload(KaasReset()),
+                                     timeout_s=self.run_timeout_s)
+        self._absorb(from_payload(KaasState, reply, method="kaas_reset"))
 
     # internals --------------------------------------------------------------------------
-    async def _run(self, msg: KaasRunRequest, request_id: str) -> KaasRunReply:
+    async def _call_run(self, msg: KaasRun, request_id: str) -> KaasRunReply:
         reply = await self.conn.call("kaas_run", to_payload(msg), timeout_s=self.run_timeout_s,
                                      trace=request_id or None)
         return from_payload(KaasRunReply, reply, method="kaas_run")
 
     def _request(self, plan: GraphPlan, client: str, request_id: str, *,
-                 ship_all: bool) -> tuple[KaasRunRequest, int]:
+                 ship_all: bool) -> tuple[KaasRun, int]:
         objects: dict[str, bytes] = {}
         for b in plan.request.buffers:
             if (b.kind is BufferKind.INPUT and b.key is not None and b.key not in objects
@@ -232,15 +227,15 @@ class WorkerExecutorHandle:
                 objects[b.key] = self.store.get(b.key)
         shipped = sum(len(v) for v in objects.values())
         self.shipped_bytes += shipped
-        return (KaasRunRequest(request_id=request_id, client=client,
-                               request=plan.request.to_dict(), objects=objects,
-                               forget=sorted(self._forget)), shipped)
+        return (KaasRun(version=WIRE_VERSION, request_id=request_id, client=client,
+                        request=plan.request.to_dict(), objects=objects,
+                        forget=sorted(self._forget)), shipped)
 
-    def _absorb(self, state: KaasWorkerState) -> None:
-        self._held = frozenset(state.held)
-        self._cached = frozenset(state.cached)
-        self._free_bytes = state.free_bytes
-        self.capacity_bytes = state.capacity_bytes
+    def _absorb(self, reply: KaasRunReply | KaasState) -> None:
+        self._held = frozenset(reply.held)
+        self._cached = frozenset(reply.cached)
+        self._free_bytes = reply.free_bytes
+        self.capacity_bytes = reply.capacity_bytes
 
     def status(self) -> dict[str, Any]:
         """Counters for ``/v1/kaas/status`` (cache contents as of the last reply)."""
