@@ -7,7 +7,8 @@
  *     (and their _ptsz variants) on a time token from the per-GPU token manager
  *     (flashpoint/gpu/tokens.py).  A token is "you may launch for quota_ns from now".
  *   - Measures usage at sync points (cuCtxSynchronize, cuStreamSynchronize,
- *     cuEventSynchronize): the holder's time is wall clock from grant to sync return, and
+ *     cuEventSynchronize, and the synchronous cuMemcpy* copies, which wait for the work
+ *     queued before them, as FaST-GShare treats them): the holder's time is wall clock from grant to sync return, and
  *     the token is returned early there (FaST-GShare: an idle/synced tenant frees the GPU).
  *   - Accounts device memory per process (size table keyed by pointer / handle) and
  *     refuses allocations past FP_HOOK_MEM_LIMIT_BYTES with CUDA_ERROR_OUT_OF_MEMORY;
@@ -375,6 +376,9 @@ static int fp_capturing(CUstream s) {
     return fn(s, &status) != CUDA_SUCCESS || status != 0;
 }
 
+/* A cuCtxSynchronize that takes longer than this found kernels still queued. */
+#define FP_QUEUED_WORK_NS 200000ull
+
 /* Pre-hook of every launch: make sure we hold an unexpired token. */
 static void fp_gate(CUstream stream) {
     fp_config();
@@ -397,6 +401,17 @@ static void fp_gate(CUstream stream) {
             } else {
                 /* Idle after the token: charge up to the last launch, never the idle gap. */
                 used = tk.last_launch - tk.grant > tk.quota ? tk.last_launch - tk.grant : tk.quota;
+                /* ...unless the device was not idle: a launcher blocked on a full queue (or
+                 * descheduled) comes back late although its kernels kept running.  A sync of
+                 * an idle context returns in microseconds; one that waits found queued work,
+                 * so the device was busy all along and the whole time is charged. */
+                if (fp_cfg.sync_on_expiry && tk.launched && !fp_capturing(stream)) {
+                    ctx_sync_fn sync = (ctx_sync_fn)fp_real(FP_cuCtxSynchronize);
+                    if (sync) sync();
+                    uint64_t after = fp_now_ns();
+                    if (after - now > FP_QUEUED_WORK_NS) used = after - tk.grant;
+                    now = after;
+                }
             }
         }
         tk.have_token = 0;
@@ -441,6 +456,17 @@ static void *tk_releaser(void *arg) {
         pthread_cond_timedwait(&tk.cv, &tk.mu, &ts);
     }
     return NULL;
+}
+
+/* At exit, a held token goes back with what it was used for (up to the last sync, else
+ * now), so the manager charges the process's last work instead of guessing at expiry.
+ * No driver call here: the driver may already be torn down.  trylock: a thread that died
+ * holding the lock must not hang the exit. */
+__attribute__((destructor)) static void tk_at_exit(void) {
+    if (!fp_cfg.socket_path[0] || pthread_mutex_trylock(&tk.mu) != 0) return;
+    if (tk.have_token && !tk.local && tk.fd >= 0)
+        tk_release_locked((tk.synced_at ? tk.synced_at : fp_now_ns()) - tk.grant);
+    pthread_mutex_unlock(&tk.mu);
 }
 
 static void tk_releaser_start(void) { /* caller holds tk.mu */
@@ -564,6 +590,55 @@ FP_EXPORT CUresult cuEventSynchronize(CUevent e) {
     CUresult r = fn(e);
     if (r == CUDA_SUCCESS) fp_synced();
     return r;
+}
+
+/* Synchronous copies: the driver returns only after the work queued before them (legacy
+ * default stream or, for _ptds, the thread's), so a successful one is a sync point. */
+typedef CUresult (*copy_fn)(CUdeviceptr, CUdeviceptr, size_t);
+static CUresult fp_copy(int i, CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    copy_fn fn = (copy_fn)fp_real(i);
+    if (!fn) return MISSING;
+    CUresult r = fn(dst, src, n);
+    if (r == CUDA_SUCCESS) fp_synced();
+    return r;
+}
+FP_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { return fp_copy(FP_cuMemcpy, dst, src, n); }
+FP_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    return fp_copy(FP_cuMemcpy_ptds, dst, src, n);
+}
+FP_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    return fp_copy(FP_cuMemcpyDtoD_v2, dst, src, n);
+}
+FP_EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    return fp_copy(FP_cuMemcpyDtoD_v2_ptds, dst, src, n);
+}
+typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t);
+static CUresult fp_htod(int i, CUdeviceptr dst, const void *src, size_t n) {
+    htod_fn fn = (htod_fn)fp_real(i);
+    if (!fn) return MISSING;
+    CUresult r = fn(dst, src, n);
+    if (r == CUDA_SUCCESS) fp_synced();
+    return r;
+}
+FP_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+    return fp_htod(FP_cuMemcpyHtoD_v2, dst, src, n);
+}
+FP_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n) {
+    return fp_htod(FP_cuMemcpyHtoD_v2_ptds, dst, src, n);
+}
+typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t);
+static CUresult fp_dtoh(int i, void *dst, CUdeviceptr src, size_t n) {
+    dtoh_fn fn = (dtoh_fn)fp_real(i);
+    if (!fn) return MISSING;
+    CUresult r = fn(dst, src, n);
+    if (r == CUDA_SUCCESS) fp_synced();
+    return r;
+}
+FP_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+    return fp_dtoh(FP_cuMemcpyDtoH_v2, dst, src, n);
+}
+FP_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n) {
+    return fp_dtoh(FP_cuMemcpyDtoH_v2_ptds, dst, src, n);
 }
 
 /* --- symbol resolution --- */
