@@ -152,14 +152,17 @@ async def test_async_driver_without_expiry_sync_undercharges(kit, tmp_path, sock
 
 
 async def test_synchronous_copy_is_a_sync_point(kit, tmp_path, sock):
-    # As the early-return test below, but A (async driver) syncs only through a blocking
-    # cuMemcpyDtoH: the hook must see the copy as a sync point and return A's token.
-    async with manager(sock, {1: TenantQuota(0.5, 1.0), 2: TenantQuota(0.5, 1.0)}):
-        a, b = await run_all([launch(kit, tmp_path, 1, sock, 2.0, idle_us=20000, sync_every=1,
-                                     sync_kind="dtoh", FAKE_CUDA_ASYNC="1"),
-                              launch(kit, tmp_path, 2, sock, 2.0)], 10.0)
-    assert a["copies"] > 40 and a["launches"] > 40, a
-    assert b["busy_ns"] / b["wall_ns"] >= 0.75, (a, b)
+    # A (async driver) runs 1 ms of work, a blocking cuMemcpyDtoH, then idles 20 ms.  If the
+    # hook sees the copy as a sync point it returns each token ~2 ms after the copy and is
+    # charged ~1-3 ms per cycle; if not, each token is kept and charged to at least its
+    # 10 ms quota.  Judged on the manager's accounting (the wall clock is noise here).
+    async with manager(sock, {1: TenantQuota(0.5, 1.0)}) as mgr:
+        (a,) = await run_all([launch(kit, tmp_path, 1, sock, 2.0, idle_us=20000, sync_every=1,
+                                     sync_kind="dtoh", FAKE_CUDA_ASYNC="1")], 10.0)
+    cycles = a["copies"]
+    assert cycles >= 20, a
+    per_cycle_ns = mgr.usage_by_tenant()[1] / cycles
+    assert per_cycle_ns <= 6e6, (per_cycle_ns, a)
 
 
 async def test_token_returned_early_when_tenant_syncs_and_idles(kit, tmp_path, sock):

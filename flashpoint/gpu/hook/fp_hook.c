@@ -1,5 +1,6 @@
 /* fp_hook.c - Flashpoint's LD_PRELOAD CUDA-driver hook: time tokens and memory limits.
- * (Memory accounting and its hooks are in fp_mem.c; shared declarations in
+ * (Memory accounting and its hooks are in fp_mem.c, the sync-point hooks in fp_sync.c;
+ * shared declarations in
  * fp_hook_internal.h; the symbol list in hooked_symbols.h.)
  *
  * What it does
@@ -485,7 +486,7 @@ static void tk_releaser_start(void) { /* caller holds tk.mu */
     pthread_attr_destroy(&attr);
 }
 
-static void fp_synced(void) {
+void fp_synced(void) {
     if (!fp_cfg.socket_path[0]) return;
     pthread_mutex_lock(&tk.mu);
     if (!tk_releaser_started) tk_releaser_start();
@@ -562,83 +563,6 @@ static CUresult fp_graph(int i, CUgraphExec g, CUstream s) {
 FP_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return fp_graph(FP_cuGraphLaunch, g, s); }
 FP_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
     return fp_graph(FP_cuGraphLaunch_ptsz, g, s);
-}
-
-/* --- sync points --- */
-FP_EXPORT CUresult cuCtxSynchronize(void) {
-    __typeof__(&cuCtxSynchronize) fn = REAL(cuCtxSynchronize);
-    if (!fn) return MISSING;
-    CUresult r = fn();
-    if (r == CUDA_SUCCESS) fp_synced();
-    return r;
-}
-typedef CUresult (*stream_sync_fn)(CUstream);
-static CUresult fp_stream_sync(int i, CUstream s) {
-    stream_sync_fn fn = (stream_sync_fn)fp_real(i);
-    if (!fn) return MISSING;
-    CUresult r = fn(s);
-    if (r == CUDA_SUCCESS) fp_synced();
-    return r;
-}
-FP_EXPORT CUresult cuStreamSynchronize(CUstream s) { return fp_stream_sync(FP_cuStreamSynchronize, s); }
-FP_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) {
-    return fp_stream_sync(FP_cuStreamSynchronize_ptsz, s);
-}
-FP_EXPORT CUresult cuEventSynchronize(CUevent e) {
-    __typeof__(&cuEventSynchronize) fn = REAL(cuEventSynchronize);
-    if (!fn) return MISSING;
-    CUresult r = fn(e);
-    if (r == CUDA_SUCCESS) fp_synced();
-    return r;
-}
-
-/* Synchronous copies: the driver returns only after the work queued before them (legacy
- * default stream or, for _ptds, the thread's), so a successful one is a sync point. */
-typedef CUresult (*copy_fn)(CUdeviceptr, CUdeviceptr, size_t);
-static CUresult fp_copy(int i, CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    copy_fn fn = (copy_fn)fp_real(i);
-    if (!fn) return MISSING;
-    CUresult r = fn(dst, src, n);
-    if (r == CUDA_SUCCESS) fp_synced();
-    return r;
-}
-FP_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { return fp_copy(FP_cuMemcpy, dst, src, n); }
-FP_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    return fp_copy(FP_cuMemcpy_ptds, dst, src, n);
-}
-FP_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    return fp_copy(FP_cuMemcpyDtoD_v2, dst, src, n);
-}
-FP_EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    return fp_copy(FP_cuMemcpyDtoD_v2_ptds, dst, src, n);
-}
-typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t);
-static CUresult fp_htod(int i, CUdeviceptr dst, const void *src, size_t n) {
-    htod_fn fn = (htod_fn)fp_real(i);
-    if (!fn) return MISSING;
-    CUresult r = fn(dst, src, n);
-    if (r == CUDA_SUCCESS) fp_synced();
-    return r;
-}
-FP_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
-    return fp_htod(FP_cuMemcpyHtoD_v2, dst, src, n);
-}
-FP_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n) {
-    return fp_htod(FP_cuMemcpyHtoD_v2_ptds, dst, src, n);
-}
-typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t);
-static CUresult fp_dtoh(int i, void *dst, CUdeviceptr src, size_t n) {
-    dtoh_fn fn = (dtoh_fn)fp_real(i);
-    if (!fn) return MISSING;
-    CUresult r = fn(dst, src, n);
-    if (r == CUDA_SUCCESS) fp_synced();
-    return r;
-}
-FP_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
-    return fp_dtoh(FP_cuMemcpyDtoH_v2, dst, src, n);
-}
-FP_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n) {
-    return fp_dtoh(FP_cuMemcpyDtoH_v2_ptds, dst, src, n);
 }
 
 /* --- symbol resolution --- */
