@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -320,3 +321,36 @@ def test_without_limit_the_device_is_reported_unchanged(kit):
                          text=True, timeout=20)
     r = json.loads(out.stdout)
     assert r["ok_chunks"] == 8 and r["error"] == 2 and r["total"] == r["nvml_total"] == 8 << 20
+
+
+def _hooked_proc_names() -> dict[str, dict[int, str]]:
+    """hooked_symbols.h's cuGetProcAddress names: {proc name: {ptds flag: hooked symbol}}."""
+    text = (Path(__file__).resolve().parents[2] / "flashpoint" / "gpu" / "hook" / "hooked_symbols.h").read_text()
+    out: dict[str, dict[int, str]] = {}
+    for sym, proc, ptds in re.findall(r'^FP_SYM\((\w+), "(\w+)", ([01])\)', text, re.M):
+        out.setdefault(proc, {})[int(ptds)] = sym
+    return out
+
+
+def test_every_hooked_driver_entry_is_in_the_fake_and_wrapped(kit):
+    # Each name the symbol list hooks through cuGetProcAddress is in the fake driver under the
+    # very symbol the hook defines (plain and per-thread _ptsz/_ptds variant alike), and what
+    # the application gets back with the hook preloaded is that hook: the fake lacks none of
+    # them and the list misses no variant the fake has.
+    names = {n: v for n, v in _hooked_proc_names().items() if n != "cuGetProcAddress"}
+    assert {"cuMemcpyDtoH", "cuMemCreate", "cuMemAllocPitch", "cuLaunchKernelEx"} <= set(names)
+
+    def resolve(env: dict[str, str]) -> dict[str, list[str]]:
+        out = subprocess.run([str(kit.launcher), "resolve", *sorted(names)], env=env,
+                             capture_output=True, text=True, timeout=20)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    bare_env = {k: v for k, v in kit.env().items() if k != "LD_PRELOAD"}
+    bare, hooked = resolve(bare_env), resolve(kit.env())
+    for name, variants in names.items():
+        for flag, sym in variants.items():
+            f_bare, s_bare = bare[name][2 * flag], bare[name][2 * flag + 1]
+            f_hook, s_hook = hooked[name][2 * flag], hooked[name][2 * flag + 1]
+            assert Path(f_bare).name == "libcuda.so.1" and s_bare == sym, (name, flag, bare[name])
+            assert Path(f_hook).name == kit.hook.name and s_hook == sym, (name, flag, hooked[name])

@@ -7,6 +7,10 @@
  *       bursty, inference-like tenant); a last sync waits for the queued work (an
  *       asynchronous fake driver) before t1;
  *       prints {"launches","t0_ns","t1_ns","wall_ns","sum_kernel_ns","cublas"}
+ *   launcher resolve NAME...
+ *       for each driver name, what cuGetProcAddress hands out without and with the
+ *       per-thread-default-stream flag: prints {NAME: [FILE, SYMBOL, FILE, SYMBOL]} (the
+ *       shared object and symbol each pointer is, from dladdr; "" when not resolved)
  *   launcher memkinds CHUNK_BYTES MAX_CHUNKS
  *       allocate alternately with cuMemAllocPitch (rows of CHUNK_BYTES/4, 4 rows) and
  *       cuMemCreate until failure; prints {"ok_chunks","error","free","total",
@@ -137,6 +141,26 @@ int main(int argc, char **argv) {
         printf("{\"ok_chunks\": %ld, \"error\": %d, \"free\": %zu, \"total\": %zu, \"total_mem\": %zu, "
                "\"nvml_total\": %lld, \"nvml_free\": %lld, \"nvml_v2_total\": %lld, "
                "\"free_after_release\": %zu}\n", ok, err, f, t, tm, nv_total, nv_free, nv2_total, f2);
+        return 0;
+    }
+    if (strcmp(argv[1], "resolve") == 0) {
+        printf("{");
+        for (int a = 2; a < argc; a++) {
+            const char *where[2] = {"", ""}, *sym[2] = {"", ""};
+            for (int k = 0; k < 2; k++) {
+                void *fn = NULL;
+                int st = 0;
+                Dl_info info;
+                if (getproc(argv[a], &fn, 12000, k ? 2ull : 0ull, &st) == 0 && fn && dladdr(fn, &info) &&
+                    info.dli_fname) {
+                    where[k] = info.dli_fname;
+                    sym[k] = info.dli_sname ? info.dli_sname : "";
+                }
+            }
+            printf("%s\"%s\": [\"%s\", \"%s\", \"%s\", \"%s\"]", a > 2 ? ", " : "", argv[a], where[0],
+                   sym[0], where[1], sym[1]);
+        }
+        printf("}\n");
         return 0;
     }
     if (strcmp(argv[1], "memkinds") == 0 && argc >= 4) {
