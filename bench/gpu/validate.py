@@ -308,7 +308,9 @@ def gpu_present() -> tuple[bool, str]:
         ok, n, name = json.loads(ran.out.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return False, f"unexpected answer from torch: {ran.out[-300:]}"
-    return (True, f"{n} CUDA device(s), first {name}") if ok else (False, "torch.cuda.is_available() is False")
+    if not ok:
+        return False, "torch.cuda.is_available() is False"
+    return True, f"{n} CUDA device(s), first {name}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         gpu, why = False, "dry run (--dry-run)"
     else:
         gpu, why = gpu_present()
-    summary: dict[str, Any] = {"gpu": gpu, "dry_run": args.dry_run, "reason": why, "budget_s": args.budget_s,
-                               "passed": [], "failed": [], "skipped": [], "parts": {}}
+    summary: dict[str, Any] = {"gpu": gpu, "dry_run": args.dry_run, "reason": why,
+                               "budget_s": args.budget_s, "passed": [], "failed": [], "skipped": [],
+                               "parts": {}}
     print(f"GPU validation: {why}; results in {out}", flush=True)
     for name, fn, cap in PARTS:
         if not gpu:
@@ -333,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             left = args.budget_s - (time.monotonic() - start)
             if left < MIN_PART_S:
-                res = {"status": "fail", "problems": [f"out of budget ({left:.0f} s left of {args.budget_s})"]}
+                res = {"status": "fail",
+                       "problems": [f"out of budget ({left:.0f} s left of {args.budget_s})"]}
             else:
                 t0 = time.monotonic()
                 try:

@@ -325,7 +325,8 @@ def test_without_limit_the_device_is_reported_unchanged(kit):
 
 def _hooked_proc_names() -> dict[str, dict[int, str]]:
     """hooked_symbols.h's cuGetProcAddress names: {proc name: {ptds flag: hooked symbol}}."""
-    text = (Path(__file__).resolve().parents[2] / "flashpoint" / "gpu" / "hook" / "hooked_symbols.h").read_text()
+    hook_dir = Path(__file__).resolve().parents[2] / "flashpoint" / "gpu" / "hook"
+    text = (hook_dir / "hooked_symbols.h").read_text()
     out: dict[str, dict[int, str]] = {}
     for sym, proc, ptds in re.findall(r'^FP_SYM\((\w+), "(\w+)", ([01])\)', text, re.M):
         out.setdefault(proc, {})[int(ptds)] = sym

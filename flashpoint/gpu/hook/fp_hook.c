@@ -29,7 +29,9 @@
  *                               was idle, so the token is charged only up to its last
  *                               launch (never the idle time); default 2000
  *   FP_HOOK_SYNC_ON_EXPIRY      1 (default): at token expiry synchronize the context so the
- *                               reported time includes queued kernels (FaST's overuse)
+ *                               reported time includes queued kernels (FaST's overuse);
+ *                               also after an idle gap, where a sync that waits shows the
+ *                               device was busy all along and the whole time is charged
  *   FP_HOOK_LIBCUDA             driver library to resolve real symbols in, default
  *                               libcuda.so.1 (tests point it at a fake)
  *   FP_HOOK_LIBNVML             default libnvidia-ml.so.1
