@@ -23,6 +23,7 @@ from prometheus_client import Counter, Histogram
 from flashpoint import heap
 from flashpoint.controller.state import core as cs
 from flashpoint.controller.cold_timings import ColdStartMarks, cold_start_phases
+from flashpoint.controller.metrics import ControllerMetrics, state_registry
 from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.controller.gateway_service import GatewayService
 from flashpoint.controller.handles import HostHandle, Pending, WorkerHandle
@@ -77,8 +78,6 @@ SLO = Counter("flashpoint_slo_requests_total",
               ["function", "outcome"])
 LATENCY = Histogram("flashpoint_request_seconds", "End-to-end invoke latency", ["function"],
                     buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
-COLD_STARTS = Histogram("flashpoint_cold_start_seconds", "Cold-start phase durations", ["phase"],
-                        buckets=(.001, .01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60))
 WORKERS_SILENT = Counter("flashpoint_workers_silent_total",
                          "Workers dropped for missing a ping on their connection")
 MAX_DISPATCH_ATTEMPTS = 3
@@ -143,6 +142,7 @@ class Controller:
         self._ok_metrics: dict[str, tuple[Any, Any]] = {}  # function -> (ok counter, latency)
         self._slo: dict[str, SloCompliance] = {}  # strict requests within the function's SLO
         self.ui = UiJournal()  # recent history for the dashboard (/ui)
+        self.metrics = ControllerMetrics()  # cold starts, failed starts, hosts lost (Prometheus)
         # "name@version" -> its manifest (immutable): parsed once, its JSON text made once
         # (Manifest.to_json is memoised) and sent as is with every deploy.
         self._manifests: dict[str, Manifest] = {}
@@ -191,7 +191,8 @@ class Controller:
         gw = self.config.gateway
         app = web.Application(client_max_size=gw.max_body_bytes)
         add_routes(app, self, gateway_config(gw), kaas=self.kaas,
-                   process_registry=prometheus_client.REGISTRY)
+                   process_registry=prometheus_client.REGISTRY).metrics.also += (state_registry(
+                       self.state, self.dispatcher.queued, self.dispatcher.inflight),)
         # Each peer proves its own key and may call only what its role needs (rpc/roles.py).
         self._rpc = RpcServer(
             roles.guard({"register_host": self._register_host, "heartbeat": self._heartbeat,
@@ -295,10 +296,12 @@ class Controller:
 
     def _apply(self, event: cs.Event) -> None:
         self._step_s = time.monotonic()
+        self.metrics.event(event)
         self._execute(self.state.handle(event))
 
     def _execute(self, cmds: list[cs.Command]) -> None:
         self.ui.observe(cmds, self.state, time.monotonic())
+        self.metrics.commands(cmds, self.state)
         for cmd in cmds:
             match cmd:
                 case cs.DeployReplica() | cs.DeployKaas():
@@ -570,9 +573,9 @@ class Controller:
             self._spawn(self._watch_worker(rid, conn), f"watch:{rid}")
         self._conn_replica[id(conn)] = rid
         known = self.state.replicas.get(rid)
-        if known is not None and known.phase == cs.ReplicaPhase.STARTING:
-            for phase, secs in timings.items():
-                COLD_STARTS.labels(phase).observe(secs)
+        self.metrics.replica_ready(rid, known.function if known is not None else "",
+                                   str(p.get("source", "")), timings,
+                                   known is not None and known.phase == cs.ReplicaPhase.STARTING)
         self._apply(cs.ReplicaWarmed(rid, timings, time.monotonic()))
         log.info("replica_warm", replica_id=rid, timings=timings)
         return {"ok": True}
@@ -870,6 +873,7 @@ class Controller:
                 timings.update(cold_start_phases(marks, handle.timings_s, arrived_s=t0,
                                                  sent_s=p.sent_s, done_s=t0 + total))
             self.ui.cold_start(rid, name, handle.source, timings, t0 + total)
+            self.metrics.cold_request(rid, name, handle.source, timings)
         ok = self._ok_metrics.get(name)
         if ok is None:  # label lookups cost more than the increments on this path
             ok = self._ok_metrics[name] = (REQUESTS.labels(name, "ok"), LATENCY.labels(name))
