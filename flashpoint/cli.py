@@ -296,7 +296,9 @@ def _serve(cfg: ClusterConfig, args: argparse.Namespace) -> None:
     import uvloop
 
     from flashpoint.errors import BadRequest
+    from flashpoint.tracing import setup_from_env
 
+    setup_from_env(f"flashpoint-{args.cmd}")  # OpenTelemetry traces, when configured
     try:
         if args.cmd == "up":
             uvloop.run(_run_up(cfg, args.hosts))

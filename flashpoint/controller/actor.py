@@ -20,7 +20,7 @@ import prometheus_client
 from aiohttp import web
 from prometheus_client import Counter, Histogram
 
-from flashpoint import heap
+from flashpoint import heap, tracing
 from flashpoint.controller.state import core as cs
 from flashpoint.controller.cold_timings import ColdStartMarks, cold_start_phases
 from flashpoint.controller.metrics import ControllerMetrics, state_registry
@@ -786,6 +786,8 @@ class Controller:
             name, inputs, request_id=request_id, timeout_s=timeout_s,
             request_class=request_class, stream=True))
 
+    @tracing.traced("flashpoint.controller.invoke", lambda self, name, *_, **kw: {
+        "flashpoint.function": name, "flashpoint.request_id": kw.get("request_id", "")})
     async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
                      timeout_s: float | None = None,
                      request_class: str = RequestClass.STRICT,
@@ -812,6 +814,7 @@ class Controller:
             payload["class"] = RequestClass.BEST_EFFORT  # the worker's queue serves strict first
         if stream:
             payload["stream"] = True
+        tracing.inject(payload)  # the worker's span joins this request's trace
         loop = asyncio.get_running_loop()
         p = Pending(request_id, name, payload, loop.create_future(), t0, t0 + timeout, cold,
                     best_effort, stream=stream)

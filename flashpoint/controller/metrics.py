@@ -26,6 +26,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from flashpoint import tracing
 from flashpoint.controller.cold_timings import (
     COLD_PHASES,
     CONTROLLER_PHASES,
@@ -123,13 +124,16 @@ class ControllerMetrics:
                      timings_s: Mapping[str, float]) -> None:
         """The breakdown of a request that waited for ``replica_id``'s start (the first one
         only: the replica's cold start); the host and worker phases came with
-        :meth:`replica_ready`, except for a pipeline group, which reports none there."""
+        :meth:`replica_ready`, except for a pipeline group, which reports none there. With
+        tracing on, also its spans (:func:`flashpoint.tracing.cold_start`)."""
         if replica_id in self._cold_seen:
             return
         self._cold_seen[replica_id] = None
         while len(self._cold_seen) > MAX_TRACKED:
             self._cold_seen.popitem(last=False)
         tier = source_tier(source)
+        # and, with OpenTelemetry on, as spans under the request's (flashpoint/tracing.py)
+        tracing.cold_start(replica_id, function, source, tier, timings_s, COLD_PHASES)
         phases = COLD_PHASES if tier == "pipeline" else _REQUEST_PHASES
         for phase in phases:
             if phase in timings_s:

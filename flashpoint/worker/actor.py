@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from flashpoint import tracing
 from flashpoint.errors import BadRequest, FlashpointError, InvalidInput, Unavailable
 from flashpoint.gpu.worker_env import apply_env
 from flashpoint.log import bind_ids, configure, get_logger
@@ -526,6 +527,7 @@ class Worker:
         if payload.get("stream") and hasattr(self.batcher, "stream"):
             return await self._infer_stream(conn, payload, inputs)
         outputs, timings = await self.batcher.submit(inputs, best_effort=best_effort)
+        tracing.worker_span(payload, timings)
         self._first_served()
         return {"outputs": encode_tensors(self._finish(outputs)), "timings_s": timings}
 
@@ -611,12 +613,13 @@ class Worker:
             waits.append(self.batcher.enqueue(inputs, best_effort=best_effort))
         replies: list[dict[str, Any]] = []
         try:
-            for w in waits:
+            for req, w in zip(requests, waits, strict=True):
                 if isinstance(w, dict):
                     replies.append(w)
                     continue
                 try:
                     outputs, timings = await w
+                    tracing.worker_span(req, timings)
                     replies.append({"outputs": encode_tensors(self._finish(outputs)),
                                     "timings_s": timings})
                 except asyncio.CancelledError:
@@ -700,6 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload-transformers", action="store_true")
     args = parser.parse_args(argv)
     configure(os.environ.get("FLASHPOINT_WORKER_LOG_LEVEL", "WARNING"))
+    tracing.setup_from_env("flashpoint-worker")  # OpenTelemetry, when the host's env has it
     secret = os.environ.get("FLASHPOINT_SECRET", "").encode()
     bind_ids(worker_id=args.worker_id)
     token = os.environ.get(CREDENTIAL_ENV)
