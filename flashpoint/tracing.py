@@ -27,11 +27,20 @@ prints them; ``OTEL_TRACES_EXPORTER=otlp`` sends them to ``OTEL_EXPORTER_OTLP_EN
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, MutableMapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from typing import Any, TypeVar
 
 from flashpoint.log import get_logger
@@ -185,6 +194,22 @@ def inject(carrier: MutableMapping[str, Any]) -> None:
         from opentelemetry import propagate
 
         propagate.inject(carrier)
+
+
+@contextlib.contextmanager
+def remote_parent(payload: Mapping[str, Any]) -> Iterator[None]:
+    """Within it, the current trace context is ``payload``'s ``traceparent`` (a request a
+    stand-alone gateway forwarded over RPC); a no-op with tracing off or no traceparent."""
+    if tracer is None or TRACEPARENT not in payload:
+        yield
+        return
+    from opentelemetry import context, propagate
+
+    token = context.attach(propagate.extract({TRACEPARENT: payload[TRACEPARENT]}))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def worker_span(payload: Mapping[str, Any], timings_s: Mapping[str, float]) -> None:

@@ -6,7 +6,8 @@ accepting requests while the controller restarts (and retry them once it is back
 Messages, one per method (versioned by the ``v`` field; a gateway refuses a reply of
 another version):
 
-- ``gw_invoke``   {v, name, inputs (encoded tensors), request_id, timeout_s, request_class}
+- ``gw_invoke``   {v, name, inputs (encoded tensors), request_id, timeout_s, request_class,
+                  traceparent (optional: the gateway's span, when traced)}
                   -> {v, outputs, timings_s, replica_id, cold, cold_start_source}
 - ``gw_stream``   gw_invoke's request for a text-generation function: ``gw_chunk``
                   notifications back on the same connection as the tokens come
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from flashpoint import tracing
 from flashpoint.errors import BadRequest, KaasUnavailable, PayloadTooLarge
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult, StreamChunk
 from flashpoint.gateway.remote import GATEWAY_RPC_VERSION, result_to_wire
@@ -98,10 +100,11 @@ class GatewayService:
         cls = payload.get("request_class", RequestClass.STRICT)
         if cls not in tuple(RequestClass):
             raise BadRequest(f"request_class must be one of {[c.value for c in RequestClass]}")
-        result = await self._backend.invoke(
-            _text(payload, "name"), decode_tensors(payload.get("inputs")),
-            request_id=_text(payload, "request_id"),
-            timeout_s=timeout_s, request_class=cls)
+        with tracing.remote_parent(payload):  # a stand-alone gateway's trace, when traced
+            result = await self._backend.invoke(
+                _text(payload, "name"), decode_tensors(payload.get("inputs")),
+                request_id=_text(payload, "request_id"),
+                timeout_s=timeout_s, request_class=cls)
         return result_to_wire(result)
 
     async def _stream(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:

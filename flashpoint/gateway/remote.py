@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from flashpoint import tracing
 from flashpoint.errors import (
     ConnectFailed,
     DeadlineExceeded,
@@ -205,6 +206,7 @@ class RemoteBackend:
         payload = {"v": GATEWAY_RPC_VERSION, "name": name, "inputs": encode_tensors(inputs),
                    "request_id": request_id, "timeout_s": timeout,
                    "request_class": request_class}
+        tracing.inject(payload)  # the controller's span joins this request's trace
         return result_from_wire(await self.call_retrying("gw_invoke", payload, timeout,
                                                          connection_lost, trace=request_id))
 

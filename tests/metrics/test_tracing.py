@@ -1,6 +1,7 @@
 """OpenTelemetry traces (flashpoint/tracing.py): one request's spans link gateway ->
-controller -> worker under the caller's ``traceparent``, and a cold start's phases are spans
-under the request that waited for it.
+controller -> worker under the caller's ``traceparent`` (the controller's own API, and a
+stand-alone gateway in front of it), and a cold start's phases are spans under the request
+that waited for it.
 
 The gateway's and controller's spans (this process) go to the SDK's in-memory exporter; the
 worker, a process of its own, writes its spans to ``FLASHPOINT_TRACES_FILE`` (inherited from
@@ -11,6 +12,7 @@ parent ids it sent, and the phase durations the invoke's reply reports.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from cluster.conftest import cluster_config, start_noop_cluster
 
 from flashpoint import tracing
 from flashpoint.controller.cold_timings import COLD_PHASES
+from flashpoint.gateway.standalone import StandaloneGateway
 
 pytest.importorskip("opentelemetry.sdk.trace", reason="needs the otel extra (opentelemetry-sdk)")
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
@@ -84,7 +87,9 @@ async def test_a_request_and_its_cold_start_are_one_trace(
         memory_spans: InMemorySpanExporter) -> None:
     worker_file = tmp_path / "worker-spans.jsonl"
     monkeypatch.setenv(tracing.TRACES_FILE_ENV, str(worker_file))  # the workers inherit it
-    c = await start_noop_cluster(cluster_config(tmp_path))
+    cfg = cluster_config(tmp_path)
+    c = await start_noop_cluster(cfg)
+    gateway: StandaloneGateway | None = None
     try:
         url = c.controller.url
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as s:
@@ -141,7 +146,29 @@ async def test_a_request_and_its_cold_start_are_one_trace(
             assert _one(_spans(memory_spans, trace_id),
                         "flashpoint.controller.invoke")["parent_id"] == gw["span_id"]
             assert len(_worker_spans(worker_file, trace_id)) == 1
+            # Through a stand-alone gateway: its span rides the RPC to the controller.
+            gw_cfg = dataclasses.replace(cfg, gateway=dataclasses.replace(
+                cfg.gateway, controller_url=c.controller.rpc_url, refresh_s=0.1))
+            gateway = await asyncio.wait_for(StandaloneGateway.start(gw_cfg, port=0), 30)
+            for _ in range(100):  # bounded: its function list refreshes every 0.1 s
+                async with s.get(f"{gateway.url}/v1/functions/tf") as r:
+                    if r.status == 200:
+                        break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the stand-alone gateway never listed tf within 10 s")
+            trace_id, caller_span = secrets.token_hex(16), secrets.token_hex(8)
+            await _invoke(s, gateway.url, f"00-{trace_id}-{caller_span}-01")
+            spans = _spans(memory_spans, trace_id)
+            gws = [sp for sp in spans if sp["name"] == "POST /v1/functions/{name}/invoke"]
+            assert [sp["parent_id"] for sp in gws] == [caller_span]  # the gateway's own
+            ctl = _one(spans, "flashpoint.controller.invoke")
+            assert ctl["parent_id"] == gws[0]["span_id"]
+            (work,) = _worker_spans(worker_file, trace_id)
+            assert work["parent_id"] == ctl["span_id"]
     finally:
+        if gateway is not None:
+            await asyncio.wait_for(gateway.stop(), 30)
         await asyncio.wait_for(c.stop(), 60)
 
 
