@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flashpoint.config_check import check_section, check_value, refuse_unknown
 from flashpoint.credentials import apply_credentials
 from flashpoint.errors import BadRequest
 from flashpoint.policy.autoscale import make_autoscaler
@@ -391,29 +392,27 @@ class ClusterConfig:
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise BadRequest(f"config section [{where}] must be a table")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(data) - set(fields)
-    if unknown:
-        raise BadRequest(f"unknown keys in [{where}]: {sorted(unknown)}")
-    kw: dict[str, Any] = {}
-    for name, value in data.items():
-        f = fields[name]
-        sub = f.type if isinstance(f.type, type) else None
-        if sub is not None and dataclasses.is_dataclass(sub):
-            kw[name] = _build(sub, value, f"{where}.{name}" if where else name)
-        else:
-            kw[name] = value
-    return cls(**kw)
+    """``cls`` from the table ``data`` of ``[where]``, every value checked for type and range
+    (flashpoint/config_check.py) before the class's own checks of how fields relate."""
+    return cls(**check_section(cls, data, where))
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> ClusterConfig:
-    """Load a ClusterConfig from TOML (or defaults), then apply nested ``overrides``."""
+    """Load a ClusterConfig from TOML (or defaults), then apply nested ``overrides``.
+
+    Any fault (a missing or unparsable file, an unknown key, a value of the wrong type or
+    out of range) is one BadRequest line that names the file, the key and what is expected.
+    """
+    origin = str(path) if path is not None else "config overrides"
     data: dict[str, Any] = {}
     if path is not None:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except OSError as e:
+            raise BadRequest(f"cannot read config file {origin}: {e.strerror or e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise BadRequest(f"{origin}: not valid TOML: {e}") from None
     for key, value in (overrides or {}).items():
         if isinstance(value, dict):
             data.setdefault(key, {}).update(value)
@@ -425,12 +424,16 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     apply_credentials(data)  # systemd's LoadCredential= (the units) wins over both
     sections = {"controller": ControllerConfig, "host": HostConfig,
                 "registry": RegistryConfig, "gateway": GatewaySettings}
-    kw: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in sections:
-            kw[key] = _build(sections[key], value, key)
-        elif key in ("secret", "log_level"):
-            kw[key] = value
-        else:
-            raise BadRequest(f"unknown config section or key: {key!r}")
-    return ClusterConfig(**kw)
+    try:
+        refuse_unknown(data, [*sections, "secret", "log_level"], "the top level")
+        kw: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in sections:
+                kw[key] = _build(sections[key], value, key)
+            else:
+                kw[key] = check_value(key, str, value)
+        return ClusterConfig(**kw)
+    except BadRequest as e:
+        if path is None:
+            raise
+        raise type(e)(f"{origin}: {e.message}", **e.details) from None

@@ -1,4 +1,8 @@
-"""Structured logging (structlog, JSON lines) with causality ids bound per context.
+"""Structured logging (structlog) with causality ids bound per context.
+
+Lines render for a person (structlog's console renderer, coloured) when the stream they go
+to is a terminal, and as JSON lines otherwise (a pipe, a file, journald, a log shipper).
+``FLASHPOINT_LOG_FORMAT=json`` or ``console`` overrides the guess.
 
 Bind ``request_id`` / ``transfer_id`` with :func:`bind_ids`; every log line in that asyncio
 context carries them.
@@ -7,33 +11,51 @@ context carries them.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
 import structlog
 
+FORMAT_ENV = "FLASHPOINT_LOG_FORMAT"  # "json" | "console"; unset: by the stream
 _configured = False
 
 
-def configure(level: str = "INFO", json: bool = True, stream: Any = None, *,
+def wants_json(stream: Any, env: dict[str, str] | None = None) -> bool:
+    """JSON lines unless ``stream`` is a terminal (FLASHPOINT_LOG_FORMAT decides first).
+    The stream the lines go to decides, not stdout: ``flashpoint up | tee`` still shows
+    its logs (on stderr) to the person at the terminal."""
+    choice = (os.environ if env is None else env).get(FORMAT_ENV, "").strip().lower()
+    if choice in ("json", "console"):
+        return choice == "json"
+    return not _isatty(stream)
+
+
+def configure(level: str = "INFO", json: bool | None = None, stream: Any = None, *,
               if_unset: bool = False) -> None:
     """Configure structlog once per process; later calls only change the level
-    (``if_unset``: not even that — for libraries that must not override the CLI)."""
+    (``if_unset``: not even that — for libraries that must not override the CLI).
+    ``json`` None: JSON lines unless ``stream`` (default stderr) is a terminal."""
     global _configured
     if if_unset and _configured:
         return
     lvl = getattr(logging, level.upper(), logging.INFO)
-    logging.basicConfig(level=lvl, stream=stream or sys.stderr, format="%(message)s")
+    stream = stream or sys.stderr
+    logging.basicConfig(level=lvl, stream=stream, format="%(message)s")
     logging.getLogger().setLevel(lvl)
     if _configured:
         return
-    renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
+    if json is None:
+        json = wants_json(stream)
+    renderer: Any = (structlog.processors.JSONRenderer() if json
+                     else structlog.dev.ConsoleRenderer(colors=_isatty(stream)))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
+            # JSON needs the traceback as a string field; the console renderer draws its own
+            *([structlog.processors.format_exc_info] if json else []),
             renderer,
         ],
         logger_factory=structlog.stdlib.LoggerFactory(),
@@ -41,6 +63,10 @@ def configure(level: str = "INFO", json: bool = True, stream: Any = None, *,
         cache_logger_on_first_use=False,
     )
     _configured = True
+
+
+def _isatty(stream: Any) -> bool:
+    return bool(getattr(stream, "isatty", lambda: False)())
 
 
 def get_logger(name: str, **bound: Any) -> Any:

@@ -53,6 +53,8 @@ from flashpoint.gateway.streams import StreamRegistry, stream_invocation
 from flashpoint.ids import ModelKey
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
+from flashpoint.messages import controller_host as ch
+from flashpoint.messages.base import handler
 from flashpoint.partition.cache import PlanCache
 from flashpoint.partition.model import CostModel, LayerProfile
 from flashpoint.partition.stageable import why_not_staged
@@ -61,10 +63,10 @@ from flashpoint.policy.autoscale import make_autoscaler
 from flashpoint.policy.request_class import RequestClass, SloCompliance
 from flashpoint.policy.share_placement import ReplicaShare
 from flashpoint.policy.sourcing import REGISTRY
-from flashpoint.registry.manifest import Manifest
+from flashpoint.registry.manifest import IoSignature, Manifest
 from flashpoint.rpc import roles
 from flashpoint.rpc.tls import server_context
-from flashpoint.spec import FunctionSpec, TensorSpec
+from flashpoint.spec import FunctionSpec
 from flashpoint.spot.cost import TABLE3_PRICES, CostMeter
 from flashpoint.spot.provider import HostProvider, replace_host
 from flashpoint.tensors import DECODED_DTYPE, decode_tensors, encode_tensors
@@ -195,9 +197,12 @@ class Controller:
                        self.state, self.dispatcher.queued, self.dispatcher.inflight),)
         # Each peer proves its own key and may call only what its role needs (rpc/roles.py).
         self._rpc = RpcServer(
-            roles.guard({"register_host": self._register_host, "heartbeat": self._heartbeat,
-             "replica_ready": self._replica_ready, "replica_failed": self._replica_failed,
-             "stage_ready": self._stage_ready, "host_draining": self._host_draining,
+            roles.guard({"register_host": handler(ch.RegisterHost, self._register_host),
+             "heartbeat": handler(ch.Heartbeat, self._heartbeat),
+             "replica_ready": self._replica_ready,
+             "replica_failed": handler(ch.ReplicaFailed, self._replica_failed),
+             "stage_ready": handler(ch.StageReady, self._stage_ready),
+             "host_draining": handler(ch.HostDraining, self._host_draining),
              "gen_chunk": self.streams.on_chunk,
              **GatewayService(self, self.kaas).handlers()}),
             secret=roles.controller_keyring(self.config.secret.encode()),
@@ -399,12 +404,14 @@ class Controller:
                 out.append(handle.data_endpoint)
         return out
 
-    def _resolve_source(self, src: cs.SourceAssignment | None) -> dict[str, Any] | None:
+    def _resolve_source(self, src: cs.SourceAssignment | None) -> ch.SourcePlan | None:
+        """The state's source assignment as the host's typed plan, hosts as endpoints."""
         if src is None:
             return None
-        return {"kind": src.kind, "transfer_id": src.transfer_id, "sender": src.sender,
-                "chain": self._endpoints(src.chain), "upstream": self._endpoints(src.upstream),
-                "fallback": self._endpoints(src.fallback)}
+        return ch.source_plan(src.kind, transfer_id=src.transfer_id, sender=src.sender,
+                              chain=tuple(self._endpoints(src.chain)),
+                              upstream=tuple(self._endpoints(src.upstream)),
+                              fallback=tuple(self._endpoints(src.fallback)))
 
     async def _start_chain(self, cmd: cs.StartChain) -> None:
         # A sender that cannot start leaves its receivers to their fallback sources (they wait
@@ -515,51 +522,46 @@ class Controller:
             log.warning("stop_failed", replica_id=replica_id, error=exc.code)
 
     # RPC handlers ------------------------------------------------------------------------
-    async def _register_host(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
-        host_id = str(p["host_id"])
+    async def _register_host(self, conn: Any, msg: ch.RegisterHost) -> ch.Ack:
+        host_id = msg.host_id
         roles.check_host(conn, host_id)
-        self.hosts[host_id] = HostHandle(conn, p.get("data_endpoint"))
-        devices = tuple(cs.DeviceRecord(str(d["device_id"]), str(d["kind"]), int(d["memory_bytes"]),
-                                        int(d.get("gpu_index", -1)), str(d.get("mig_profile", "")))
-                        for d in p.get("devices", []))
+        self.hosts[host_id] = HostHandle(conn, msg.data_endpoint)
+        devices = tuple(cs.DeviceRecord(d.device_id, d.kind, d.memory_bytes, d.gpu_index,
+                                        d.mig_profile) for d in msg.devices)
         gpus = tuple(cs.GpuRecord(int(g["gpu_index"]), str(g.get("model") or ""), bool(g.get("mig")))
-                     for g in p.get("gpus") or () if isinstance(g, dict) and "gpu_index" in g)
-        replicas = tuple((str(r[0]), str(r[1]), str(r[2]), bool(r[3])) for r in p.get("replicas", [])
+                     for g in msg.gpus if "gpu_index" in g)
+        replicas = tuple(r for r in msg.replicas
                          # a host reports only its own replicas, never another host's
-                         if (k := self.state.replicas.get(str(r[0]))) is None or k.host_id == host_id)
+                         if (k := self.state.replicas.get(r[0])) is None or k.host_id == host_id)
         for r in replicas:  # a worker of another host claimed one of these before we knew it
             if (w := self.workers.get(r[0])) is not None and getattr(w, "host_id", host_id) != host_id:
                 self.workers.pop(r[0], None)
-        self._apply(cs.HostRegistered(host_id, devices, int(p.get("ram_bytes", 0)),
-                                      frozenset(p.get("cached_models", [])), replicas, time.monotonic(),
-                                      str(p.get("leaf") or ""),
-                                      str(p.get("gpu_sharing") or "none"),
-                                      _shares(p.get("shares")), gpus, _models(p.get("models"))))
-        kind = str(p.get("kind") or "ondemand")
-        self.cost.start(host_id, kind if kind in ("spot", "ondemand") else "ondemand",
-                        time.monotonic())
+        self._apply(cs.HostRegistered(host_id, devices, msg.ram_bytes,
+                                      frozenset(msg.cached_models), replicas, time.monotonic(),
+                                      msg.leaf, msg.gpu_sharing or "none",
+                                      _shares(msg.shares), gpus, dict(msg.models)))
+        kind = msg.kind if msg.kind in ("spot", "ondemand") else "ondemand"
+        self.cost.start(host_id, kind, time.monotonic())
         log.info("host_registered", host_id=host_id, devices=len(devices), replicas=len(replicas))
-        return {"ok": True}
+        return ch.Ack()
 
-    async def _heartbeat(self, conn: Any, p: dict[str, Any]) -> None:
-        host_id = str(p.get("host_id"))
+    async def _heartbeat(self, conn: Any, msg: ch.Heartbeat) -> None:
+        host_id = msg.host_id
         roles.check_host(conn, host_id)
         if host_id not in self.state.hosts:
             return
         handle = self.hosts.get(host_id)
         if handle is None:
-            handle = self.hosts[host_id] = HostHandle(conn, p.get("data_endpoint"))
+            handle = self.hosts[host_id] = HostHandle(conn, msg.data_endpoint)
         else:
             handle.conn = conn
-        transfers = p.get("transfers")
-        handle.transfers = dict(transfers) if isinstance(transfers, dict) else {}
-        reps = p.get("replicas")
-        draining = p.get("draining_s")
-        if isinstance(draining, int | float) and not self.state.hosts[host_id].draining:
+        handle.transfers = dict(msg.transfers)
+        if msg.draining_s is not None and not self.state.hosts[host_id].draining:
             # The host's own report was lost (or we restarted): its heartbeat says it too.
-            await self._host_draining(conn, {"host_id": host_id, "remaining_s": draining})
-        self._apply(cs.HostHeartbeat(host_id, frozenset(p.get("cached_models", [])), time.monotonic(),
-                                     frozenset(map(str, reps)) if isinstance(reps, list) else None))
+            await self._host_draining(conn, ch.HostDraining(host_id=host_id,
+                                                            remaining_s=msg.draining_s))
+        self._apply(cs.HostHeartbeat(host_id, frozenset(msg.cached_models), time.monotonic(),
+                                     frozenset(msg.replicas) if msg.replicas is not None else None))
 
     async def _replica_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
         rid = str(p["replica_id"])
@@ -591,33 +593,28 @@ class Controller:
             raise Forbidden(f"{me} may not speak for replica {rid!r}")
         return me.host_id
 
-    async def _stage_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
-        rid = str(p["replica_id"])
-        self._check_replica_host(conn, rid, str(p.get("host_id", "")))
-        self._stage_endpoints[rid] = Endpoint.from_wire(p.get("pipeline_endpoint")).to_wire()
-        self._stage_timings[rid] = {str(k): float(v) for k, v in (p.get("timings_s") or {}).items()}
-        log.info("stage_ready", replica_id=rid, source=p.get("source"),
-                 timings=p.get("timings_s"))
+    async def _stage_ready(self, conn: Any, msg: ch.StageReady) -> ch.Ack:
+        rid = msg.replica_id
+        self._check_replica_host(conn, rid, msg.host_id)
+        self._stage_endpoints[rid] = Endpoint.from_wire(list(msg.pipeline_endpoint)).to_wire()
+        self._stage_timings[rid] = dict(msg.timings_s)
+        log.info("stage_ready", replica_id=rid, source=msg.source, timings=msg.timings_s)
         self._apply(cs.StageReady(rid, time.monotonic()))
-        return {"ok": True}
+        return ch.Ack()
 
-    async def _host_draining(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
-        remaining = float(p.get("remaining_s", 0.0))
-        host_id = str(p.get("host_id", ""))
-        roles.check_host(conn, host_id)
-        log.warning("host_draining", host_id=host_id, remaining_s=round(remaining, 1),
-                    action=p.get("action"))
+    async def _host_draining(self, conn: Any, msg: ch.HostDraining) -> ch.Ack:
+        roles.check_host(conn, msg.host_id)
+        log.warning("host_draining", host_id=msg.host_id, remaining_s=round(msg.remaining_s, 1),
+                    action=msg.action or None)
         now = time.monotonic()
-        self._apply(cs.HostDraining(host_id, now + max(0.0, remaining), now))
-        return {"ok": True}
+        self._apply(cs.HostDraining(msg.host_id, now + max(0.0, msg.remaining_s), now))
+        return ch.Ack()
 
-    async def _replica_failed(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
-        self._check_replica_host(conn, str(p["replica_id"]), str(p.get("host_id", "")))
-        self._apply(cs.ReplicaFailed(str(p["replica_id"]), str(p.get("reason", "")),
-                                     bool(p.get("during_start", False)),
-                                     code=str(p.get("code") or "start_failed"),
-                                     now_s=time.monotonic()))
-        return {"ok": True}
+    async def _replica_failed(self, conn: Any, msg: ch.ReplicaFailed) -> ch.Ack:
+        self._check_replica_host(conn, msg.replica_id, msg.host_id)
+        self._apply(cs.ReplicaFailed(msg.replica_id, msg.reason, msg.during_start,
+                                     code=msg.code or "start_failed", now_s=time.monotonic()))
+        return ch.Ack()
 
     async def _watch_worker(self, rid: str, conn: Any) -> None:
         """Ping a worker on its own connection until the connection closes.
@@ -904,9 +901,8 @@ class Controller:
 
     async def _apply_function(self, spec: FunctionSpec, persist: bool) -> FunctionSpec:
         manifest = await self._manifest(spec.model, spec.model_version)
-        io = manifest.io.to_dict()
-        if not spec.inputs and io.get("inputs"):
-            spec = _replace_io(spec, io)
+        if not spec.inputs and manifest.io.inputs:
+            spec = _replace_io(spec, manifest.io)
         plans, whole_cold_s = None, 0.0
         if spec.max_stages > 1:
             plans, whole_cold_s = await self._plan_table(spec, manifest)
@@ -1030,31 +1026,20 @@ class Controller:
         return any(h.alive for h in self.state.hosts.values())
 
 
-def _replace_io(spec: FunctionSpec, io: dict[str, Any]) -> FunctionSpec:
+def _replace_io(spec: FunctionSpec, io: IoSignature) -> FunctionSpec:
+    """``spec`` with the model's own inputs and outputs (typed values, no dict round trip)."""
     import dataclasses
 
-    return dataclasses.replace(
-        spec,
-        inputs=tuple(TensorSpec.from_dict(t) for t in io.get("inputs", [])),
-        outputs=tuple(TensorSpec.from_dict(t) for t in io.get("outputs", [])),
-    )
+    return dataclasses.replace(spec, inputs=io.inputs, outputs=io.outputs)
 
 
-def _models(wire: Any) -> dict[str, str]:
-    """A host's ``models`` report (replica id -> model version key); anything but a map of
-    strings is dropped (its replicas are then taken to run the registered version)."""
-    if not isinstance(wire, dict):
-        return {}
-    return {rid: key for rid, key in wire.items() if isinstance(rid, str) and isinstance(key, str)}
-
-
-def _shares(wire: Any) -> dict[str, ReplicaShare]:
+def _shares(wire: dict[str, Any]) -> dict[str, ReplicaShare]:
     """A host's ``shares`` report (replica id -> share); a malformed entry is dropped (its
     replica is then treated as unshared, which only makes placement more careful)."""
     out: dict[str, ReplicaShare] = {}
-    for rid, share in (wire or {}).items() if isinstance(wire, dict) else ():
+    for rid, share in wire.items():
         with contextlib.suppress(BadRequest):
-            out[str(rid)] = ReplicaShare.from_wire(share)
+            out[rid] = ReplicaShare.from_wire(share)
     return out
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from flashpoint.controller.state import core as cs
 from flashpoint.errors import DeadlineExceeded, FlashpointError
+from flashpoint.messages import controller_host as ch
+from flashpoint.messages.base import Message, from_payload, to_payload
 from flashpoint.registry.manifest import Manifest
 
 
@@ -36,59 +38,70 @@ class Pending:
 
 @dataclass
 class HostHandle:
-    """The only code that calls a host manager."""
+    """The only code that calls a host manager: one typed message per call
+    (``messages/controller_host.py``)."""
 
     conn: Any
     data_endpoint: Any = None  # the host's data-plane address, as it reported it (opaque here)
     transfers: dict[str, Any] = field(default_factory=dict)  # model -> [verified, total] bytes
 
-    async def deploy(self, cmd: cs.DeployReplica, source: dict[str, Any] | None,
+    async def _call(self, method: str, msg: Message, timeout_s: float = 10.0) -> Any:
+        return await self.conn.call(method, to_payload(msg), timeout_s=timeout_s)
+
+    async def deploy(self, cmd: cs.DeployReplica, source: ch.SourcePlan | None,
                      manifest: Manifest) -> None:
         # The manifest travels with the deploy, so a host can fill from peers even while the
         # registry is unreachable; its digest is pinned: the host loads nothing else.
-        payload = {"replica_id": cmd.replica_id, "device_id": cmd.device_id,
-                   "spec": cmd.spec.to_dict(), "manifest_json": manifest.to_json(),
-                   "manifest_digest": manifest.digest}
-        if source is not None:
-            payload["source"] = source
-        if cmd.stage is not None:
+        await self._call("deploy_replica", ch.DeployReplica(
+            replica_id=cmd.replica_id, device_id=cmd.device_id, spec=cmd.spec,
+            manifest_json=manifest.to_json(), manifest_digest=manifest.digest, source=source,
+            stage=tuple(cmd.stage) if cmd.stage is not None else None,
             # The next hop is set when the group links (LinkGroup), once every stage serves.
-            payload["stage"] = list(cmd.stage)
-            payload["pipeline"] = {"next_hop": None}
-        if cmd.share is not None:
-            payload["share"] = cmd.share.to_wire()  # the host enforces it (MPS / tokens)
-        await self.conn.call("deploy_replica", payload, timeout_s=10.0)
+            pipeline=ch.PipelineOptions() if cmd.stage is not None else None,
+            # the host enforces it (MPS / tokens)
+            share=cmd.share.to_wire() if cmd.share is not None else None))
 
     async def start_chain(self, cmd: cs.StartChain, chain: list[Any], fallback: list[Any],
                           digest: str) -> None:
-        await self.conn.call("start_chain", {
-            "transfer_id": cmd.transfer_id, "model": cmd.model, "version": cmd.version,
-            "chain": chain, "fallback": fallback, "manifest_digest": digest,
-        }, timeout_s=10.0)
+        await self._call("start_chain", ch.StartChain(
+            transfer_id=cmd.transfer_id, model=cmd.model, version=cmd.version,
+            chain=tuple(chain), fallback=tuple(fallback), manifest_digest=digest))
 
     async def expect_transfer(self, transfer_id: str, digest: str) -> None:
         """Announce a chain to a receiver: its data plane refuses any it was not told of."""
-        await self.conn.call("expect_transfer", {"transfer_id": transfer_id,
-                                                 "manifest_digest": digest}, timeout_s=10.0)
+        await self._call("expect_transfer", ch.ExpectTransfer(transfer_id=transfer_id,
+                                                              manifest_digest=digest))
 
     async def deploy_kaas(self, cmd: cs.DeployKaas) -> None:
-        await self.conn.call("deploy_replica", {
-            "replica_id": cmd.replica_id, "device_id": cmd.device_id, "kind": "kaas",
-            "device_bytes": cmd.device_bytes, "cache_bytes": cmd.cache_bytes,
-        }, timeout_s=10.0)
+        await self._call("deploy_replica", ch.DeployKaas(
+            replica_id=cmd.replica_id, device_id=cmd.device_id,
+            device_bytes=cmd.device_bytes, cache_bytes=cmd.cache_bytes))
 
     async def stop(self, replica_id: str) -> None:
-        await self.conn.call("stop_replica", {"replica_id": replica_id}, timeout_s=10.0)
+        await self._call("stop_replica", ch.StopReplica(replica_id=replica_id))
 
     async def link_stage(self, replica_id: str, next_hop: Any) -> None:
-        await self.conn.call("link_stage", {"replica_id": replica_id, "next_hop": next_hop},
-                             timeout_s=10.0)
+        await self._call("link_stage", ch.LinkStage(replica_id=replica_id,
+                                                    next_hop=tuple(next_hop)))
 
     async def dissolve_stage(self, replica_id: str) -> None:
-        await self.conn.call("dissolve_stage", {"replica_id": replica_id}, timeout_s=10.0)
+        await self._call("dissolve_stage", ch.DissolveStage(replica_id=replica_id))
 
     async def begin_completion(self, replica_id: str) -> None:
-        await self.conn.call("begin_completion", {"replica_id": replica_id}, timeout_s=10.0)
+        await self._call("begin_completion", ch.BeginCompletion(replica_id=replica_id))
+
+    async def apply_mig(self, gpu_index: int, geometry: tuple[str, ...], timeout_s: float) -> None:
+        await self._call("apply_mig", ch.ApplyMig(gpu_index=gpu_index, geometry=tuple(geometry)),
+                         timeout_s=timeout_s)
+
+    async def set_replica_share(self, replica_id: str, share: Any) -> ch.ShareSet:
+        reply = await self._call("set_replica_share",
+                                 ch.SetReplicaShare(replica_id=replica_id, share=share))
+        return from_payload(ch.ShareSet, reply, method="set_replica_share")
+
+    async def status(self) -> ch.HostStatus:
+        reply = await self._call("host_status", ch.HostStatusRequest())
+        return from_payload(ch.HostStatus, reply, method="host_status")
 
 
 @dataclass

@@ -180,8 +180,7 @@ class MigDriver:
         try:
             if host is None:
                 raise FlashpointError(f"host {cmd.host_id} has no connection")
-            await host.conn.call("apply_mig", {"gpu_index": cmd.gpu_index,
-                                               "geometry": list(cmd.geometry)},
+            await host.apply_mig(cmd.gpu_index, tuple(cmd.geometry),
                                  timeout_s=self.cc.mig_apply_timeout_s)
         except Exception as exc:  # any failure returns the GPU to service (mig_reconfig.py)
             err = exc if isinstance(exc, FlashpointError) else FlashpointError(repr(exc))

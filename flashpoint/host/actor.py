@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import sys
@@ -32,38 +31,29 @@ from pathlib import Path
 from typing import Any
 
 from flashpoint import heap
+from flashpoint.config import ClusterConfig, HostConfig, check_secret
+from flashpoint.errors import BadRequest, FlashpointError, NotFound
+from flashpoint.exposition import MetricsEndpoint
+from flashpoint.gpu.inventory import Device
+from flashpoint.host import reports
+from flashpoint.host import state as hs
+from flashpoint.host.controller_link import ControllerLink
 from flashpoint.host.gpu import HostGpu
 from flashpoint.host.metrics import host_collectors
 from flashpoint.host.stage_hold import StageHolds
-from flashpoint.config import ClusterConfig, HostConfig, check_secret
-from flashpoint.errors import (
-    BadRequest,
-    FlashpointError,
-    IntegrityError,
-    ModelNotFound,
-    NoCapacity,
-    NotFound,
-)
-from flashpoint.exposition import MetricsEndpoint
-from flashpoint.gpu.host_sharing import GpuShare
-from flashpoint.gpu.inventory import Device
-from flashpoint.ids import ModelKey, new_id
+from flashpoint.ids import new_id
 from flashpoint.log import bind_ids, get_logger
+from flashpoint.messages import controller_host as ch
+from flashpoint.messages.base import Message, handler, to_payload
 from flashpoint.registry.manifest import Manifest
 from flashpoint.rpc import roles
 from flashpoint.spec import FunctionSpec
 from flashpoint.transfer.admission import TransferAdmission
-from flashpoint.transfer.cache import CacheEntry, HostCache, default_cache_dir
+from flashpoint.transfer.cache import HostCache, default_cache_dir
+from flashpoint.transfer.obtain import ModelObtainer, ObtainOptions, pinned_digest
 from flashpoint.transfer.plan import Endpoint
 
 log = get_logger("flashpoint.host")
-
-# Test-only fault injection (tests/netns/test_cluster_netns.py): when set, a FaultPlan as JSON
-# (the keys of flashpoint.transfer.plan.FaultPlan.from_dict, e.g. '{"corrupt_forward": [3]}')
-# that this host's data-plane server applies to what it relays, stores and serves as a chain
-# receiver/peer. Never set in production; a host started with it logs a warning.
-DATAPLANE_FAULT_ENV = "FLASHPOINT_DATAPLANE_FAULT"
-
 
 @dataclass
 class WorkerProcess:
@@ -83,23 +73,18 @@ class WorkerProcess:
 
 @dataclass
 class ReplicaTask:
+    """The I/O side of one replica (its record is ``HostState.replicas[replica_id]``)."""
+
     replica_id: str
-    function: str
     device_id: str
+    stage: Any = None  # (first, last) layer of a partition stage, or None for a whole model
     task: asyncio.Task | None = None
     worker: WorkerProcess | None = None
     started_s: float = field(default_factory=time.monotonic)
-    stage: Any = None  # [first, last] layer of a partition stage, or None for a whole model
-    pipeline: Any = None  # a stage's pipeline options (listen_host, port, next_hop), or None
+    pipeline: dict[str, Any] | None = None  # a stage's pipeline options for its worker
     pipeline_endpoint: Endpoint | None = None  # where its StageServer listens, once started
-    whole: bool = False  # a stage that has completed into a whole replica
-    device_bytes: int = 0  # reserved on its device from the moment the cold start began
-    share: GpuShare | None = None  # its GPU share (MPS / tokens), as the deploy asked
-    env: dict[str, str] = field(default_factory=dict)  # its worker's GPU env (host_gpu.py)
+    env: dict[str, str] = field(default_factory=dict)  # its worker's GPU env (host/gpu.py)
     weight_slot: dict[str, Any] | None = None  # where its weights are shared (CUDA IPC)
-    weights_role: str = ""  # "exporter" / "reader" once loaded with a weight slot
-    process_bytes: int = 0  # host RAM reserved for its worker process
-    model_key: str = ""  # the model version it runs ("name@version"), for a restarted controller
 
 
 class HostManager:
@@ -125,16 +110,16 @@ class HostManager:
         self.admission = TransferAdmission(ttl_s=2 * self.config.controller.deploy_timeout_s)
         self.data_endpoint: Endpoint | None = None
         self._registry_source: Any = None
-        self._device_used: dict[str, int] = {}
+        self.bytes: ModelObtainer | None = None  # model-bytes orchestration, once started
         self.devices: list[Device] = []
-        self.gpu = HostGpu(self.hc, self.host_id)  # inventory, MPS/tokens, MIG (host_gpu.py)
+        self.gpu = HostGpu(self.hc, self.host_id)  # inventory, MPS/tokens, MIG (host/gpu.py)
+        self.state = hs.HostState(self.host_id, self.hc.warm_pool_size)
         self.workers: dict[str, WorkerProcess] = {}
-        self.idle: list[WorkerProcess] = []
         self.replicas: dict[str, ReplicaTask] = {}
         self._server: Any = None
         self.metrics: MetricsEndpoint | None = None  # [host] metrics_listen
         self._local_url = ""
-        self._controller: Any = None
+        self._controller: ControllerLink | None = None
         self._tasks: set[asyncio.Task] = set()
         self._refill_lock = asyncio.Lock()
         # A stage's completion fill and pool refill wait for its group's first answer.
@@ -146,7 +131,7 @@ class HostManager:
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        from flashpoint.rpc import ReconnectingClient, RpcServer
+        from flashpoint.rpc import RpcServer
 
         bind_ids(host_id=self.host_id)
         check_secret(self.config.secret, self.hc.data_listen_host, f"host {self.host_id}'s data plane")
@@ -155,44 +140,44 @@ class HostManager:
 
             # This process's RPC clients and the workers it spawns trust the cluster's CA.
             os.environ[TLS_CA_ENV] = self.hc.tls_ca_path
-        from flashpoint.transfer.dataplane import DataPlaneServer
         from flashpoint.transfer.sources import RegistrySource
 
         # Before the warm pool: a tokens host starts its workers with the hook preloaded.
-        self.devices = await self.gpu.start()
+        self._set_devices(await self.gpu.start())
         self.cache.start()
         self._registry_source = RegistrySource(self.store, span_bytes=self.hc.registry_span_bytes)
-        fault = None
-        if fault_json := os.environ.get(DATAPLANE_FAULT_ENV):
-            from flashpoint.transfer.plan import FaultPlan
-
-            fault = FaultPlan.from_dict(json.loads(fault_json))
-            log.warning("dataplane_fault_injected", fault=fault_json)
-        self.dataplane = DataPlaneServer(
-            self.cache, self.secret, host_id=self.host_id, listen_host=self.hc.data_listen_host,
-            port=self.hc.data_port, registry_source=self._registry_source, fault=fault,
-            admission=self.admission)
-        bound = await self.dataplane.start()
-        self.data_endpoint = Endpoint(self.host_id, self.hc.data_advertise_host or bound.addr, bound.port)
+        self.bytes = ModelObtainer(
+            self.cache, self.store, self._registry_source, secret=self.secret,
+            host_id=self.host_id, admission=self.admission, holds=self.stage_holds,
+            spawn=self._spawn_task, options=ObtainOptions(
+                deploy_timeout_s=self.config.controller.deploy_timeout_s,
+                chain_wait_s=self.hc.chain_wait_s,
+                chain_stall_timeout_s=self.hc.chain_stall_timeout_s,
+                orphan_grace_s=self.hc.orphan_grace_s))
+        self.dataplane, self.data_endpoint = await self.bytes.start_data_plane(
+            self.hc.data_listen_host, self.hc.data_port, self.hc.data_advertise_host)
         self._server = RpcServer({"worker_hello": self._worker_hello,
                                   "replica_served": self._replica_served},
                                  secret=roles.host_keyring(self.host_id, self.credential.key))
         host, port = await self._server.start(self.hc.listen_host, 0)
         self._local_url = f"ws://{host}:{port}/rpc"
         self._spawn_task(self._refill(), "refill")
-        self._controller = ReconnectingClient(
+        self._controller = ControllerLink(
             self.hc.controller_url,
-            {"deploy_replica": self._deploy, "stop_replica": self._stop_replica,
-             "start_chain": self._start_chain, "expect_transfer": self._expect_transfer,
-             "host_status": self._status,
-             "dissolve_stage": self._dissolve_stage, "link_stage": self._link_stage,
-             "begin_completion": self._begin_completion,
-             "set_replica_share": self._set_replica_share, "apply_mig": self._apply_mig},
-            secret=self.credential.key, name=self.credential.principal,
-            on_connected=self._register,
-        )
+            {"deploy_replica": self._deploy,
+             "stop_replica": handler(ch.StopReplica, self._stop_replica),
+             "start_chain": handler(ch.StartChain, self._start_chain),
+             "expect_transfer": handler(ch.ExpectTransfer, self._expect_transfer),
+             "host_status": handler(ch.HostStatusRequest, self._status, "host_status"),
+             "dissolve_stage": handler(ch.DissolveStage, self._dissolve_stage),
+             "link_stage": handler(ch.LinkStage, self._link_stage),
+             "begin_completion": handler(ch.BeginCompletion, self._begin_completion),
+             "set_replica_share": handler(ch.SetReplicaShare, self._set_replica_share),
+             "apply_mig": handler(ch.ApplyMig, self._apply_mig)},
+            credential=self.credential, registration=self._registration,
+            heartbeat=self._heartbeat, heartbeat_interval_s=self.hc.heartbeat_interval_s)
         await self._controller.start()
-        self._spawn_task(self._heartbeat_loop(), "heartbeat")
+        self._spawn_task(self._controller.heartbeat_loop(), "heartbeat")
         from flashpoint.spot.notice import watch, watchers_from
 
         watchers = watchers_from(self.hc.spot_notice, self.hc.imds_endpoint)
@@ -211,12 +196,17 @@ class HostManager:
                  metrics=self.metrics.url if self.metrics else None)
         heap.settle()  # start-up objects out of the collector's scans (flashpoint/heap.py)
 
+    @property
+    def idle(self) -> list[WorkerProcess]:
+        """The warm pool's workers, in the order the next cold starts take them."""
+        return [self.workers[w] for w in self.state.idle if w in self.workers]
+
     async def wait_pool_ready(self, timeout_s: float) -> bool:
         """Wait until the warm pool is full (a cold start then pays only for model bytes)."""
         deadline = time.monotonic() + timeout_s
-        while len(self.idle) < self.hc.warm_pool_size and time.monotonic() < deadline:
+        while not self.state.pool_full() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        return len(self.idle) >= self.hc.warm_pool_size
+        return self.state.pool_full()
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Stop workers, servers and the cache (idempotent: later calls wait for the first)."""
@@ -226,6 +216,7 @@ class HostManager:
 
     async def _stop(self, timeout_s: float) -> None:
         self._stopping = True
+        self.state.handle(hs.Stopping())
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -248,43 +239,26 @@ class HostManager:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    # state -------------------------------------------------------------------------------
+    def _set_devices(self, devices: list[Device]) -> None:
+        self.devices = devices
+        self.state.handle(hs.DevicesReported(tuple((d.device_id, d.memory_bytes) for d in devices)))
+
+    def _release(self, replica_id: str) -> None:
+        """Give back a replica's reservations (idempotent: the state releases once)."""
+        for cmd in self.state.handle(hs.ReplicaGone(replica_id)):
+            assert isinstance(cmd, hs.ReleaseReplica)
+            self.gpu.detach(cmd.replica_id)
+            if cmd.process_bytes:
+                self.cache.release_process(cmd.process_bytes)
+            if cmd.orphaned_readers:
+                log.warning("weights_exporter_stopped_before_readers",
+                            replica_id=cmd.replica_id, readers=list(cmd.orphaned_readers))
+
     # controller side ----------------------------------------------------------------------
-    def _replica_reports(self) -> list[list[Any]]:
-        out = []
-        for r in self.replicas.values():
-            # A stage is a whole replica only once it has completed (a controller that adopts
-            # it after a restart must not dispatch whole requests to a stage).
-            warm = bool(r.worker and r.worker.warm) and (r.stage is None or r.whole)
-            out.append([r.replica_id, r.function, r.device_id, warm])
-        return out
-
-    def _stage_reports(self) -> list[dict[str, Any]]:
-        """Partition stages on this host (beside the ``replicas`` 4-tuples): the layers,
-        the pipeline endpoint (wire form, or None) and whether it has completed."""
-        return [{"replica_id": r.replica_id, "stage": r.stage, "whole": r.whole,
-                 "warm": bool(r.worker and r.worker.warm),
-                 "pipeline_endpoint": r.pipeline_endpoint.to_wire() if r.pipeline_endpoint else None}
-                for r in self.replicas.values() if r.stage is not None]
-
-    async def _register(self, conn: Any) -> None:
-        await conn.call("register_host", self._registration(), timeout_s=10.0)
-
-    def _registration(self) -> dict[str, Any]:
-        return {
-            "host_id": self.host_id, "gpu_sharing": self.gpu.mode.value,
-            "devices": [d.to_dict() for d in self.devices],
-            "gpus": self.gpu.gpus,  # physical GPUs: MIG table and mode (MIG reconfiguration)
-            "ram_bytes": self.hc.cache_bytes, "leaf": self.hc.leaf, "kind": self.hc.kind,
-            "cached_models": self.cache.keys(),
-            "replicas": self._replica_reports(),
-            # so a restarted controller adopts shared replicas with their shares
-            "shares": {r.replica_id: r.share.to_wire() for r in self.replicas.values()
-                       if r.share is not None},
-            # and with the model version each runs (a roll-out may be under way)
-            "models": {r.replica_id: r.model_key for r in self.replicas.values() if r.model_key},
-            "stages": self._stage_reports(),
-            "data_endpoint": self.data_endpoint.to_wire() if self.data_endpoint else None,
-        }
+    def _registration(self) -> ch.RegisterHost:
+        return reports.registration(self.state, self.hc, gpu=self.gpu, devices=self.devices,
+                                    cache=self.cache, data_endpoint=self.data_endpoint)
 
     async def on_eviction_notice(self, notice: Any) -> None:
         """This host is going away at ``notice.deadline_s``: tell the controller (it stops
@@ -295,9 +269,8 @@ class HostManager:
         self.notice = notice
         log.warning("host_draining", action=notice.action, source=notice.source,
                     remaining_s=round(notice.remaining_s(), 1))
-        await self._report("host_draining", {"host_id": self.host_id,
-                                             "remaining_s": notice.remaining_s(),
-                                             "action": notice.action})
+        await self._report("host_draining", ch.HostDraining(
+            host_id=self.host_id, remaining_s=notice.remaining_s(), action=notice.action))
         asyncio.get_running_loop().call_later(notice.remaining_s(), self._leave)
 
     def _leave(self) -> None:
@@ -308,115 +281,86 @@ class HostManager:
         task = asyncio.get_running_loop().create_task(self.stop())
         task.add_done_callback(lambda _t: self.evicted.set())
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.hc.heartbeat_interval_s)
-            try:
-                await self._controller.notify("heartbeat", {
-                    "host_id": self.host_id, "cached_models": self.cache.keys(),
-                    "transfers": self.cache.progress(), "replicas": list(self.replicas),
-                    **({"draining_s": self.notice.remaining_s()} if self.notice else {}),
-                })
-            except FlashpointError as exc:
-                log.debug("heartbeat_failed", error=exc.code)
+    async def _report(self, method: str, msg: Message) -> None:
+        assert self._controller is not None, "reports start once the host has started"
+        await self._controller.report(method, msg)
 
-    async def _report(self, method: str, payload: dict[str, Any]) -> None:
-        try:
-            await self._controller.call(method, payload, timeout_s=10.0)
-        except FlashpointError as exc:
-            # The controller re-learns the truth from our next registration.
-            log.warning("report_failed", method=method, error=exc.code)
+    def _heartbeat(self) -> ch.Heartbeat:
+        return ch.Heartbeat(
+            host_id=self.host_id, cached_models=tuple(self.cache.keys()),
+            transfers=self.cache.progress(), replicas=tuple(self.replicas),
+            draining_s=self.notice.remaining_s() if self.notice else None)
 
-    async def _deploy(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
-        replica_id = str(payload.get("replica_id", ""))
-        if not replica_id:
-            raise BadRequest("deploy needs a replica_id")
-        if replica_id in self.replicas:
-            return {"accepted": True, "duplicate": True}
-        if payload.get("kind") == "kaas":
-            return self._deploy_kaas(replica_id, payload)
-        spec = FunctionSpec.from_dict(payload.get("spec"))
-        device_id = str(payload.get("device_id", ""))
+    def _device(self, device_id: str) -> Device:
         device = next((d for d in self.devices if d.device_id == device_id), None)
         if device is None:
             raise BadRequest(f"unknown device {device_id!r} on host {self.host_id}")
-        source = payload.get("source")
-        if source is not None and not isinstance(source, dict):
-            raise BadRequest("deploy source must be a map")
-        manifest_json = payload.get("manifest_json")
-        manifest = Manifest.from_json(manifest_json) if isinstance(manifest_json, str) else None
-        pinned = _pinned_digest(payload, manifest)
-        if source is not None and source.get("kind") == "chain" and pinned:
-            self.admission.announce(str(source.get("transfer_id", "")), pinned)
+        return device
+
+    async def _deploy(self, conn: Any, payload: Any) -> dict[str, Any]:
+        """``deploy_replica``: idempotent by replica id, acknowledged at once; the cold start
+        runs in the background (it ends with ``replica_ready`` or ``replica_failed``)."""
+        msg = ch.decode_deploy(payload)
+        if msg.replica_id in self.replicas:
+            return to_payload(ch.Accepted(duplicate=True))
+        if isinstance(msg, ch.DeployKaas):
+            return to_payload(self._deploy_kaas(msg))
+        spec: FunctionSpec = msg.spec
+        device = self._device(msg.device_id)
+        manifest = Manifest.from_json(msg.manifest_json) if msg.manifest_json is not None else None
+        pinned = pinned_digest(msg.manifest_digest, manifest)
+        if isinstance(msg.source, ch.ChainSource) and pinned:
+            assert self.bytes is not None
+            self.bytes.expect(msg.source.transfer_id, pinned)
         self.gpu.check_deployable(device)
-        rt = ReplicaTask(replica_id, spec.name, device_id, model_key=spec.model_key)
-        if payload.get("share") is not None:
-            rt.share = GpuShare.from_wire(payload["share"])
-        stage = payload.get("stage")
-        if stage is not None:
-            if not (isinstance(stage, list) and len(stage) == 2
-                    and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in stage)):
-                raise BadRequest("stage must be [first_layer, last_layer]")
-            rt.stage = stage
-        pipeline = payload.get("pipeline")
-        if pipeline is not None:
-            if stage is None or not isinstance(pipeline, dict):
-                raise BadRequest("pipeline options need a stage and must be a map")
-            nxt = pipeline.get("next_hop")
-            if nxt is not None:
-                Endpoint.from_wire(nxt)  # BadRequest now, not in the worker
-            port = pipeline.get("port", 0)
-            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
-                raise BadRequest("pipeline port must be an integer in [0, 65536)")
+        rt = ReplicaTask(msg.replica_id, device.device_id, stage=msg.stage)
+        if msg.pipeline is not None:
             # Stages on other hosts dial it: it listens where the data plane does.
-            rt.pipeline = {"listen_host": str(pipeline.get("listen_host") or self.hc.data_listen_host),
-                           "port": port, "next_hop": nxt}
-        # A cold start reserves its device memory and its worker's host RAM when it begins,
-        # so concurrent starts can never overcommit either.
+            nxt = msg.pipeline.next_hop
+            rt.pipeline = {"listen_host": msg.pipeline.listen_host or self.hc.data_listen_host,
+                           "port": msg.pipeline.port, "next_hop": list(nxt) if nxt else None}
         need = (manifest.blob_size if manifest else 0) + self.config.controller.replica_overhead_bytes
-        self._reserve(rt, device, need)
+        self._admit(rt, device, hs.ReplicaRequested(
+            msg.replica_id, spec.name, device.device_id, need, self.hc.worker_memory_bytes,
+            model_key=spec.model_key, stage=msg.stage, pipeline=msg.pipeline is not None,
+            share=msg.share))
+        rt.task = self._spawn_task(self._cold_start(rt, spec, msg.source, manifest, pinned),
+                                   f"coldstart:{msg.replica_id}")
+        return to_payload(ch.Accepted())
+
+    def _admit(self, rt: ReplicaTask, device: Device, ev: hs.ReplicaRequested) -> None:
+        """Reserve the device (HostState: NoCapacity) and the worker's host RAM (the cache:
+        NoCapacity) for ``rt`` from the moment its cold start begins, so concurrent starts
+        can never overcommit either; then attach it to its GPU."""
+        for cmd in self.state.handle(ev):
+            assert isinstance(cmd, hs.ReserveHostMemory)
+            try:
+                self.cache.reserve_process(cmd.process_bytes)
+            except BaseException:
+                # Its device bytes go back; nothing else was taken yet (no RAM, no GPU
+                # attachment), so the release the state returns has nothing to execute.
+                self.state.handle(hs.HostMemoryRefused(ev.replica_id))
+                raise
         try:
-            rt.env = self.gpu.attach(replica_id, device, rt.share)
+            rt.env = self.gpu.attach(ev.replica_id, device, ev.share)
         except BaseException:
-            self._release(rt)
+            self._release(ev.replica_id)
             raise
-        self.replicas[replica_id] = rt
-        rt.task = self._spawn_task(self._cold_start(rt, spec, source, manifest, pinned),
-                                   f"coldstart:{replica_id}")
-        return {"accepted": True}
+        self.replicas[ev.replica_id] = rt
 
-    def _reserve(self, rt: ReplicaTask, device: Device, need: int) -> None:
-        """Reserve ``need`` bytes of ``device`` and a worker's host RAM for ``rt``, or raise
-        NoCapacity; from the moment its cold start begins, so concurrent starts can never
-        overcommit either."""
-        used = self._device_used.get(device.device_id, 0)
-        if used + need > device.memory_bytes:
-            raise NoCapacity(f"device {device.device_id} on {self.host_id}: {need} bytes "
-                             f"needed, {device.memory_bytes - used} free", retry_after_s=5.0)
-        self.cache.reserve_process(self.hc.worker_memory_bytes)
-        rt.process_bytes, rt.device_bytes = self.hc.worker_memory_bytes, need
-        self._device_used[device.device_id] = used + need
-
-    def _deploy_kaas(self, replica_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def _deploy_kaas(self, msg: ch.DeployKaas) -> ch.Accepted:
         """A KaaS executor replica: no model to fetch, a worker whose executor's device cache
         is ``cache_bytes``; reserves ``device_bytes`` of its device like a model replica."""
         from flashpoint.kaas import KAAS_FUNCTION
 
-        device_id = str(payload.get("device_id", ""))
-        device = next((d for d in self.devices if d.device_id == device_id), None)
-        if device is None:
-            raise BadRequest(f"unknown device {device_id!r} on host {self.host_id}")
-        need, cache_bytes = payload.get("device_bytes"), payload.get("cache_bytes")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                   for v in (need, cache_bytes)):
-            raise BadRequest("a KaaS deploy needs positive integer device_bytes and cache_bytes")
+        device = self._device(msg.device_id)
         self.gpu.check_deployable(device)
-        rt = ReplicaTask(replica_id, KAAS_FUNCTION, device_id)
-        self._reserve(rt, device, need)
-        rt.env = self.gpu.attach(replica_id, device, None)
-        self.replicas[replica_id] = rt
-        rt.task = self._spawn_task(self._start_kaas(rt, cache_bytes), f"kaas:{replica_id}")
-        return {"accepted": True}
+        rt = ReplicaTask(msg.replica_id, device.device_id)
+        self._admit(rt, device, hs.ReplicaRequested(
+            msg.replica_id, KAAS_FUNCTION, device.device_id, msg.device_bytes,
+            self.hc.worker_memory_bytes))
+        rt.task = self._spawn_task(self._start_kaas(rt, msg.cache_bytes), f"kaas:{msg.replica_id}")
+        return ch.Accepted()
 
     async def _start_kaas(self, rt: ReplicaTask, cache_bytes: int) -> None:
         from flashpoint.kaas import KAAS_FUNCTION
@@ -424,229 +368,92 @@ class HostManager:
         bind_ids(replica_id=rt.replica_id)
         try:
             try:
-                worker = await self._take_worker()
-                worker.replica_id, worker.device_id = rt.replica_id, rt.device_id
-                worker.function = KAAS_FUNCTION
-                self.gpu.bind_worker(rt.replica_id, worker.proc.pid)  # before its CUDA starts
-                rt.worker = worker
+                worker = await self._assign_worker(rt, KAAS_FUNCTION, None)
                 reply = await worker.conn.call("load_kaas", {
                     "replica_id": rt.replica_id, "host_id": self.host_id,
                     "device": self._worker_device(rt), "env": rt.env,
                     "cache_bytes": cache_bytes, "controller_url": self.hc.controller_url,
                 }, timeout_s=self.config.controller.deploy_timeout_s)
-                worker.warm = True
+                self._loaded(rt, worker, "")
                 log.info("kaas_executor_started", timings=reply.get("timings_s"))
             finally:
-                self._spawn_task(self._refill(), "refill")
+                self._cold_start_ended(rt)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             await self._start_failed(rt, exc)
 
+    async def _assign_worker(self, rt: ReplicaTask, function: str,
+                             model_key: str | None) -> WorkerProcess:
+        worker = await self._take_worker()
+        worker.replica_id, worker.device_id = rt.replica_id, rt.device_id
+        worker.function, worker.model_key = function, model_key
+        self.gpu.bind_worker(rt.replica_id, worker.proc.pid)  # before its CUDA starts
+        rt.worker = worker
+        dev = self.gpu.device(rt.device_id)
+        if model_key is not None and rt.stage is None and dev is not None:
+            rt.weight_slot = self.gpu.weight_slot(dev, model_key)
+        self.state.handle(hs.WorkerAssigned(rt.replica_id, rt.weight_slot))
+        return worker
+
+    def _loaded(self, rt: ReplicaTask, worker: WorkerProcess, weights_role: str) -> None:
+        worker.warm = True
+        self.state.handle(hs.ReplicaLoaded(
+            rt.replica_id, weights_role,
+            tuple(rt.pipeline_endpoint.to_wire()) if rt.pipeline_endpoint else None))
+
+    def _cold_start_ended(self, rt: ReplicaTask) -> None:
+        for cmd in self.state.handle(hs.ColdStartEnded(rt.replica_id)):
+            assert isinstance(cmd, hs.RefillPool)
+            self._spawn_task(self._refill(
+                after=cmd.after_hold,
+                served=rt.worker if cmd.after_first_answer else None), "refill")
+
     async def _start_failed(self, rt: ReplicaTask, exc: Exception) -> None:
         reason = exc.message if isinstance(exc, FlashpointError) else f"{type(exc).__name__}: {exc}"
         log.warning("cold_start_failed", reason=reason)
         self.replicas.pop(rt.replica_id, None)
-        self._release(rt)
+        self._release(rt.replica_id)
         if rt.worker is not None:
             rt.worker.replica_id = None  # the watcher must not report it twice
             await self._stop_worker(rt.worker, 2.0)
         code = exc.code if isinstance(exc, FlashpointError) else "start_failed"
-        await self._report("replica_failed", {
-            "replica_id": rt.replica_id, "reason": reason[:500], "during_start": True,
-            "code": code})
+        await self._report("replica_failed", ch.ReplicaFailed(
+            replica_id=rt.replica_id, reason=reason[:500], during_start=True, code=code))
 
     def _worker_device(self, rt: ReplicaTask) -> str:
         device = self.gpu.device(rt.device_id)
         return self.gpu.worker_device(device) if device is not None else "cpu"
 
-    def _release(self, rt: ReplicaTask) -> None:
-        """Give back a replica's reservations (idempotent)."""
-        self.gpu.detach(rt.replica_id)
-        if rt.device_bytes:
-            self._device_used[rt.device_id] = max(0, self._device_used.get(rt.device_id, 0) - rt.device_bytes)
-            rt.device_bytes = 0
-        if rt.process_bytes:
-            self.cache.release_process(rt.process_bytes)
-            rt.process_bytes = 0
-
-    # model bytes -------------------------------------------------------------------------
-    def _chain_fallback(self, wires: Any) -> list[Any]:
-        """A chain header's fallback list: peers as endpoints, the registry as our source."""
-        return [self._registry_source if w == "registry" else Endpoint.from_wire(w)
-                for w in wires or ()] or [self._registry_source]
-
-    def _sources(self, wires: Any) -> list[Any]:
-        """Pull sources from a deploy's wire list (peer endpoints, "registry"); the registry
-        when the list names none."""
-        from flashpoint.transfer.sources import sources_from_wire
-
-        return sources_from_wire(wires or (), secret=self.secret, host_id=self.host_id,
-                                 registry=self._registry_source) or [self._registry_source]
-
-    async def _ready(self, segment: Any, need: tuple[int, int] | None, timeout_s: float) -> None:
-        """Execute-while-load: a stage needs only its own byte range, a whole replica all."""
-        if need is None:
-            await segment.wait_complete(timeout_s)
-        else:
-            await segment.wait_range(need[0], need[1], timeout_s)
-
-    async def _publish_when_complete(self, segment: Any, timeout_s: float) -> None:
-        try:
-            await segment.wait_complete(timeout_s)
-        except Exception as exc:
-            self.cache.abort(segment.key, exc)
-            return
-        self.cache.on_complete(segment)
-
-    async def _fill_logged(self, manifest: Manifest, sources: list[Any], timeout_s: float,
-                           first: tuple[int, int] | None = None) -> None:
-        key = manifest.key
-        try:
-            await self.cache.ensure(manifest, sources, timeout_s=timeout_s, first=first,
-                                    hold=lambda: self.stage_holds.wait(key))
-        except Exception as exc:  # waiters on the segment see it; this is the log line
-            log.warning("fill_failed", model=key, error=repr(exc))
-            self.stage_holds.release(key, "fill failed")  # nothing left to hold back
-
-    async def _obtain(self, spec: FunctionSpec, source: dict[str, Any] | None,
-                      manifest: Manifest | None, stage: Any = None,
-                      pinned: str | None = None) -> tuple[CacheEntry, str]:
-        """The model in this host's RAM, from where the controller's plan says; returns the
-        entry and a label of where its bytes came from. With ``stage`` (first and last layer)
-        it returns as soon as that stage's byte range is verified, while the rest still
-        arrives (execute-while-load). Whatever it returns was verified against the manifest
-        the controller pinned (``pinned``, its digest), or the registry's own when none was
-        sent; a cached copy with another digest is never used (entry_for)."""
-        from flashpoint.registry.manifest import byte_range_for_layers
-        from flashpoint.transfer.chain import send_chain
-
-        key = spec.model_key
-        timeout_s = self.config.controller.deploy_timeout_s
-        if manifest is None:  # the registry is the root of trust, never a cached copy
-            manifest = await self.store.get_manifest(spec.model, spec.model_version)
-        if pinned and manifest.digest != pinned:
-            raise IntegrityError(f"{key}: the registry's manifest is not the one the "
-                                 "controller pinned")
-        entry = self.cache.entry_for(manifest)
-        need = byte_range_for_layers(manifest, stage[0], stage[1]) if stage is not None else None
-        if entry is not None:  # held, or being filled already: one transfer per host and model
-            joined = not entry.complete
-            if need is None:  # a whole replica needs the rest now
-                self.stage_holds.release(key, "a whole replica needs the model")
-            await self._ready(entry.segment, need, timeout_s)
-            return entry, (entry.source if joined else "local")
-        src = source or {}
-        kind = str(src.get("kind", ""))
-        fallback = self._sources(src.get("fallback"))
-        if kind == "chain":
-            arrived = await self.cache.wait_entry(key, self.hc.chain_wait_s)
-            if arrived is not None and arrived.digest != manifest.digest:
-                raise IntegrityError(f"{key}: the chain brought another manifest than the "
-                                     "pinned one")
-            if arrived is not None:
-                self.cache.set_source(key, f"chain:{src.get('sender', '?')}")
-                await self._ready(arrived.segment, need, timeout_s)
-                # HostCache.on_complete (which sets fetch_s) runs in the data plane only after
-                # the upstream's END frame; the segment completes before that, so a cold start
-                # read fetch_s == 0. Time the fetch here when it has not been set yet.
-                if not arrived.fetch_s:
-                    arrived.fetch_s = time.perf_counter() - arrived.started_s
-                return arrived, arrived.source
-            log.warning("chain_never_arrived", transfer_id=src.get("transfer_id"), model=key)
-        elif kind == "chain_head" and src.get("chain"):
-            chain = [Endpoint.from_wire(e) for e in src["chain"]]
-            upstream = self._sources(src.get("upstream"))
-            segment = self.cache.open_for_receive(manifest, source="chain:registry")
-            tid = str(src.get("transfer_id", ""))
-            self._spawn_task(self._relay(send_chain(
-                segment, chain, secret=self.secret, transfer_id=tid, upstream=upstream,
-                fallback=self._chain_fallback(src.get("fallback")), host_id=self.host_id,
-                stall_timeout_s=self.hc.chain_stall_timeout_s,
-                orphan_grace_s=self.hc.orphan_grace_s), tid, key, pinned=False), f"chain:{tid}")
-            self._spawn_task(self._publish_when_complete(segment, timeout_s), f"publish:{key}")
-            await self._ready(segment, need, timeout_s)
-            if segment.complete:
-                self.cache.on_complete(segment)  # now, so this cold start reports its fetch time
-            done = self.cache.entry(key)
-            if done is None:
-                raise ModelNotFound(f"{key} left the cache as soon as it arrived")
-            return done, "chain:registry"
-        if need is None:
-            entry, _ = await self.cache.ensure(manifest, fallback, timeout_s=timeout_s)
-            return entry, entry.source
-        self._registry_source.break_spans_at(manifest, manifest.chunks_for_range(*need))
-        self.stage_holds.hold(key)
-        self._spawn_task(self._fill_logged(manifest, fallback, timeout_s, need), f"fill:{key}")
-        entry = await self.cache.wait_entry(key, timeout_s)  # opened at the fill's first step
-        if entry is None:
-            raise ModelNotFound(f"{key}: the fill did not start")
-        await self._ready(entry.segment, need, timeout_s)
-        return entry, entry.source
-
-    async def _relay(self, coro: Any, transfer_id: str, key: str, *, pinned: bool = True) -> None:
-        """Run one chain this host heads; its outcome is logged (receivers report their own)."""
-        try:
-            result = await coro
-            log.info("chain_finished", transfer_id=transfer_id, model=key,
-                     completed=result.completed, failed=result.failed,
-                     seconds=round(result.seconds, 3))
-        except Exception as exc:
-            log.warning("chain_failed", transfer_id=transfer_id, model=key, error=repr(exc))
-        finally:
-            if pinned:
-                self.cache.unpin(key)
-
-    async def _start_chain(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    # model bytes (the orchestration is transfer/obtain.py) ------------------------------------
+    async def _start_chain(self, conn: Any, msg: ch.StartChain) -> ch.Accepted:
         """Stream a model this host holds down a chain the controller built."""
-        from flashpoint.transfer.chain import send_chain
+        assert self.bytes is not None
+        self.bytes.start_chain(msg)
+        return ch.Accepted()
 
-        key = ModelKey.of(str(payload.get("model")), str(payload.get("version")))
-        entry = self.cache.get(key)
-        if entry is None:
-            raise ModelNotFound(f"{key} is not in host {self.host_id}'s RAM")
-        pinned = payload.get("manifest_digest")
-        if pinned is not None and entry.digest != pinned:
-            raise IntegrityError(f"{key} in host {self.host_id}'s RAM is not the pinned manifest")
-        chain = [Endpoint.from_wire(e) for e in payload.get("chain") or []]
-        tid = str(payload.get("transfer_id", ""))
-        self.cache.pin(key)  # not evicted while it streams
-        self._spawn_task(self._relay(send_chain(
-            entry.segment, chain, secret=self.secret, transfer_id=tid, host_id=self.host_id,
-            fallback=self._chain_fallback(payload.get("fallback")),
-            stall_timeout_s=self.hc.chain_stall_timeout_s,
-            orphan_grace_s=self.hc.orphan_grace_s), tid, key), f"chain:{tid}")
-        return {"accepted": True}
-
-    async def _expect_transfer(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _expect_transfer(self, conn: Any, msg: ch.ExpectTransfer) -> ch.Expected:
         """The controller's word that chain ``transfer_id`` will bring this host the model
         whose manifest has ``manifest_digest``: only then does the data plane accept it."""
-        tid, digest = payload.get("transfer_id"), payload.get("manifest_digest")
-        if not (isinstance(tid, str) and tid and isinstance(digest, str) and digest):
-            raise BadRequest("expect_transfer needs a transfer_id and a manifest_digest")
-        self.admission.announce(tid, digest)
-        return {"expected": True}
+        assert self.bytes is not None
+        self.bytes.expect(msg.transfer_id, msg.manifest_digest)
+        return ch.Expected()
 
-    async def _cold_start(self, rt: ReplicaTask, spec: FunctionSpec, source: dict[str, Any] | None,
+    async def _cold_start(self, rt: ReplicaTask, spec: FunctionSpec, source: ch.SourcePlan | None,
                           manifest: Manifest | None, pinned: str | None = None) -> None:
         bind_ids(replica_id=rt.replica_id)
         model_key = spec.model_key
+        assert self.bytes is not None
         try:
             began = time.perf_counter()
-            entry, label = await self._obtain(spec, source, manifest, rt.stage, pinned)
+            got = await self.bytes.obtain(spec.model, spec.model_version, source, manifest,
+                                          rt.stage, pinned)
             obtained = time.perf_counter()
-            hit = label == "local"
+            entry, label = got.entry, got.source
             self.cache.pin(model_key)
             try:
-                worker = await self._take_worker()
-                worker.replica_id, worker.device_id = rt.replica_id, rt.device_id
-                worker.function, worker.model_key = spec.name, model_key
-                self.gpu.bind_worker(rt.replica_id, worker.proc.pid)  # before its CUDA starts
-                rt.worker = worker
+                worker = await self._assign_worker(rt, spec.name, model_key)
                 device = self._worker_device(rt)
-                dev = self.gpu.device(rt.device_id)
-                if rt.stage is None and dev is not None:
-                    rt.weight_slot = self.gpu.weight_slot(dev, model_key)
                 reply = await worker.conn.call("load_replica", {
                     **({"weight_slot": rt.weight_slot} if rt.weight_slot else {}),
                     "env": rt.env,  # applied by the worker before it initialises CUDA
@@ -654,9 +461,7 @@ class HostManager:
                     "cache_path": str(entry.path), "manifest_json": entry.manifest_json,
                     "device": device, "controller_url": self.hc.controller_url,
                     "source": label, "stage": rt.stage,
-                    # A stage starts before its entry completes: its fetch is until now.
-                    "fetch_s": 0.0 if hit else (entry.fetch_s
-                                                or time.perf_counter() - entry.started_s),
+                    "fetch_s": got.fetch_s,  # a value of obtain's, never patched into the cache
                     # This host's part of the cold start (controller/cold_timings.py); the
                     # worker returns it with its own phases.
                     "host_timings_s": {"obtain": obtained - began,
@@ -668,27 +473,20 @@ class HostManager:
                     if self.hc.data_advertise_host:
                         ep = Endpoint(ep.host_id, self.hc.data_advertise_host, ep.port)
                     rt.pipeline_endpoint = ep
-                worker.warm = True
-                rt.weights_role = str(reply.get("weights") or "")
+                self._loaded(rt, worker, str(reply.get("weights") or ""))
                 if rt.pipeline_endpoint is not None:
-                    await self._report("stage_ready", {
-                        "replica_id": rt.replica_id, "host_id": self.host_id,
-                        "pipeline_endpoint": rt.pipeline_endpoint.to_wire(), "source": label,
-                        "timings_s": reply.get("timings_s") or {}})
+                    await self._report("stage_ready", ch.StageReady(
+                        replica_id=rt.replica_id, host_id=self.host_id,
+                        pipeline_endpoint=tuple(rt.pipeline_endpoint.to_wire()), source=label,
+                        timings_s=reply.get("timings_s") or {}))
                 if rt.stage is not None:
                     self._spawn_task(self._complete_stage(rt, entry.segment),
                                      f"complete:{rt.replica_id}")
                 log.info("replica_started", source=label, timings=reply.get("timings_s"))
             finally:
                 self.cache.unpin(model_key)
-                # Refill the warm pool only now: starting a Python+torch process while a
-                # cold start loads would steal the CPU that the cold start is waiting for
-                # (and a stage's, that its first pass needs: stage_hold.py); a whole
-                # replica's refill waits for its first answer too (the request that waited
-                # for this cold start), at most refill_hold_s.
-                self._spawn_task(self._refill(
-                    after=model_key if rt.stage is not None else None,
-                    served=rt.worker if rt.stage is None else None), "refill")
+                # The pool refills only now, after a hold or a first answer (HostState).
+                self._cold_start_ended(rt)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -706,89 +504,80 @@ class HostManager:
                 return
             reply = await w.conn.call("complete_replica", {"replica_id": rt.replica_id},
                                       timeout_s=self.config.controller.deploy_timeout_s)
-            rt.whole = bool(reply.get("completed"))
+            self.state.handle(hs.StageCompleted(rt.replica_id, bool(reply.get("completed"))))
             log.info("stage_completed", replica_id=rt.replica_id, timings=reply.get("timings_s"))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.warning("stage_completion_failed", replica_id=rt.replica_id, error=repr(exc))
 
-    async def _link_stage(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _link_stage(self, conn: Any, msg: ch.LinkStage) -> ch.Linked:
         """Point a stage replica's pipeline server at the next stage (the controller links a
         group once every stage serves; the link opens on the first request)."""
-        rt = self.replicas.get(str(payload.get("replica_id", "")))
+        rt = self.replicas.get(msg.replica_id)
         if rt is None or rt.worker is None or rt.worker.conn is None or rt.pipeline is None:
-            raise NotFound(f"no pipeline stage {payload.get('replica_id')!r} on {self.host_id}")
-        nxt = Endpoint.from_wire(payload.get("next_hop"))  # BadRequest here, not in the worker
+            raise NotFound(f"no pipeline stage {msg.replica_id!r} on {self.host_id}")
+        nxt = Endpoint.from_wire(list(msg.next_hop))
         await rt.worker.conn.call("set_next_hop", {"next_hop": nxt.to_wire()}, timeout_s=10.0)
         rt.pipeline["next_hop"] = nxt.to_wire()
-        return {"linked": True}
+        return ch.Linked()
 
-    async def _begin_completion(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _begin_completion(self, conn: Any, msg: ch.BeginCompletion) -> ch.Released:
         """The controller's word that a stage's group answered its first request: the held
         completion fill and pool refill of the stage's model go now (stage_hold.py)."""
-        rt = self.replicas.get(str(payload.get("replica_id", "")))
-        if rt is None or rt.worker is None or rt.worker.model_key is None:
-            return {"released": False}
-        return {"released": self.stage_holds.release(rt.worker.model_key, "group answered")}
+        released = False
+        for cmd in self.state.handle(hs.CompletionAsked(msg.replica_id)):
+            assert isinstance(cmd, hs.ReleaseHold)
+            released = self.stage_holds.release(cmd.model_key, cmd.why) or released
+        return ch.Released(released=released)
 
-    async def _dissolve_stage(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _dissolve_stage(self, conn: Any, msg: ch.DissolveStage) -> ch.Dissolved:
         """Stop a stage replica's pipeline server (the controller's call, once the pipeline
         gets no more work); a completed replica keeps serving as a whole one."""
-        rt = self.replicas.get(str(payload.get("replica_id", "")))
+        rt = self.replicas.get(msg.replica_id)
         if rt is None or rt.worker is None or rt.worker.conn is None:
-            return {"dissolved": False}
+            return ch.Dissolved(dissolved=False)
         reply = await rt.worker.conn.call("dissolve_stage", {}, timeout_s=10.0)
         rt.pipeline_endpoint = None
-        return {"dissolved": bool(reply.get("dissolved"))}
+        self.state.handle(hs.StageDissolved(msg.replica_id))
+        return ch.Dissolved(dissolved=bool(reply.get("dissolved")))
 
-    async def _stop_replica(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
-        rt = self.replicas.pop(str(payload.get("replica_id", "")), None)
+    async def _stop_replica(self, conn: Any, msg: ch.StopReplica) -> ch.Stopped:
+        rt = self.replicas.pop(msg.replica_id, None)
         if rt is None:
-            return {"stopped": False}
-        self._release(rt)
-        if rt.weights_role == "exporter" and any(
-                r.weight_slot == rt.weight_slot for r in self.replicas.values()):
-            # CUDA IPC memory is the exporter's: its readers lose their weights with it.
-            log.warning("weights_exporter_stopped_before_readers", replica_id=rt.replica_id,
-                        readers=[r.replica_id for r in self.replicas.values()
-                                 if r.weight_slot == rt.weight_slot])
+            return ch.Stopped(stopped=False)
+        self._release(rt.replica_id)
         if rt.task is not None and not rt.task.done():
             rt.task.cancel()
         if rt.worker is not None:
             rt.worker.replica_id = None
             self._spawn_task(self._stop_worker(rt.worker, 5.0), f"stop:{rt.replica_id}")
-        return {"stopped": True}
+        return ch.Stopped(stopped=True)
 
-    async def _status(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
-        return {"host_id": self.host_id, "replicas": self._replica_reports(),
-                "stages": self._stage_reports(),
-                "cache": self.cache.keys(), "cache_stats": self.cache.stats(),
-                "idle_workers": len(self.idle), "gpu": self.gpu.status(),
-                "worker_pids": [w.proc.pid for w in self.workers.values()]}
+    async def _status(self, conn: Any, msg: ch.HostStatusRequest) -> ch.HostStatus:
+        return reports.status(self.state, gpu=self.gpu, cache=self.cache,
+                              worker_pids=(w.proc.pid for w in self.workers.values()))
 
     # GPU sharing and MIG (the logic is in host/gpu.py) ------------------------------
-    async def _set_replica_share(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _set_replica_share(self, conn: Any, msg: ch.SetReplicaShare) -> ch.ShareSet:
         """Change a running replica's GPU share live (a tokens host; MPS answers Conflict)."""
-        rid = str(payload.get("replica_id", ""))
-        rt = self.replicas.get(rid)
-        if rt is None:
-            raise NotFound(f"no replica {rid!r} on {self.host_id}")
-        reply = self.gpu.set_share(payload)
-        rt.share = GpuShare.from_wire(payload.get("share"))
-        return reply
+        if msg.replica_id not in self.replicas:
+            raise NotFound(f"no replica {msg.replica_id!r} on {self.host_id}")
+        reply = self.gpu.set_share(msg.replica_id, msg.share)
+        self.state.handle(hs.ShareChanged(msg.replica_id, msg.share))
+        return ch.ShareSet(**reply)
 
-    async def _apply_mig(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _apply_mig(self, conn: Any, msg: ch.ApplyMig) -> ch.MigApplied:
         """Apply a MIG geometry to one GPU (refused while replicas run on it: GpuBusy), then
         report the new slices to the controller as placement units."""
         def replicas_on(idx: int) -> list[str]:
-            return sorted(r.replica_id for r in self.replicas.values()
+            return sorted(r.replica_id for r in self.state.replicas.values()
                           if (d := self.gpu.device(r.device_id)) is not None and d.gpu_index == idx)
 
-        reply = await self.gpu.apply_mig(payload, replicas_on)
-        self.devices = list(self.gpu.devices)
+        reply = await self.gpu.apply_mig(msg.gpu_index, list(msg.geometry), replicas_on)
+        self._set_devices(list(self.gpu.devices))
         await self._report("register_host", self._registration())
-        return reply
+        return ch.MigApplied(**reply)
 
     # workers ----------------------------------------------------------------------------
     async def _worker_hello(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
@@ -833,7 +622,15 @@ class HostManager:
         return w
 
     async def _take_worker(self) -> WorkerProcess:
-        return self.idle.pop(0) if self.idle else await self._spawn_worker()
+        """The oldest idle worker of the pool (HostState decides), else a new one."""
+        for _ in range(len(self.state.idle) + 1):  # each round takes one id out of the pool
+            cmd = self.state.handle(hs.WorkerWanted(""))[0]
+            if isinstance(cmd, hs.SpawnWorker):
+                break
+            assert isinstance(cmd, hs.UseWorker)
+            if (w := self.workers.get(cmd.worker_id)) is not None:
+                return w
+        return await self._spawn_worker()
 
     async def _refill(self, after: str | None = None,
                       served: WorkerProcess | None = None) -> None:
@@ -843,30 +640,30 @@ class HostManager:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(served.served.wait(), self.hc.refill_hold_s)
         async with self._refill_lock:
-            while not self._stopping and len(self.idle) < self.hc.warm_pool_size:
+            while self.state.handle(hs.PoolRefillDue()):  # one spawn at a time, until full
                 try:
-                    self.idle.append(await self._spawn_worker())
+                    w = await self._spawn_worker()
                 except Exception as exc:  # keep serving; the next deploy spawns on demand
+                    self.state.handle(hs.PoolSpawnEnded())
                     log.warning("warm_pool_spawn_failed", error=repr(exc))
                     return
+                self.state.handle(hs.PoolSpawnEnded(w.worker_id))
 
     async def _watch(self, w: WorkerProcess) -> None:
         rc = await w.proc.wait()
         self.workers.pop(w.worker_id, None)
-        if w in self.idle:
-            self.idle.remove(w)
+        self.state.handle(hs.WorkerExited(w.worker_id))
         if not w.hello.done():
             w.hello.set_exception(FlashpointError(f"worker exited with {rc} before hello"))
             w.hello.exception()
         if w.replica_id is not None and not w.stopping and not self._stopping:
             rid, during_start = w.replica_id, not w.warm
-            rt = self.replicas.pop(rid, None)
-            if rt is not None:
-                self._release(rt)
+            if self.replicas.pop(rid, None) is not None:
+                self._release(rid)
             log.warning("worker_died", worker_id=w.worker_id, rc=rc, replica_id=rid)
-            await self._report("replica_failed", {
-                "replica_id": rid, "reason": f"worker process exited with status {rc}",
-                "during_start": during_start, "code": "worker_exited"})
+            await self._report("replica_failed", ch.ReplicaFailed(
+                replica_id=rid, reason=f"worker process exited with status {rc}",
+                during_start=during_start, code="worker_exited"))
 
     async def _stop_worker(self, w: WorkerProcess, timeout_s: float) -> None:
         w.stopping = True
@@ -879,20 +676,6 @@ class HostManager:
             with contextlib.suppress(ProcessLookupError):
                 w.proc.kill()  # by PID, through the process handle we started
             await w.proc.wait()
-
-
-def _pinned_digest(payload: dict[str, Any], manifest: Manifest | None) -> str | None:
-    """The manifest digest a deploy pins: the one it names (it must match the manifest it
-    carries: IntegrityError), else its manifest's; None when it has neither."""
-    digest = payload.get("manifest_digest")
-    if digest is not None and not isinstance(digest, str):
-        raise BadRequest("manifest_digest must be a string")
-    if manifest is not None:
-        if digest is not None and digest != manifest.digest:
-            raise IntegrityError(f"deploy of {manifest.key}: its manifest "
-                                 "does not have the digest it pins")
-        return manifest.digest
-    return digest
 
 
 def _preload(hc: HostConfig) -> bool:

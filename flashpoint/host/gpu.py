@@ -145,12 +145,11 @@ class HostGpu:
         if self.sharing is not None:
             self.sharing.detach(replica_id)
 
-    def set_share(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """RPC ``set_replica_share``: ``{"replica_id", "share"}``."""
+    def set_share(self, replica_id: str, share: GpuShare) -> dict[str, Any]:
+        """RPC ``set_replica_share``: change ``replica_id``'s share live."""
         if self.sharing is None:
             raise Unavailable("host not started", retry_after_s=1.0)
-        return self.sharing.set_share(str(payload.get("replica_id", "")),
-                                      GpuShare.from_wire(payload.get("share")))
+        return self.sharing.set_share(replica_id, share)
 
     def status(self) -> dict[str, Any]:
         out = self.sharing.status() if self.sharing is not None else {"mode": self.mode.value}
@@ -158,9 +157,9 @@ class HostGpu:
         return out
 
     # MIG --------------------------------------------------------------------------------
-    async def apply_mig(self, payload: dict[str, Any],
+    async def apply_mig(self, idx: int, geometry: list[str],
                         replicas_on: Callable[[int], list[str]]) -> dict[str, Any]:
-        """RPC ``apply_mig``: ``{"gpu_index": int, "geometry": ["4g", "3g"]}``.
+        """RPC ``apply_mig``: GPU ``idx`` to ``geometry`` (e.g. ``["4g", "3g"]``).
 
         ``replicas_on(i)`` lists the replicas running on GPU ``i`` (or its slices). Returns
         the new slices; the caller re-registers so the controller sees them. Errors are
@@ -171,7 +170,6 @@ class HostGpu:
         from flashpoint.gpu.mig_profiles import validate
         from flashpoint.gpu.nvml import load_nvml
 
-        idx, geometry = payload.get("gpu_index"), payload.get("geometry")
         if isinstance(idx, bool) or not isinstance(idx, int):
             raise BadRequest("apply_mig needs an integer gpu_index")
         if not isinstance(geometry, list) or not all(isinstance(p, str) for p in geometry):

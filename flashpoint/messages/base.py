@@ -36,7 +36,17 @@ def to_payload(msg: Message) -> dict[str, Any]:
 
 def _plain(obj: Any) -> Any:
     if isinstance(obj, msgspec.Struct):
-        return {f: _plain(getattr(obj, f)) for f in obj.__struct_fields__}
+        out = {f: _plain(getattr(obj, f)) for f in obj.__struct_fields__}
+        cfg = obj.__struct_config__
+        if cfg.tag_field is not None:  # a tagged union member names its type on the wire
+            out[cfg.tag_field] = cfg.tag
+        return out
+    # A domain value a message carries typed (a FunctionSpec, an Endpoint, a GpuShare)
+    # travels as its own wire form; the message's __post_init__ turns it back.
+    if (to_wire := getattr(obj, "to_wire", None)) is not None and not isinstance(obj, type):
+        return _plain(to_wire())
+    if (to_dict := getattr(obj, "to_dict", None)) is not None and not isinstance(obj, type):
+        return _plain(to_dict())
     if isinstance(obj, (tuple, list)):
         return [_plain(v) for v in obj]
     if isinstance(obj, dict):

@@ -621,18 +621,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", choices=("small", "full"), default="small",
                    help="small: 80 GPUs × 10 min; full: the thesis's 1,600 GPUs × 1 h")
     p.add_argument("--hosts", type=int, help="hosts (8 GPUs each unless --gpus-per-host)")
-    p.add_argument("--gpus-per-host", type=int)
-    p.add_argument("--hosts-per-leaf", type=int)
-    p.add_argument("--duration-s", type=int)
+    p.add_argument("--gpus-per-host", type=int, help="GPUs per host (default: the scale's)")
+    p.add_argument("--hosts-per-leaf", type=int,
+                   help="hosts under one leaf switch (default: the scale's)")
+    p.add_argument("--duration-s", type=int,
+                   help="seconds of trace to simulate (default: the scale's)")
     p.add_argument("--trace-scale", type=float, help="multiply the trace's rates")
     p.add_argument("--traces", default="twitter", help=f"comma list of {','.join(TRACES)}")
     p.add_argument("--trace-file", default="",
                    help="a request log (CSV: TIMESTAMP,ContextTokens,GeneratedTokens) for the "
                         "azure_llm trace instead of the one shipped with Flashpoint")
     p.add_argument("--models", default="t5", help=f"comma list of {','.join(THESIS_MODELS)}")
-    p.add_argument("--autoscalers", default=",".join(AUTOSCALERS))
-    p.add_argument("--techniques", default=",".join(t.value for t in Technique))
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--autoscalers", default=",".join(AUTOSCALERS),
+                   help=f"comma list of {','.join(AUTOSCALERS)}")
+    p.add_argument("--techniques", default=",".join(t.value for t in Technique),
+                   help=f"comma list of {','.join(t.value for t in Technique)}")
+    p.add_argument("--seed", type=int, default=1,
+                   help="random seed of the generated traces and requests (default 1)")
     p.add_argument("--decision-s", type=float,
                    help="charge this fixed decision time (default: measure it)")
     p.add_argument("--fairness", action="store_true",

@@ -46,10 +46,10 @@ async def test_deploy_invoke_list_status_delete(tmp_path: Path) -> None:
         out = json.loads(r.stdout)
         assert out["outputs"]["y"]["data"] == [1.5, -2.0, 3.0] and out["cold"] is True
 
-        r = await _cli("functions", "--url", url)
+        r = await _cli("functions", "--url", url, "--json")
         assert r.returncode == 0, r.stderr
         assert [f["spec"]["name"] for f in json.loads(r.stdout)] == ["nf"]
-        r = await _cli("status", "--url", url)
+        r = await _cli("status", "--url", url, "--json")
         assert r.returncode == 0 and len(json.loads(r.stdout)["hosts"]) == 1, r.stderr
 
         r = await _cli("delete", "nf", "--url", url)
@@ -65,5 +65,6 @@ async def test_deploy_invoke_list_status_delete(tmp_path: Path) -> None:
     finally:
         await asyncio.wait_for(c.stop(), 60)
     r = await _cli("status", "--url", url)  # the cluster is gone: nothing listens there
-    assert r.returncode == 1 and f"cannot reach {url}" in r.stderr
+    assert r.returncode == 1 and f"no cluster at {url} (connection refused)" in r.stderr
+    assert "`flashpoint up`" in r.stderr and len(r.stderr.splitlines()) == 1
     assert "Traceback" not in r.stderr

@@ -67,7 +67,8 @@ async def test_two_replicas_share_one_gpu_with_chosen_shares(tmp_path, fake_mps_
                 else:  # Dilu: request 0.3, limit 0.45
                     assert (r.share.time_request, r.share.time_limit) == (0.3, 0.45)
                 rt = host.replicas[r.replica_id]
-                assert rt.share is not None and rt.share.to_wire() == r.share.to_wire()
+                share = host.state.replicas[r.replica_id].share  # HostState holds the record
+                assert share is not None and share.to_wire() == r.share.to_wire()
                 unit = host.gpu.sharing.units["cuda:0"]
                 assert rt.env["CUDA_VISIBLE_DEVICES"] == unit.device.uuid
                 if mode == "mps":

@@ -88,7 +88,8 @@ async def test_host_metrics_show_each_replicas_inference_counters(tmp_path) -> N
         ctl = cluster.controller
         host = cluster.hosts[0]
         assert host.metrics is not None
-        (replica_id,) = [r.replica_id for r in host.replicas.values() if r.function == "served"]
+        (replica_id,) = [r.replica_id for r in host.state.replicas.values()
+                         if r.function == "served"]
         x = {"x": np.ones((1, 2), np.float32)}
         n = 0
         for i in range(8):  # one by one ...

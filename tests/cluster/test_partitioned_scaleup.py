@@ -136,7 +136,7 @@ async def test_partitioned_scale_up_serves_a_pipeline_then_dissolves(tmp_path: P
                 host = next(h for h in c.hosts if h.host_id == rep.host_id)
                 await wait_for("stage server dissolved", lambda h=host, r=rep:
                                h.replicas[r.replica_id].pipeline_endpoint is None, 10)
-                assert host.replicas[rep.replica_id].whole
+                assert host.state.replicas[rep.replica_id].whole  # HostState holds the record
     finally:
         await asyncio.wait_for(c.stop(), 30)
 

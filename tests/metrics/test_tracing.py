@@ -131,7 +131,7 @@ async def test_a_request_and_its_cold_start_are_one_trace(
                 assert [sp["attributes"]["flashpoint.phase"] for sp in phases] == want
                 assert len(want) == len(COLD_PHASES)  # the full breakdown (issue 21)
                 assert phases[0]["start_ns"] == root["start_ns"]
-                for a, b in zip(phases, phases[1:]):
+                for a, b in zip(phases, phases[1:], strict=False):
                     assert a["end_ns"] == b["start_ns"]
                 for sp in phases:
                     assert (sp["end_ns"] - sp["start_ns"]) / 1e9 == pytest.approx(

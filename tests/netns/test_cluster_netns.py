@@ -24,13 +24,13 @@ import numpy as np
 import pytest
 import torch
 
-from flashpoint.host.actor import DATAPLANE_FAULT_ENV
 from flashpoint.models import build, example_inputs, run_example
 from flashpoint.models.sources import publish
 from flashpoint.registry import LocalStore
 from flashpoint.registry.manifest import Manifest
 from flashpoint.testing.netcluster import FAKE_AWS_ENV, REGISTRY, S3_PORT, UNSET_ENV, NetCluster, sha256_file
 from flashpoint.testing.netns import NetLab
+from flashpoint.transfer.obtain import DATAPLANE_FAULT_ENV
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -48,7 +48,7 @@ async def test_apply_geometry_refuses_while_busy_then_reports_slices(fake_path, 
     busy: dict[int, list[str]] = {0: ["rep-1"]}
     try:
         assert await gpu.start() == []  # MIG on, no instances yet: no placement unit
-        await gpu.apply_mig({"gpu_index": 1, "geometry": ["3g", "2g", "2g"]},
+        await gpu.apply_mig(1, ["3g", "2g", "2g"],
                             lambda i: busy.get(i, []))
         first = [d for d in gpu.devices if d.gpu_index == 1]
         assert sorted(d.mig_profile for d in first) == ["2g.10gb", "2g.10gb", "3g.20gb"]
@@ -57,18 +57,18 @@ async def test_apply_geometry_refuses_while_busy_then_reports_slices(fake_path, 
         assert all(pid_alive(p) for p in daemons.values())
         # GPU 0 runs a replica: refused with the replicas named, nothing touched
         with pytest.raises(GpuBusy) as e:
-            await gpu.apply_mig({"gpu_index": 0, "geometry": ["7g"]}, lambda i: busy.get(i, []))
+            await gpu.apply_mig(0, ["7g"], lambda i: busy.get(i, []))
         assert e.value.details["replicas"] == ["rep-1"] and gpu.draining == set()
         # invalid geometry: typed, before anything else, even though the GPU is busy
         with pytest.raises(InvalidGeometry):
-            await gpu.apply_mig({"gpu_index": 0, "geometry": ["4g", "4g"]},
+            await gpu.apply_mig(0, ["4g", "4g"],
                                 lambda i: busy.get(i, []))
         with pytest.raises(NotFound):
-            await gpu.apply_mig({"gpu_index": 7, "geometry": ["7g"]}, lambda i: [])
+            await gpu.apply_mig(7, ["7g"], lambda i: [])
         with pytest.raises(BadRequest):
-            await gpu.apply_mig({"gpu_index": "1", "geometry": ["7g"]}, lambda i: [])
+            await gpu.apply_mig("1", ["7g"], lambda i: [])
         # reconfigure GPU 1 again: the old slices' daemons go, the new slice gets one
-        reply = await gpu.apply_mig({"gpu_index": 1, "geometry": ["7g"]}, lambda i: [])
+        reply = await gpu.apply_mig(1, ["7g"], lambda i: [])
         (new,) = [d for d in gpu.devices if d.gpu_index == 1]
         assert reply["slices"][0]["uuid"] == new.uuid and reply["slices"][0]["device_id"] == new.device_id
         assert new.mig_profile == "7g.40gb"
@@ -85,7 +85,7 @@ async def test_deploys_refused_while_draining_and_mig_off_is_typed(run_dir):
     try:
         (d,) = await gpu.start()  # MIG off: the whole GPU is the unit
         with pytest.raises(MigUnavailable):
-            await gpu.apply_mig({"gpu_index": 0, "geometry": ["7g"]}, lambda i: [])
+            await gpu.apply_mig(0, ["7g"], lambda i: [])
         assert gpu.draining == set()
         gpu.draining.add(0)
         from flashpoint.errors import Unavailable
@@ -143,7 +143,7 @@ async def test_weight_slot_only_for_real_gpus_with_share_weights(run_dir):
                   nvml=FakeNvml.with_gpus("H100-80GB", mig=False))
     try:
         await fake.start()
-        await fake.apply_mig({"gpu_index": 0, "geometry": ["7g"]}, lambda i: [])
+        await fake.apply_mig(0, ["7g"], lambda i: [])
         assert fake.weight_slot(fake.devices[0], "bert@1") is None
         (d,) = await real_like.start()
         slot = real_like.weight_slot(d, "bert@1")

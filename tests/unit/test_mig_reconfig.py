@@ -259,6 +259,7 @@ async def test_driver_applies_over_rpc_and_a_refusal_returns_the_gpu(error):
     """The driver's I/O: Alg. 2 decides for a MIG GPU at 7g, its units are blocked, the host's
     apply_mig is called with the geometry; a typed refusal (or a lost connection) unblocks
     the units and is counted by its code, success unblocks them too."""
+    from flashpoint.controller.handles import HostHandle
     from flashpoint.controller.mig_driver import MigDriver
     from flashpoint.errors import GpuBusy, InvalidGeometry, PeerLost
 
@@ -275,8 +276,6 @@ async def test_driver_applies_over_rpc_and_a_refusal_returns_the_gpu(error):
                 raise PeerLost("gone")
             return {"gpu_index": 0, "slices": []}
 
-    class Handle:
-        conn = Conn()
 
     st = ControllerState(heartbeat_timeout_s=5.0, replica_overhead_bytes=0)
     st.handle(HostRegistered("h0", (DeviceRecord("cuda:0/gi0ci0", "cuda", 40 * GB, 0,
@@ -287,7 +286,7 @@ async def test_driver_applies_over_rpc_and_a_refusal_returns_the_gpu(error):
     spawned: list = []
     cc = load_config(overrides={"controller": {"mig_interval_s": 1.0}}).controller
     now = [0.0]
-    driver = MigDriver(cc, st, {"h0": Handle()}, lambda cmds: None,
+    driver = MigDriver(cc, st, {"h0": HostHandle(Conn())}, lambda cmds: None,
                        lambda coro, name: spawned.append(coro), lambda: now[0])
     for _ in range(4):  # 4 BE requests outstanding: 8 of [1g,2g]'s 15 GB -> (4g,2g,1g)
         driver.be_began("be")

@@ -1,0 +1,7 @@
+"""``python -m flashpoint.cli``."""
+
+import sys
+
+from flashpoint.cli.app import main
+
+sys.exit(main())

@@ -1,0 +1,126 @@
+"""The commands that call a running cluster's HTTP API: ``deploy``, ``invoke``,
+``functions``, ``delete`` and ``status``.
+
+An error answer becomes the typed error it stands for (``client.error_from_body``) with
+its HTTP status in ``details["http_status"]``; nothing listening at the URL becomes
+``ConnectFailed`` saying to start a cluster (flashpoint/cli/failures.py prints both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import sys
+import time
+from typing import Any
+
+from flashpoint.cli.failures import HTTP_STATUS, no_cluster
+from flashpoint.cli.parser import spec_fields
+from flashpoint.cli.tables import function_lines, status_lines
+from flashpoint.errors import BadRequest
+
+HTTP_TIMEOUT_S = 120.0
+
+
+async def http(method: str, url: str, body: Any = None, key: str | None = None,
+               base: str = "") -> Any:
+    """``method url`` with a JSON body; the JSON answer (or its text when not JSON).
+    ``base`` is the cluster URL the error names when nothing answers."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        async with aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)) as s:
+            async with s.request(method, url, json=body, headers=headers) as r:
+                text = await r.text()
+    except aiohttp.InvalidURL:
+        raise BadRequest(f"{url} is not a URL (--url wants e.g. http://127.0.0.1:8080)") from None
+    except aiohttp.ClientConnectorError as e:
+        raise no_cluster(base or url, _why(e)) from None
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise no_cluster(base or url, str(e) or type(e).__name__) from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = text  # not JSON (a proxy's error page, say): show it as it came
+    if r.status >= 400:
+        from flashpoint.client import error_from_body
+
+        err = error_from_body(r.status, data)
+        err.details[HTTP_STATUS] = r.status
+        raise err
+    return data
+
+
+def _why(exc: Any) -> str:
+    """``connection refused`` and the like, from aiohttp's connector error."""
+    os_error = getattr(exc, "os_error", None)
+    if isinstance(os_error, ConnectionRefusedError):
+        return "connection refused"
+    return (getattr(os_error, "strerror", None) or str(os_error or exc)).lower()
+
+
+def invoke_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The native invoke body of ``--inputs`` JSON, ``--text`` or ``--image`` files."""
+    if args.text:
+        return {"text": args.text if len(args.text) > 1 else args.text[0]}
+    if args.image:
+        images = [base64.b64encode(p.read_bytes()).decode() for p in args.image]
+        return {"image": images if len(images) > 1 else images[0]}
+    try:
+        return {"inputs": json.loads(args.inputs)}
+    except ValueError as e:
+        raise BadRequest(f"--inputs is not JSON: {e}") from None
+
+
+async def wait_deployed(args: argparse.Namespace) -> int:
+    """Redraw transfer bars and replica phases until ``min_replicas`` are warm (or timeout)."""
+    from flashpoint.progress import ready, render
+
+    deadline = time.monotonic() + args.wait_timeout_s
+    drawn = 0
+    tty = sys.stderr.isatty()
+    while True:
+        status = await http("GET", f"{args.url}/v1/status", None, args.api_key, args.url)
+        lines = render(status, args.function)
+        if tty and drawn:
+            sys.stderr.write(f"\x1b[{drawn}F\x1b[J")  # redraw in place
+        if tty or ready(status, args.function, args.min_replicas):
+            sys.stderr.write("".join(line + "\n" for line in lines))
+            drawn = len(lines)
+        sys.stderr.flush()
+        if ready(status, args.function, args.min_replicas):
+            return 0
+        if time.monotonic() > deadline:
+            sys.stderr.write(f"error: timed out after {args.wait_timeout_s}s waiting for "
+                             f"{args.min_replicas} warm replica(s) — `flashpoint status` "
+                             "shows where they are\n")
+            return 1
+        await asyncio.sleep(0.25)
+
+
+async def run(args: argparse.Namespace) -> int:
+    """One API command; prints its answer (JSON, or tables for status and functions)."""
+    url, key = args.url.rstrip("/"), args.api_key
+    if args.cmd == "deploy":
+        body = spec_fields(args)
+        print(json.dumps(await http("POST", f"{url}/v1/functions", body, key, url), indent=2))
+        if args.wait and (args.min_replicas or 0) > 0:
+            return await wait_deployed(args)
+    elif args.cmd == "invoke":
+        answer = await http("POST", f"{url}/v1/functions/{args.function}/invoke",
+                            invoke_body(args), key, url)
+        print(json.dumps(answer, indent=2))
+    elif args.cmd == "functions":
+        functions = await http("GET", f"{url}/v1/functions", None, key, url)
+        print(json.dumps(functions, indent=2) if args.json else "\n".join(function_lines(functions)))
+    elif args.cmd == "delete":
+        answer = await http("DELETE", f"{url}/v1/functions/{args.function}", None, key, url)
+        print(json.dumps(answer, indent=2))
+    else:
+        status = await http("GET", f"{url}/v1/status", None, key, url)
+        print(json.dumps(status, indent=2) if args.json else "\n".join(status_lines(status)))
+    return 0
