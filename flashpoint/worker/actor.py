@@ -642,7 +642,7 @@ class Worker:
         if rep is None or batcher is None:
             return {"replica_id": "", "function": "", "stats": {}}
         return {"replica_id": rep.replica_id, "function": rep.spec.name,
-                "stats": batcher.stats.snapshot()}
+                "stats": {**batcher.stats.snapshot(), "queued": batcher.depth}}
 
     async def _ping(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         """The controller's liveness probe on this connection (answered by the event loop,

@@ -114,6 +114,7 @@ async def test_host_metrics_show_each_replicas_inference_counters(tmp_path) -> N
         assert got[("flashpoint_replica_run_seconds_count", "")] == batches
         assert got[("flashpoint_replica_run_seconds_sum", "")] > 0
         assert got[("flashpoint_replica_queue_seconds_count", "")] == n
+        assert got[("flashpoint_replica_queued_requests", "")] == 0  # all answered
     finally:
         await asyncio.wait_for(cluster.stop(), 60)
 
