@@ -12,16 +12,16 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flashpoint.worker.batcher import Batcher
+from flashpoint.errors import ModelFailed
 from flashpoint.host.metrics import HostWorkersCollector, host_listen
 from flashpoint.host.replica_metrics import ReplicaStatsCollector, gather_replica_stats
+from flashpoint.worker.batcher import Batcher
 from flashpoint.worker.replica_stats import (
     BATCH_SIZE_BUCKETS,
     SECONDS_BUCKETS,
     Histogram,
     ReplicaStats,
 )
-from flashpoint.errors import ModelFailed
 
 T = 2.0  # bound on every await
 
