@@ -166,7 +166,7 @@ class ControllerConfig:
     # Longest TCP chain the sourcing plan builds (0 = no cap); see flashpoint/policy/sourcing.py.
     max_chain_length: int = 8
     # The autoscaler plug-in (flashpoint/policy/autoscale.py: concurrency, atl, tsk, owk,
-    # smstar, eq412, dilu, rpr) and its parameters, plus the wrapper's (scale_up_delay_s,
+    # smstar, eq412, dilu, rpr, tokens) and its parameters, plus the wrapper's (scale_up_delay_s,
     # scale_down_delay_s, keep_alive_partial); checked when the config is built.
     autoscaler: str = "concurrency"
     autoscaler_params: dict[str, float] = field(default_factory=dict)

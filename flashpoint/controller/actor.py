@@ -32,6 +32,7 @@ from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
 from flashpoint.controller.state.rates import RateMeter
+from flashpoint.controller.token_metrics import TokenLedger
 from flashpoint.controller.ui_journal import UiJournal
 from flashpoint.audit import AuditLog
 from flashpoint.config import ClusterConfig, check_http_auth, check_secret
@@ -126,6 +127,7 @@ class Controller:
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
         self.streams = StreamRegistry()  # streamed generation requests (gateway/streams.py)
+        self.tokens = TokenLedger()  # generation load and metrics in tokens (token_metrics.py)
         self.kaas = KaasPool(self.cc, lambda: self.state.kaas_broken)
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())
         self.hosts: dict[str, HostHandle] = {}
@@ -203,7 +205,7 @@ class Controller:
              "replica_failed": handler(ch.ReplicaFailed, self._replica_failed),
              "stage_ready": handler(ch.StageReady, self._stage_ready),
              "host_draining": handler(ch.HostDraining, self._host_draining),
-             "gen_chunk": self.streams.on_chunk,
+             "gen_chunk": self.tokens.relay(self.streams.on_chunk, time.monotonic),
              **GatewayService(self, self.kaas).handlers()}),
             secret=roles.controller_keyring(self.config.secret.encode()),
             on_disconnect=self._on_disconnect,
@@ -254,12 +256,14 @@ class Controller:
         now = self._step_s = time.monotonic()
         self._arrivals.update(now)
         self._completions.update(now)
+        self.tokens.step(now)
         loads = {
             name: cs.FunctionLoad(self.dispatcher.queued(name), self.dispatcher.inflight(name),
                                   self._last_request.get(name), self._arrivals.rate(name),
                                   self._completions.rate(name), self._exec_s.get(name, 0.0),
                                   now - oldest.enqueued_s if (oldest := self._oldest(name))
-                                  else 0.0, self._invocations.get(name, 0))
+                                  else 0.0, self._invocations.get(name, 0),
+                                  tokens=self.tokens.load(name))
             for name in self.state.functions
         }
         idle = frozenset(
@@ -695,6 +699,7 @@ class Controller:
             now = time.monotonic()
             for p in live:
                 p.sent_s = now
+                self.tokens.sent(p.request_id, rid)
                 if p.stream:  # its chunks come from this connection; its caller gone,
                     self.streams.sent(p.request_id, handle.conn)  # the call is cancelled
                     _cancel_with(p.future, asyncio.current_task())
@@ -819,6 +824,8 @@ class Controller:
         self._arrivals.add(name)
         self._invocations[name] = self._invocations.get(name, 0) + 1
         self.dispatcher.enqueue(name, p, best_effort=best_effort)
+        if (m := self._manifests.get(fn.model_key)) is not None and m.task == "text-generation":
+            self.tokens.admitted(name, request_id, inputs, t0)
         if best_effort and self.mig is not None:
             self.mig.be_began(name)  # PROTEAN's BE demand: queued or in flight
         # Sent from this task only when the function is idle (nothing queued or in flight):
@@ -836,6 +843,7 @@ class Controller:
         # One timer instead of wait_for(shield(...)): a cancelled caller cancels the future,
         # so a request nobody waits for any more is skipped at dispatch.
         expiry = loop.call_later(timeout, _expire, p.future)
+        answered = False
         try:
             if assigned:
                 # Alone in its queue with a replica free: send it from this task. Nothing
@@ -843,6 +851,7 @@ class Controller:
                 # three loop steps each way. A retry it needs goes back through the queue.
                 await self._send([p], assigned[0][1])
             reply, rid = await p.future
+            answered = True
         except _Expired:
             self.dispatcher.remove(name, p)
             REQUESTS.labels(name, "deadline").inc()
@@ -858,6 +867,8 @@ class Controller:
             raise
         finally:
             expiry.cancel()
+            if not answered:  # an answer is counted by tokens.finished below
+                self.tokens.ended(request_id)
             if best_effort and self.mig is not None:
                 self.mig.be_ended(name)
         total = time.monotonic() - t0
@@ -885,7 +896,10 @@ class Controller:
             after = self._slo[name] = before.record(RequestClass.STRICT, total,
                                                     fn.spec.slo_ms / 1000)
             SLO.labels(name, "met" if after.met > before.met else "missed").inc()
-        return InvokeResult(decode_tensors(reply.get("outputs")), timings, rid, cold,
+        outputs = decode_tensors(reply.get("outputs"))
+        timings.update(self.tokens.finished(request_id, outputs, timings, cold=cold,
+                                            now_s=t0 + total))
+        return InvokeResult(outputs, timings, rid, cold,
                             handle.source if cold and handle is not None else "")
 
     # functions ---------------------------------------------------------------------------
@@ -946,6 +960,7 @@ class Controller:
         self._last_request.pop(name, None)
         self._ok_metrics.pop(name, None)
         self._slo.pop(name, None)
+        self.tokens.forget(name)
 
     def _info(self, fn: cs.FunctionRecord) -> FunctionInfo:
         reps = self.state.replicas_of(fn.spec.name)

@@ -856,6 +856,7 @@ class ControllerState:
             fn.last_request_s, spec.min_replicas, spec.max_replicas, spec.replica_concurrency,
             spec.keep_alive_s, arrival_rate=load.arrival_rate, exec_time_s=load.exec_time_s,
             queue_latency_s=load.queue_latency_s, invocations_total=load.invocations_total,
+            tokens=load.tokens,
         ), fn.scaler_memory)
         current = len(warm) + len(starting)
         fn.desired, fn.reason = decision.desired, decision.reason

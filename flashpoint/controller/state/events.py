@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from flashpoint.policy.partitioning import PlanLookup
 from flashpoint.policy.share_placement import ReplicaShare
+from flashpoint.policy.snapshot import TokenLoad
 from flashpoint.spec import FunctionSpec
 
 
@@ -147,6 +148,7 @@ class FunctionLoad:
     exec_time_s: float = 0.0  # mean service time of one request (0 = not measured yet)
     queue_latency_s: float = 0.0  # age of the oldest queued request
     invocations_total: int = 0  # requests accepted since the controller started
+    tokens: TokenLoad | None = None  # a text-generation function's load in tokens
 
 
 @dataclass(frozen=True)
