@@ -9,7 +9,7 @@ What is traced, one trace per request (W3C trace context throughout):
 
 - the **gateway** (``gateway/middleware.py``): a server span per API request, a child of the
   caller's ``traceparent`` header when it sends one;
-- the **controller** (:func:`traced` on ``Controller.invoke``): a span per invocation, a
+- the **controller** (:func:`trace_method` on ``Controller.invoke``): a span per invocation, a
   child of the gateway's (same task); its ``traceparent`` rides in the request's payload to
   the worker (:func:`inject`);
 - the **worker** (:func:`worker_span`): a span per request it ran (queued in its batcher,
@@ -147,26 +147,23 @@ def span_dict(span: Any) -> dict[str, Any]:
 
 
 # -- hooks -----------------------------------------------------------------------------
-def traced(name: str, attrs: Callable[..., Mapping[str, Any]] | None = None
-           ) -> Callable[[Callable[..., Coroutine[Any, Any, _T]]],
-                         Callable[..., Awaitable[_T]]]:
-    """Decorate a coroutine function: with tracing on, each call runs inside a span
-    ``name`` (the current span while it runs; ``attrs(*args, **kwargs)`` its attributes).
-    With tracing off the call is the undecorated coroutine (no extra frame)."""
-    def wrap(fn: Callable[..., Coroutine[Any, Any, _T]]) -> Callable[..., Awaitable[_T]]:
-        async def in_span(coro: Coroutine[Any, Any, _T], attributes: Mapping[str, Any]) -> _T:
-            with tracer.start_as_current_span(name, attributes=attributes):
-                return await coro
+def trace_method(obj: Any, method: str, name: str,
+                 attrs: Callable[..., Mapping[str, Any]] | None = None) -> None:
+    """With tracing on, make ``obj.<method>`` (a coroutine method) run each call inside a
+    span ``name``, the current span while it runs (``attrs(*args, **kwargs)``: its
+    attributes). With tracing off it does nothing: the method stays the plain one, so the
+    hot path pays nothing. Call it before anything binds the method (the actor's start)."""
+    if tracer is None:
+        return
+    fn: Callable[..., Coroutine[Any, Any, Any]] = getattr(obj, method)
 
-        def call(*args: Any, **kwargs: Any) -> Awaitable[_T]:
-            if tracer is None:
-                return fn(*args, **kwargs)
-            return in_span(fn(*args, **kwargs), attrs(*args, **kwargs) if attrs else {})
+    async def in_span(*args: Any, **kwargs: Any) -> Any:
+        with tracer.start_as_current_span(
+                name, attributes=attrs(*args, **kwargs) if attrs else None):
+            return await fn(*args, **kwargs)
 
-        call.__name__, call.__qualname__, call.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-        call.__wrapped__ = fn  # type: ignore[attr-defined]
-        return call
-    return wrap
+    in_span.__name__, in_span.__doc__ = fn.__name__, fn.__doc__
+    setattr(obj, method, in_span)  # an instance attribute shadows the class's method
 
 
 async def http_span(request: Any, route: str, request_id: str,

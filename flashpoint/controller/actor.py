@@ -180,6 +180,9 @@ class Controller:
         from flashpoint.gateway.standalone import gateway_config
         from flashpoint.rpc import RpcServer
 
+        # With tracing on, each invoke runs in its own span (off: the plain method, no cost).
+        tracing.trace_method(self, "invoke", "flashpoint.controller.invoke", lambda name, *_, **kw: {
+            "flashpoint.function": name, "flashpoint.request_id": kw.get("request_id", "")})
         check_secret(self.config.secret, self.cc.listen_host, "the controller")
         check_http_auth(self.config.gateway.api_keys, self.cc.listen_host, self.config.insecure,
                         "the controller's HTTP API")
@@ -788,8 +791,6 @@ class Controller:
             name, inputs, request_id=request_id, timeout_s=timeout_s,
             request_class=request_class, stream=True))
 
-    @tracing.traced("flashpoint.controller.invoke", lambda self, name, *_, **kw: {
-        "flashpoint.function": name, "flashpoint.request_id": kw.get("request_id", "")})
     async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
                      timeout_s: float | None = None,
                      request_class: str = RequestClass.STRICT,
