@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from flashpoint.controller.state import core as cs
+from flashpoint.controller.state import events as cs
 from flashpoint.errors import DeadlineExceeded, FlashpointError
 from flashpoint.messages import controller_host as ch
 from flashpoint.messages.base import Message, from_payload, to_payload

@@ -33,7 +33,9 @@ from flashpoint.controller.cold_timings import (
     HOST_PHASES,
     WORKER_PHASES,
 )
-from flashpoint.controller.state import core as cs
+from flashpoint.controller.state import events as cs  # the state's events and commands
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.records import ReplicaPhase
 from flashpoint.gateway.ui.view import source_tier
 
 COLD_BUCKETS_S = (.001, .01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 120)
@@ -88,7 +90,7 @@ class ControllerMetrics:
             case cs.HostDraining():
                 SPOT_NOTICES.inc()
 
-    def commands(self, cmds: Iterable[Any], state: cs.ControllerState) -> None:
+    def commands(self, cmds: Iterable[Any], state: ControllerState) -> None:
         """The commands one step returned, and the state after it."""
         for cmd in cmds:
             match cmd:
@@ -149,7 +151,7 @@ class StateCollector:
     (the dispatcher's).
     """
 
-    def __init__(self, state: cs.ControllerState, queued: Callable[[str], int],
+    def __init__(self, state: ControllerState, queued: Callable[[str], int],
                  inflight: Callable[[str], int]) -> None:
         self._state = state
         self._queued = queued
@@ -175,7 +177,7 @@ class StateCollector:
             key = (rep.function, str(rep.phase.value))
             counts[key] = counts.get(key, 0) + 1
         for name, fn in state.functions.items():
-            for phase in cs.ReplicaPhase:
+            for phase in ReplicaPhase:
                 replicas.add_metric([name, str(phase.value)], counts.get((name, str(phase.value)), 0))
             desired.add_metric([name], fn.desired)
             queued.add_metric([name], self._queued(name))
@@ -191,7 +193,7 @@ class StateCollector:
         yield from (replicas, desired, queued, inflight, backoff, hosts)
 
 
-def state_registry(state: cs.ControllerState, queued: Callable[[str], int],
+def state_registry(state: ControllerState, queued: Callable[[str], int],
                    inflight: Callable[[str], int]) -> CollectorRegistry:
     """A registry of the controller's own holding its :class:`StateCollector`."""
     registry = CollectorRegistry(auto_describe=False)

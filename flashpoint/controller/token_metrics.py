@@ -18,7 +18,7 @@ text-generation function from admission to its answer:
   last over the tokens between them;
 - **tokens**: ``flashpoint_generation_tokens_total`` (``kind`` = ``prompt`` /
   ``completion``, the counts the replica's tokenizer made), tokens per replica
-  (``flashpoint_replica_generated_tokens_total``) and smoothed tokens/s per function and
+  (``flashpoint_generation_replica_tokens_total``) and smoothed tokens/s per function and
   per replica (gauges).
 
 The ledger reads no clock: callers pass ``now_s`` (``time.monotonic``).
@@ -56,14 +56,14 @@ TPOT = Histogram("flashpoint_tpot_seconds", "Time per output token after the fir
 TOKENS = Counter("flashpoint_generation_tokens_total",
                  "Tokens of answered generation requests, as the replica's tokenizer counted",
                  ["function", "kind"])
-REPLICA_TOKENS = Counter("flashpoint_replica_generated_tokens_total",
+REPLICA_TOKENS = Counter("flashpoint_generation_replica_tokens_total",
                          "Tokens generated, by replica", ["function", "replica"])
 OUTSTANDING = Gauge("flashpoint_generation_tokens_outstanding",
                     "Tokens generation requests may still ask (prompt + max_tokens)",
                     ["function", "where"])
 TOKEN_RATE = Gauge("flashpoint_generation_tokens_per_second",
                    "Tokens generated per second, smoothed", ["function"])
-REPLICA_TOKEN_RATE = Gauge("flashpoint_replica_tokens_per_second",
+REPLICA_TOKEN_RATE = Gauge("flashpoint_generation_replica_tokens_per_second",
                            "Tokens (prompt + generated) a replica served per second, smoothed",
                            ["function", "replica"])
 

@@ -94,7 +94,7 @@ async def test_token_metrics_and_token_driven_scale_up(tmp_path: Path) -> None:
                             kind="prompt") == [len(ids)]
             assert _samples(text, "flashpoint_generation_tokens_total", function="llm",
                             kind="completion") == [len(want)]
-            assert sum(_samples(text, "flashpoint_replica_generated_tokens_total",
+            assert sum(_samples(text, "flashpoint_generation_replica_tokens_total",
                                 function="llm")) == len(want)
             assert _samples(text, "flashpoint_ttft_seconds_count", function="llm",
                             start="cold") == [1]

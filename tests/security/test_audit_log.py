@@ -103,16 +103,16 @@ async def test_keyless_loopback_admin_actions_are_audited_as_anonymous(tmp_path:
 
 @pytest.mark.parametrize("fail", [False, True])
 async def test_mig_changes_are_audited(tmp_path: Path, fail: bool):
-    from flashpoint.controller.state.core import (
-        ControllerState,
+    from flashpoint.audit import AuditLog
+    from flashpoint.config import load_config
+    from flashpoint.controller.mig_driver import MigDriver
+    from flashpoint.controller.state.core import ControllerState
+    from flashpoint.controller.state.events import (
         DeviceRecord,
         FunctionUpserted,
         GpuRecord,
         HostRegistered,
     )
-    from flashpoint.controller.mig_driver import MigDriver
-    from flashpoint.audit import AuditLog
-    from flashpoint.config import load_config
     from flashpoint.errors import GpuBusy
 
     class Conn:

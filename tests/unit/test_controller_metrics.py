@@ -11,7 +11,14 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flashpoint.controller.metrics import ControllerMetrics, state_registry
-from flashpoint.controller.state import core as cs
+from flashpoint.controller.state import events as cs
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.records import (
+    FunctionRecord,
+    HostRecord,
+    ReplicaPhase,
+    ReplicaRecord,
+)
 from flashpoint.spec import FunctionSpec
 
 
@@ -84,14 +91,14 @@ def test_hosts_lost_and_spot_notices_are_counted() -> None:
 
 
 def test_state_gauges_are_read_at_scrape_time() -> None:
-    state = cs.ControllerState()
+    state = ControllerState()
     spec = FunctionSpec(name="g", model="noop")
-    state.functions["g"] = cs.FunctionRecord(spec, model_bytes=1, desired=3, start_failures=2)
-    for rid, phase in (("r1", cs.ReplicaPhase.WARM), ("r2", cs.ReplicaPhase.WARM),
-                       ("r3", cs.ReplicaPhase.STARTING)):
-        state.replicas[rid] = cs.ReplicaRecord(rid, "g", "h1", "cpu0", 1, phase, 0.0)
-    state.hosts["h1"] = cs.HostRecord("h1", {}, 0, set(), 0.0)
-    state.hosts["h2"] = cs.HostRecord("h2", {}, 0, set(), 0.0, alive=False)
+    state.functions["g"] = FunctionRecord(spec, model_bytes=1, desired=3, start_failures=2)
+    for rid, phase in (("r1", ReplicaPhase.WARM), ("r2", ReplicaPhase.WARM),
+                       ("r3", ReplicaPhase.STARTING)):
+        state.replicas[rid] = ReplicaRecord(rid, "g", "h1", "cpu0", 1, phase, 0.0)
+    state.hosts["h1"] = HostRecord("h1", {}, 0, set(), 0.0)
+    state.hosts["h2"] = HostRecord("h2", {}, 0, set(), 0.0, alive=False)
     queued = {"g": 5}
     reg = state_registry(state, lambda f: queued.get(f, 0), lambda f: 7)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value

@@ -147,8 +147,8 @@ def test_ledger_whole_answer_and_cold_phases():
 
 
 def test_controller_state_hands_the_token_load_to_the_autoscaler():
-    from flashpoint.controller.state.core import (
-        ControllerState,
+    from flashpoint.controller.state.core import ControllerState
+    from flashpoint.controller.state.events import (
         DeployReplica,
         DeviceRecord,
         FunctionLoad,
