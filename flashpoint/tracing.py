@@ -193,26 +193,39 @@ def inject(carrier: MutableMapping[str, Any]) -> None:
         propagate.inject(carrier)
 
 
+def traceparent() -> str:
+    """The current span's ``traceparent`` ("" with tracing off): what a typed request
+    message carries to the next process."""
+    if tracer is None:
+        return ""
+    from opentelemetry import propagate
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier.get(TRACEPARENT, "")
+
+
 @contextlib.contextmanager
-def remote_parent(payload: Mapping[str, Any]) -> Iterator[None]:
-    """Within it, the current trace context is ``payload``'s ``traceparent`` (a request a
-    stand-alone gateway forwarded over RPC); a no-op with tracing off or no traceparent."""
-    if tracer is None or TRACEPARENT not in payload:
+def remote_parent(traceparent: str) -> Iterator[None]:
+    """Within it, the current trace context is ``traceparent``'s (a request a stand-alone
+    gateway forwarded over RPC); a no-op with tracing off or no traceparent."""
+    if tracer is None or not traceparent:
         yield
         return
     from opentelemetry import context, propagate
 
-    token = context.attach(propagate.extract({TRACEPARENT: payload[TRACEPARENT]}))
+    token = context.attach(propagate.extract({TRACEPARENT: traceparent}))
     try:
         yield
     finally:
         context.detach(token)
 
 
-def worker_span(payload: Mapping[str, Any], timings_s: Mapping[str, float]) -> None:
-    """A span for one request a worker ran, a child of its payload's ``traceparent``: it
-    ends now and began ``batch_wait + inference`` seconds ago (the batcher's timings)."""
-    if tracer is None or TRACEPARENT not in payload:
+def worker_span(traceparent: str, request_id: str, timings_s: Mapping[str, float]) -> None:
+    """A span for one request a worker ran, a child of ``traceparent`` (the controller's
+    span): it ends now and began ``batch_wait + inference`` seconds ago (the batcher's
+    timings). Nothing with tracing off or no traceparent."""
+    if tracer is None or not traceparent:
         return
     from opentelemetry import propagate
 
@@ -220,8 +233,8 @@ def worker_span(payload: Mapping[str, Any], timings_s: Mapping[str, float]) -> N
     run_s = float(timings_s.get("inference", 0.0))
     end_ns = time.time_ns()
     start_ns = end_ns - int((wait_s + run_s) * 1e9)
-    parent = propagate.extract({TRACEPARENT: payload[TRACEPARENT]})
-    attrs = {"flashpoint.request_id": str(payload.get("request_id", "")),
+    parent = propagate.extract({TRACEPARENT: traceparent})
+    attrs = {"flashpoint.request_id": request_id,
              "flashpoint.batch_wait_s": wait_s, "flashpoint.inference_s": run_s}
     if "batch_rows" in timings_s:
         attrs["flashpoint.batch_rows"] = float(timings_s["batch_rows"])

@@ -54,7 +54,8 @@ from flashpoint.ids import ModelKey
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
 from flashpoint.messages import controller_host as ch
-from flashpoint.messages.base import handler
+from flashpoint.messages import controller_worker as cw
+from flashpoint.messages.base import handler, to_payload
 from flashpoint.partition.cache import PlanCache
 from flashpoint.partition.model import CostModel, LayerProfile
 from flashpoint.partition.stageable import why_not_staged
@@ -150,7 +151,6 @@ class Controller:
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         from flashpoint.gateway.app import RUNNER_KWARGS, add_routes
-        from flashpoint.gateway.standalone import gateway_config
         from flashpoint.rpc import RpcServer
 
         # With tracing on, each invoke runs in its own span (off: the plain method, no cost).
@@ -172,14 +172,14 @@ class Controller:
         tls = server_context(self.cc.tls_cert_path, self.cc.tls_key_path, setting="controller")
         gw = self.config.gateway
         app = web.Application(client_max_size=gw.max_body_bytes)
-        add_routes(app, self, gateway_config(gw), kaas=self.kaas,
+        add_routes(app, self, gw, kaas=self.kaas,
                    process_registry=prometheus_client.REGISTRY).metrics.also += (state_registry(
                        self.state, self.dispatcher.queued, self.dispatcher.inflight),)
         # Each peer proves its own key and may call only what its role needs (rpc/roles.py).
         self._rpc = RpcServer(
             roles.guard({"register_host": handler(ch.RegisterHost, self._register_host),
              "heartbeat": handler(ch.Heartbeat, self._heartbeat),
-             "replica_ready": self._replica_ready,
+             "replica_ready": handler(cw.ReplicaReady, self._replica_ready, "replica_ready"),
              "replica_failed": handler(ch.ReplicaFailed, self._replica_failed),
              "stage_ready": handler(ch.StageReady, self._stage_ready),
              "host_draining": handler(ch.HostDraining, self._host_draining),
@@ -502,24 +502,23 @@ class Controller:
         self._apply(cs.HostHeartbeat(host_id, frozenset(msg.cached_models), time.monotonic(),
                                      frozenset(msg.replicas) if msg.replicas is not None else None))
 
-    async def _replica_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
-        rid = str(p["replica_id"])
-        host_id = self._check_replica_host(conn, rid, str(p.get("host_id", "")))
-        timings = {str(k): float(v) for k, v in (p.get("timings_s") or {}).items()}
+    async def _replica_ready(self, conn: Any, msg: cw.ReplicaReady) -> cw.Ok:
+        rid = msg.replica_id
+        host_id = self._check_replica_host(conn, rid, msg.host_id)
+        timings = dict(msg.timings_s)
         if (marks := self._cold_marks.get(rid)) is not None and not marks.ready_s:
             marks.ready_s = time.monotonic()
-        self.workers[rid] = WorkerHandle(conn, host_id, timings,
-                                         str(p.get("source", "")))
+        self.workers[rid] = WorkerHandle(conn, host_id, timings, msg.source)
         if id(conn) not in self._conn_replica:  # a new connection: watch it until it closes
             self._spawn(self._watch_worker(rid, conn), f"watch:{rid}")
         self._conn_replica[id(conn)] = rid
         known = self.state.replicas.get(rid)
         self.metrics.replica_ready(rid, known.function if known is not None else "",
-                                   str(p.get("source", "")), timings,
+                                   msg.source, timings,
                                    known is not None and known.phase == ReplicaPhase.STARTING)
         self._apply(cs.ReplicaWarmed(rid, timings, time.monotonic()))
         log.info("replica_warm", replica_id=rid, timings=timings)
-        return {"ok": True}
+        return cw.Ok()
 
     def _check_replica_host(self, conn: Any, rid: str, host_id: str) -> str:
         """A host or worker may speak only for replicas placed on its own host (one the
@@ -570,7 +569,7 @@ class Controller:
                 await asyncio.wait_for(conn.wait_closed(), interval_s)
                 return
             try:
-                await conn.call("ping", {}, timeout_s=timeout_s)
+                await conn.call("ping", to_payload(cw.Ping()), timeout_s=timeout_s)
             except DeadlineExceeded:
                 log.warning("worker_silent", replica_id=rid, timeout_s=timeout_s)
                 WORKERS_SILENT.inc()
