@@ -67,9 +67,12 @@ class LimitParams:
     # Hold every scale-down (not only the one to zero) until keep_alive_s without a request.
     # The first-cut rule did this; rate-driven policies have their own scale-down rules.
     keep_alive_partial: bool = False
-    # The scale-up governor (govern): on by default for every plug-in; it acts only when the
-    # snapshot says when new replicas would be ready and how fast one serves.
-    governor: bool = True
+    # The scale-up governor (govern), for every plug-in: opt in (``governor = true`` in
+    # autoscaler_params). Off by default because it trades the latency of short bursts
+    # (fewer replicas when cold starts are short) for fewer wasted starts under long ones;
+    # it acts only when the snapshot says when new replicas would be ready and how fast
+    # one serves.
+    governor: bool = False
     # How long after a replica ordered now is ready the queue may still take to drain, in
     # cold starts of that replica: a replica ordered at a later decision would be ready
     # about that much later, so capacity beyond what drains the queue by then is not

@@ -66,8 +66,10 @@ def test_no_replica_that_would_be_ready_after_the_queue_drained():
     # 6 queued, 2 warm at 1 req/s, no arrivals: drained at 3 s. A new replica needs 30 s.
     load = ld(queued=6, replicas_warm=2, new_ready_s=130.0)
     assert govern(load, 50) == 2
-    decision, _ = limit(load, Proposal(50, "demand"), LimitParams(), LimitMemory())
+    decision, _ = limit(load, Proposal(50, "demand"), LimitParams(governor=True), LimitMemory())
     assert decision.desired == 2 and decision.reason == "demand+governor"
+    decision, _ = limit(load, Proposal(50, "demand"), LimitParams(), LimitMemory())
+    assert decision.desired == 50  # off by default
 
 
 def test_starting_replicas_count_as_capacity_at_their_ready_time():
@@ -110,16 +112,20 @@ def test_governor_leaves_the_count_when_it_cannot_know():
 
 def test_scale_from_zero_keeps_one_replica():
     load = ld(queued=3, new_ready_s=101.0)
-    decision, _ = limit(load, Proposal(0, "demand"), LimitParams(), LimitMemory())
+    decision, _ = limit(load, Proposal(0, "demand"), LimitParams(governor=True), LimitMemory())
     assert decision.desired == 1
 
 
-def test_every_plugin_goes_through_the_governor_and_it_can_be_switched_off():
+def test_every_plugin_goes_through_the_governor_when_asked():
     load = ld(queued=6, replicas_warm=2, queue_latency_s=700.0, new_ready_s=130.0)
-    for name in ("concurrency", "tsk"):
-        decision, _ = make_autoscaler(name).decide(load)
-        assert decision.desired == 2 and "governor" in decision.reason, name
-    off, _ = make_autoscaler("concurrency", {"governor": False}).decide(load)
+    for name in ("concurrency", "tsk", "owk", "atl", "eq412"):
+        decision, _ = make_autoscaler(name, {"governor": True}).decide(
+            ld(queued=6, replicas_warm=2, queue_latency_s=700.0, new_ready_s=130.0,
+               utilisation=1.0, arrival_rate=1.0))
+        assert decision.desired <= 2, name
+    on, _ = make_autoscaler("concurrency", {"governor": True}).decide(load)
+    assert on.desired == 2 and "governor" in on.reason
+    off, _ = make_autoscaler("concurrency").decide(load)
     assert off.desired == 6
     with pytest.raises(BadRequest, match="governor_horizon"):
         LimitParams(governor_horizon=-1)

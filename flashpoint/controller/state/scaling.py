@@ -22,7 +22,7 @@ from flashpoint.policy.partitioning import (
     ScaleUpLoad,
     choose_plan,
     place_spread,
-    scale_down_order,
+    scale_down_select,
     stage_ranges,
 )
 from flashpoint.policy.placement import select_receivers
@@ -77,11 +77,11 @@ class Scaling(GroupLifecycle, Placement):
             # replica's worth of throughput.
             groups = [g for g in self.groups.values()
                       if g.function == fn.spec.name and g.phase != GroupPhase.STOPPING]
-            for gid in scale_down_order([GroupSnapshot(g.group_id, len(g.stages),
-                                                       g.serving_s or g.requested_s)
-                                         for g in groups]):
-                if excess <= 0:
-                    break
+            # Only groups that fit in the replicas still to free (thesis §4.2.6): a
+            # one-replica excess does not stop a four-stage pipeline.
+            for gid in scale_down_select([GroupSnapshot(g.group_id, sum(
+                    r in self.replicas for r in g.stages), g.serving_s or g.requested_s)
+                    for g in groups], excess):
                 group = self.groups[gid]
                 excess -= sum(r in self.replicas for r in group.stages)
                 cmds += self._stop_group(group, "retired")
