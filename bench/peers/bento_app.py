@@ -55,7 +55,7 @@ class Peer:
 
             path = os.path.join(MODEL_DIR, "bert-base")
             self.tokenizer = AutoTokenizer.from_pretrained(path)
-            self.bert = AutoModelForSequenceClassification.from_pretrained(path).eval()
+            self.bert_model = AutoModelForSequenceClassification.from_pretrained(path).eval()
 
     def _run(self, name: str, x: np.ndarray) -> np.ndarray:
         import torch
@@ -71,7 +71,7 @@ class Peer:
     def mlp(self, inputs: dict) -> dict:
         return _reply("y", self._run("mlp", _tensor(inputs)))
 
-    @bentoml.api(batchable=BATCHED, max_batch_size=16, max_latency_ms=1000)
+    @bentoml.api(batchable=BATCHED, max_batch_size=16)
     def mlp_batched(self, x: np.ndarray) -> np.ndarray:
         return self._run("mlp", x.astype(np.float32))
 
@@ -86,5 +86,5 @@ class Peer:
         enc = self.tokenizer(list(inputs["text"]), return_tensors="pt", padding=True,
                              truncation=True)
         with torch.inference_mode():
-            logits = self.bert(**enc).logits.numpy()
+            logits = self.bert_model(**enc).logits.numpy()
         return _reply("logits", logits)

@@ -74,10 +74,20 @@ async def one(url: str, body: Any, timeout_s: float = 600.0) -> dict[str, Any]:
     return {"wall_s": wall, "reply": json.loads(text)}
 
 
+def _exited(pid: int) -> bool:
+    """Whether process ``pid`` is gone or a zombie (it exited; its parent has not reaped it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 async def first_success(url: str, body: Any, t0_wall: float, timeout_s: float,
-                        every_s: float = 0.05) -> dict[str, Any]:
+                        every_s: float = 0.05, pid: int | None = None) -> dict[str, Any]:
     """Poll ``url`` until a request is answered with 200 (a server just started); returns the
-    time from ``t0_wall`` (``time.time()`` when the server was started) to that answer."""
+    time from ``t0_wall`` (``time.time()`` when the server was started) to that answer.
+    Gives up at once when the server's process ``pid`` has exited."""
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
         while time.monotonic() < deadline:
@@ -88,6 +98,8 @@ async def first_success(url: str, body: Any, t0_wall: float, timeout_s: float,
                         return {"wall_s": time.time() - t0_wall, "reply": json.loads(text)}
             except (aiohttp.ClientError, asyncio.TimeoutError):
                 pass
+            if pid is not None and _exited(pid):
+                raise RuntimeError(f"{url}: the server (pid {pid}) exited before answering")
             await asyncio.sleep(every_s)
     raise TimeoutError(f"{url}: no answer within {timeout_s}s of the server's start")
 

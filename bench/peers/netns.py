@@ -88,6 +88,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return ""
+
+
 class LoopbackNamespace:
     """``with LoopbackNamespace() as ns:`` creates namespace ``ns.name`` with ``lo`` up and
     nothing else; on exit stops by PID what is still inside and deletes it."""
@@ -95,6 +103,7 @@ class LoopbackNamespace:
     def __init__(self, name: str | None = None) -> None:
         self.name = name or namespace_name()
         self.leftover_pids: list[int] = []
+        self.leftover_cmdlines: list[str] = []
 
     def __enter__(self) -> LoopbackNamespace:
         out = _ip("netns", "add", self.name)
@@ -120,6 +129,7 @@ class LoopbackNamespace:
     def delete(self) -> None:
         """Stop what is left inside (by PID), then delete the namespace."""
         self.leftover_pids = pids_in(self.name)
+        self.leftover_cmdlines = [_cmdline(p) for p in self.leftover_pids]
         if self.leftover_pids:
             stop_pids(self.leftover_pids)
         out = _ip("netns", "delete", self.name)

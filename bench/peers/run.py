@@ -70,7 +70,7 @@ def outer(args: argparse.Namespace) -> int:
     print(f"[run] model files ready in {time.monotonic() - t0:.1f}s under {arts.mlp.parent}",
           flush=True)
     logs = Path(tempfile.mkdtemp(prefix="fp-peers-logs-"))
-    spec = {"quick": args.quick, "peers": peers, "envs": peer_envs, "logs": str(logs),
+    spec = {"quick": args.quick, "peers": peers, "flashpoint": not args.no_flashpoint, "envs": peer_envs, "logs": str(logs),
             "root": str(root), "out": str(logs / "result.json")}
     (logs / "spec.json").write_text(json.dumps(spec))
     with netns.LoopbackNamespace() as ns:
@@ -91,7 +91,7 @@ def outer(args: argparse.Namespace) -> int:
             raise
     if ns.leftover_pids:
         print(f"[run] stopped {len(ns.leftover_pids)} leftover processes in {ns.name}: "
-              f"{ns.leftover_pids}", flush=True)
+              f"{list(zip(ns.leftover_pids, ns.leftover_cmdlines))}", flush=True)
     out = Path(spec["out"])
     if rc != 0 or not out.exists():
         print(f"[run] FAILED (rc={rc}); logs: {logs}", flush=True)
@@ -121,7 +121,8 @@ def inner(spec_path: str) -> int:
     arts = artifacts.ensure(Path(spec["root"]))
     plan = measure.Plan.of(spec["quick"])
     result = asyncio.run(measure.run(plan, arts, spec["envs"], Path(spec["logs"]),
-                                     ("flashpoint", *spec["peers"])))
+                                     (*(["flashpoint"] if spec["flashpoint"] else []),
+                                      *spec["peers"])))
     Path(spec["out"]).write_text(json.dumps(result, default=str))
     return 0
 
@@ -131,6 +132,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer requests and repeats")
     ap.add_argument("--peers", default=",".join(envs.PEERS),
                     help="comma list of peers to run (default: ray,bentoml)")
+    ap.add_argument("--no-flashpoint", action="store_true",
+                    help="peers only (to debug a peer; the targets are then not measured)")
     ap.add_argument("--json-out", default="", help="also write the JSON line to this file")
     ap.add_argument("--inner", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
