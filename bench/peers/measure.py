@@ -12,6 +12,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import multiprocessing as mp
+import shutil
 import sys
 import tempfile
 import time
@@ -141,13 +142,19 @@ class Bench:
     # -- Flashpoint ----------------------------------------------------------------------
 
     async def flashpoint(self) -> None:
+        home = Path(tempfile.mkdtemp(prefix="fp-peers-"))
+        try:
+            await self._flashpoint(home)
+        finally:  # the registry holds ~1 GB of blobs
+            shutil.rmtree(home, ignore_errors=True)
+
+    async def _flashpoint(self, home: Path) -> None:
         from flashpoint.cluster import LocalCluster
         from flashpoint.config import load_config
         from flashpoint.models.sources import PushOptions, publish, publish_source
         from flashpoint.registry.local import LocalStore
         from flashpoint.spec import FunctionSpec, TensorSpec
 
-        home = Path(tempfile.mkdtemp(prefix="fp-peers-"))
         store = LocalStore(home / "registry")
         t0 = time.perf_counter()
         await publish(store, "noop", preset="tiny", version="1", model_name="noop")
@@ -160,7 +167,7 @@ class Bench:
               flush=True)
         big = self.arts.big_bytes
         overrides = {"controller": {"listen_port": 0}, "log_level": "WARNING",
-                     "host": {"cpu_devices": 4, "warm_pool_size": 1,
+                     "host": {"cpu_devices": 4, "warm_pool_size": 4,
                               "device_memory_bytes": 2 * big, "cache_bytes": 10 * big,
                               "host_memory_bytes": 20 * big}}
         cfg = load_config(overrides=overrides).with_home(home)

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -127,6 +128,10 @@ def inner(spec_path: str) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests and repeats")
@@ -139,6 +144,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.inner:
         return inner(args.inner)
+    # SIGTERM unwinds like Ctrl-C, so the namespace and what runs in it still go.
+    signal.signal(signal.SIGTERM, _interrupt)
     return outer(args)
 
 
