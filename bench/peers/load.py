@@ -46,7 +46,7 @@ async def closed_loop(url: str, body: Any, concurrency: int, requests: int, max_
                     async with s.post(url, data=payload, headers=headers) as r:
                         await r.read()
                         ok = r.status == 200
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     ok = False
                 if ok:
                     lat.append(time.perf_counter() - t)
@@ -96,7 +96,7 @@ async def first_success(url: str, body: Any, t0_wall: float, timeout_s: float,
                     text = await r.text()
                     if r.status == 200:
                         return {"wall_s": time.time() - t0_wall, "reply": json.loads(text)}
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 pass
             if pid is not None and _exited(pid):
                 raise RuntimeError(f"{url}: the server (pid {pid}) exited before answering")
@@ -130,7 +130,7 @@ async def open_loop(url: str, body: Any, rate_hz: float, duration_s: float,
                     if r.status != 200:
                         failed += 1
                         return
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 failed += 1
                 return
             done = time.perf_counter()

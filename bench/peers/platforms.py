@@ -44,7 +44,7 @@ async def stop_process(proc: asyncio.subprocess.Process, timeout_s: float = STOP
             pass
         try:
             await asyncio.wait_for(proc.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     try:  # helpers it left behind in its group
         os.killpg(proc.pid, signal.SIGKILL)
@@ -84,7 +84,7 @@ class RayServe:
                 raise PeerError(f"ray driver: no reply within {timeout_s}s (log: {self.log_path})")
             try:
                 line = await asyncio.wait_for(self.proc.stdout.readline(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             if not line:
                 raise PeerError(f"ray driver exited (rc={self.proc.returncode}); "

@@ -25,9 +25,8 @@ from typing import Any
 
 import numpy as np
 from ray import serve
-from starlette.requests import Request
-
 from ray_settings import BATCH, SETTINGS
+from starlette.requests import Request
 
 REPLY = "@@ "  # prefixes reply lines: Ray may print its own lines on stdout
 

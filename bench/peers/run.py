@@ -51,10 +51,9 @@ def machine() -> dict[str, object]:
 
 
 def outer(args: argparse.Namespace) -> int:
+    import artifacts
     import torch
     import transformers
-
-    import artifacts
 
     root = envs.cache_dir()
     peers = [p for p in args.peers.split(",") if p]
@@ -71,8 +70,9 @@ def outer(args: argparse.Namespace) -> int:
     print(f"[run] model files ready in {time.monotonic() - t0:.1f}s under {arts.mlp.parent}",
           flush=True)
     logs = Path(tempfile.mkdtemp(prefix="fp-peers-logs-"))
-    spec = {"quick": args.quick, "peers": peers, "flashpoint": not args.no_flashpoint, "envs": peer_envs, "logs": str(logs),
-            "root": str(root), "out": str(logs / "result.json")}
+    spec = {"quick": args.quick, "peers": peers, "flashpoint": not args.no_flashpoint,
+            "envs": peer_envs, "logs": str(logs), "root": str(root),
+            "out": str(logs / "result.json")}
     (logs / "spec.json").write_text(json.dumps(spec))
     with netns.LoopbackNamespace() as ns:
         print(f"[run] measuring inside network namespace {ns.name} (lo only); logs: {logs}",
@@ -92,7 +92,7 @@ def outer(args: argparse.Namespace) -> int:
             raise
     if ns.leftover_pids:
         print(f"[run] stopped {len(ns.leftover_pids)} leftover processes in {ns.name}: "
-              f"{list(zip(ns.leftover_pids, ns.leftover_cmdlines))}", flush=True)
+              f"{list(zip(ns.leftover_pids, ns.leftover_cmdlines, strict=True))}", flush=True)
     out = Path(spec["out"])
     if rc != 0 or not out.exists():
         print(f"[run] FAILED (rc={rc}); logs: {logs}", flush=True)
