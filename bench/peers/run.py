@@ -142,10 +142,11 @@ def main() -> int:
     ap.add_argument("--json-out", default="", help="also write the JSON line to this file")
     ap.add_argument("--inner", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    # SIGTERM unwinds like Ctrl-C: the outer run still deletes the namespace, the inner one
+    # still stops its servers and removes its temporary registry.
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.inner:
         return inner(args.inner)
-    # SIGTERM unwinds like Ctrl-C, so the namespace and what runs in it still go.
-    signal.signal(signal.SIGTERM, _interrupt)
     return outer(args)
 
 
