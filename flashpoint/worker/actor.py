@@ -225,7 +225,8 @@ class Worker:
 
         self._controller = ReconnectingClient(
             self._controller_url, {"infer": self._infer, "infer_many": self._infer_many,
-             "replica_status": self._status, "ping": self._ping},
+             "replica_status": self._status, "ping": self._ping,
+             "hand_off": self._hand_off},
             secret=self.credential.key, name=self.credential.principal,
             on_connected=self._announce,
         )
@@ -262,7 +263,8 @@ class Worker:
         self._controller = ReconnectingClient(
             str(payload["controller_url"]),
             {"kaas_run": self._kaas_run, "kaas_reset": self._kaas_reset,
-             "replica_status": self._status, "ping": self._ping},
+             "replica_status": self._status, "ping": self._ping,
+             "hand_off": self._hand_off},
             secret=self.credential.key, name=self.credential.principal,
             on_connected=self._announce)
         await self._controller.start()
@@ -550,13 +552,21 @@ class Worker:
         ``text``, ``token_id``), then the reply: the whole answer and ``chunks``, how many
         were sent (notifications may be handled after the reply arrives). The caller
         cancelling the call (a client gone) cancels the sequence and frees its cache."""
+        from flashpoint.messages.base import from_payload, to_payload
+        from flashpoint.messages.migration import SequenceHandOff
         from flashpoint.models.generate import FinishReason, GenerationResult
+        from flashpoint.worker.generation import hand_off_message, resumed_request
 
         rid = str(payload.get("request_id", ""))
         started = time.perf_counter()
-        stream = self.batcher.stream(request)
-        ids: list[int] = []
-        text, finish, index = "", FinishReason.LENGTH, 0
+        # a sequence another replica handed off goes on from its tokens (live migration)
+        resume = payload.get("resume")
+        request, index = resumed_request(request, None if resume is None else from_payload(
+            SequenceHandOff, resume, method="infer"))
+        stream = self.batcher.stream(request, key=rid)
+        ids: list[int] = list(request.progress.generated_ids) if request.progress else []
+        text = request.progress.emitted_text if request.progress else ""
+        finish = FinishReason.LENGTH
         try:
             async for event in stream:
                 if event.token_id is not None:
@@ -570,6 +580,9 @@ class Worker:
                 index += 1
         finally:
             await stream.aclose()
+        if stream.handed_off is not None:  # left for another replica (hand_off)
+            return {"handed_off": to_payload(hand_off_message(request, stream.handed_off,
+                                                              index)), "chunks": index}
         result = GenerationResult(len(request.prompt_ids), tuple(ids), text, finish)
         return {"outputs": encode_tensors(self._finish(result)), "chunks": index,
                 "timings_s": {"inference": time.perf_counter() - started}}
@@ -640,6 +653,17 @@ class Worker:
             return {"replica_id": "", "function": "", "stats": {}}
         return {"replica_id": rep.replica_id, "function": rep.spec.name,
                 "stats": batcher.stats.snapshot()}
+
+    async def _hand_off(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+        """Live migration: the controller takes these streamed sequences elsewhere; each
+        leaves at the next token boundary and its ``infer`` call answers ``handed_off``."""
+        from flashpoint.messages.base import from_payload, to_payload
+        from flashpoint.messages.migration import HandOffAccepted, HandOffSequences
+
+        msg = from_payload(HandOffSequences, payload, method="hand_off")
+        count = self.batcher.hand_off(msg.request_ids) if hasattr(self.batcher, "hand_off") \
+            else 0
+        return to_payload(HandOffAccepted(handing_off=count))
 
     async def _ping(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         """The controller's liveness probe on this connection (answered by the event loop,
