@@ -27,6 +27,7 @@ from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.controller.gateway_service import GatewayService
 from flashpoint.controller.handles import HostHandle, Pending, WorkerHandle
 from flashpoint.controller.kaas_pool import KaasPool
+from flashpoint.controller.migration import MIGRATION_GAP, Migrator
 from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
@@ -131,6 +132,9 @@ class Controller:
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())
         self.hosts: dict[str, HostHandle] = {}
         self.workers: dict[str, WorkerHandle] = {}
+        # live migration of streamed generations off leaving replicas (controller/migration.py)
+        self.migration = Migrator(self.state, self.dispatcher, self.streams, self.workers,
+                                  self._spawn, self._send, self._pump)
         self._conn_replica: dict[int, str] = {}
         self._last_request: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -269,6 +273,7 @@ class Controller:
             if g.phase == cs.GroupPhase.STOPPING and self.dispatcher.inflight_of(g.group_id) == 0
         )
         self._execute(self.state.handle(cs.Tick(now, loads, idle)))
+        self.migration.step(now)
         if self.mig is not None:
             self.mig.step(now)
         for h in self.state.hosts.values():
@@ -314,6 +319,7 @@ class Controller:
                     self._spawn(self._start_chain(cmd), f"chain:{cmd.transfer_id}")
                 case cs.StopAccepting():
                     self.dispatcher.stop_accepting(cmd.replica_id)
+                    self.migration.soon()  # its streams move (controller/migration.py)
                 case cs.StopReplica():
                     host = self.hosts.get(cmd.host_id)
                     if host is not None:
@@ -694,6 +700,7 @@ class Controller:
                 p.sent_s = now
                 if p.stream:  # its chunks come from this connection; its caller gone,
                     self.streams.sent(p.request_id, handle.conn)  # the call is cancelled
+                    self.migration.sent(p, rid)
                     _cancel_with(p.future, asyncio.current_task())
             timeout = max(0.001, max(p.deadline_s for p in live) - now)
             replies = await handle.infer(live, timeout)
@@ -701,8 +708,8 @@ class Controller:
             prev = self._exec_s.get(live[0].function)
             self._exec_s[live[0].function] = took if prev is None else prev + 0.2 * (took - prev)
             for p, reply in zip(live, replies, strict=True):
-                if p.future.done():
-                    continue
+                if p.future.done() or self.migration.handled(p, reply, rid):
+                    continue  # a hand-off goes on on another replica (live migration)
                 if "error" in reply:
                     self._retry_or_fail(p, from_wire(reply["error"]))
                 else:
@@ -778,7 +785,7 @@ class Controller:
         (gateway/streams.py); closing the iterator early cancels the request."""
         return stream_invocation(self.streams, request_id, lambda: self.invoke(
             name, inputs, request_id=request_id, timeout_s=timeout_s,
-            request_class=request_class, stream=True))
+            request_class=request_class, stream=True), on_gap=MIGRATION_GAP.observe)
 
     async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
                      timeout_s: float | None = None,
