@@ -117,7 +117,9 @@ class WorkerHandle:
         """One frame for all of ``ps``; one reply (outputs or a wire error) per request.
         Streamed requests go as calls of their own, side by side."""
         if len(ps) > 1 and any(p.stream for p in ps):
-            return list(await asyncio.gather(*(self.infer([p], timeout_s) for p in ps)))
+            # one reply per request: each call answers a list of one
+            return [r for rs in await asyncio.gather(*(self.infer([p], timeout_s) for p in ps))
+                    for r in rs]
         if len(ps) == 1:
             try:
                 return [await self.conn.call("infer", ps[0].payload, timeout_s=timeout_s)]
