@@ -233,7 +233,8 @@ class GenerationEngine:
         return not self.waiting and not self.running
 
     def _admit(self) -> list[GenSequence]:
-        """Waiting sequences that fit now, in order (FIFO: the head blocks the rest)."""
+        """Waiting sequences that fit now, in order (FIFO: the head blocks the rest); at
+        most one resumed sequence per step (see :meth:`step`)."""
         joined = []
         while self.waiting and len(self.running) < self.max_running:
             head = self.waiting[0]
@@ -243,18 +244,28 @@ class GenerationEngine:
             self.reserved_bytes += head.reserved_bytes
             self.running[head.seq_id] = head
             joined.append(head)
+            if head.generated:
+                break
         return joined
 
     # -- one token boundary -----------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[TokenEvent]:
-        """Join, one token for every running sequence, leave (see the module docstring)."""
+        """Join, one token for every running sequence, leave (see the module docstring).
+
+        A step in which a resumed sequence (live migration) joins ends after the joins: its
+        client has waited since its last token on the source, so its next token is not held
+        behind the others' decode (theirs comes a step later, their ids unchanged); and
+        several arriving together join one per step, so each waits for its own prefill and
+        those before it, not all of them."""
         events: list[TokenEvent] = []
-        for seq in self._admit():
+        joined = self._admit()
+        for seq in joined:
             logits = self._prefill(seq)
             events.append(self._take(seq, logits))
+        resumed = any(len(s.generated) > 1 for s in joined)
         decoding = [s for s in self.running.values() if s.finish is None and s.pending is not None
-                    and s.seq_id not in {e.seq_id for e in events}]
+                    and s.seq_id not in {e.seq_id for e in events}] if not resumed else []
         if decoding:
             for seq, logits in zip(decoding, self._decode(decoding), strict=True):
                 events.append(self._take(seq, logits))

@@ -66,11 +66,19 @@ class _Stream:
     replica_at_start: str = ""
 
 
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory: pytest.TempPathFactory
+       ) -> tuple[Path, dict[str, tuple[list[int], str, int]]]:
+    """The model ("small": 256 positions, so that a stream lasts long enough to be caught
+    mid-way) and its references, shared by both ways of leaving."""
+    d = make_causal_lm(tmp_path_factory.mktemp("mig") / "src", family="llama", size="small")
+    return d, _references(d)
+
+
 @pytest.mark.parametrize("how", ["host_drain", "scale_down"])
-async def test_streams_move_off_a_leaving_replica(tmp_path: Path, how: str) -> None:
-    # "small" (256 positions) so that a stream lasts long enough to be caught mid-way
-    model_dir = make_causal_lm(tmp_path / "src", family="llama", size="small")
-    refs = _references(model_dir)
+async def test_streams_move_off_a_leaving_replica(
+        tmp_path: Path, how: str, lm: tuple[Path, dict[str, tuple[list[int], str, int]]]) -> None:
+    model_dir, refs = lm
     cfg = cluster_config(tmp_path)
     # a drain retires at once (its deadline is within the margin): no wait for a replacement
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(
@@ -84,8 +92,7 @@ async def test_streams_move_off_a_leaving_replica(tmp_path: Path, how: str) -> N
         await c.add_host(kind="ondemand")
         await c.add_host(kind="spot", spot_notice=f"file:{notice}", spot_poll_interval_s=0.05)
         ctl = c.controller
-        spec = await ctl.register_function(_spec(min_replicas=2, max_replicas=2))
-        del spec
+        await ctl.register_function(_spec(min_replicas=2, max_replicas=2))
         await wait_for("two warm replicas", lambda: sum(
             r.phase == "warm" and r.replica_id in ctl.workers
             for r in ctl.state.replicas.values()) == 2, 120)
