@@ -47,8 +47,9 @@ class _Sink:
     moved_at: list[int] = field(default_factory=list)  # first chunk index after each move
 
     def gaps_s(self) -> list[float]:
-        """Per move: from the last chunk before it to the first after it (both arrived)."""
-        return [self.arrived_s[i] - self.arrived_s[i - 1] for i in self.moved_at
+        """Per move: from the last chunk before it to the first after it (both arrived; 0
+        when the source's last chunk was handled after the destination's first)."""
+        return [max(0.0, self.arrived_s[i] - self.arrived_s[i - 1]) for i in self.moved_at
                 if i in self.arrived_s and i - 1 in self.arrived_s]
 
 
