@@ -14,7 +14,8 @@ where the source stopped, and the source's last chunks may still arrive after th
 destination's first, so both count and the stream orders them by index. The time between
 the source's last chunk and the destination's first is the move's **gap**, in the result's
 ``timings_s`` as ``migration_gap`` (the longest, when it moved more than once) with
-``migrations``, the number of moves. Notifications are handled as tasks of their own, so the reply may
+``migrations``, the number of moves, and ``migrated_at``, the index of the first chunk after
+the last move. Notifications are handled as tasks of their own, so the reply may
 overtake the last few: the stream waits for every chunk up to ``completion_tokens`` before
 its final item, within ``STRAGGLER_WAIT_S``. Closing the stream early (the HTTP client went
 away) cancels the invocation, and with it the call to the next hop, which in the worker
@@ -146,6 +147,7 @@ async def stream_invocation(
         if sink.moved_at:
             gaps = sink.gaps_s()
             result.timings_s["migrations"] = float(len(sink.moved_at))
+            result.timings_s["migrated_at"] = float(sink.moved_at[-1])  # a chunk index
             if gaps:
                 result.timings_s["migration_gap"] = max(gaps)
             for gap in gaps if on_gap is not None else ():

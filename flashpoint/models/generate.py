@@ -21,6 +21,7 @@ it from the worker's event loop (steps on the model thread, joins and cancels be
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -149,6 +150,9 @@ class GenerationEngine:
         self.running: dict[int, GenSequence] = {}
         self.reserved_bytes = 0
         self.steps = 0
+        # the last step's joins: seq id -> seconds its prefill took (a resumed sequence's
+        # share of its migration gap)
+        self.last_prefill_s: dict[int, float] = {}
         self._next_id = 0
 
     # -- joining and leaving ----------------------------------------------------------
@@ -260,8 +264,11 @@ class GenerationEngine:
         those before it, not all of them."""
         events: list[TokenEvent] = []
         joined = self._admit()
+        self.last_prefill_s = {}
         for seq in joined:
+            started = time.perf_counter()
             logits = self._prefill(seq)
+            self.last_prefill_s[seq.seq_id] = time.perf_counter() - started
             events.append(self._take(seq, logits))
         resumed = any(len(s.generated) > 1 for s in joined)
         decoding = [s for s in self.running.values() if s.finish is None and s.pending is not None

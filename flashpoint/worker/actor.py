@@ -584,8 +584,11 @@ class Worker:
             return {"handed_off": to_payload(hand_off_message(request, stream.handed_off,
                                                               index)), "chunks": index}
         result = GenerationResult(len(request.prompt_ids), tuple(ids), text, finish)
+        timings = {"inference": time.perf_counter() - started}
+        if request.progress is not None:  # resumed here: its prefill is part of the gap
+            timings["resume_prefill"] = stream.prefill_s
         return {"outputs": encode_tensors(self._finish(result)), "chunks": index,
-                "timings_s": {"inference": time.perf_counter() - started}}
+                "timings_s": timings}
 
     def _finish(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request's module outputs as its answer (the serving task's ``finish``)."""

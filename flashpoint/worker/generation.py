@@ -50,6 +50,7 @@ class _Sink:
     finished: bool = False
     enqueued_s: float = field(default_factory=time.perf_counter)
     key: str = ""  # the caller's name for it (its request id): what hand_off selects by
+    prefill_s: float = 0.0  # how long its prefill took here
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,7 @@ class GenerationLoop:
                     continue
                 if event.seq_id not in before:  # joined in this step
                     self.stats.queued(started - sink.enqueued_s)
+                    sink.prefill_s = self.engine.last_prefill_s.get(event.seq_id, 0.0)
                 self._end(sink, event)
                 if event.finish is not None:
                     self._sinks.pop(event.seq_id, None)
@@ -292,6 +294,11 @@ class SequenceStream:
             self.handed_off = item.progress
             raise StopAsyncIteration
         return item
+
+    @property
+    def prefill_s(self) -> float:
+        """Seconds its prefill took on this replica (0 until it has joined)."""
+        return self._sink.prefill_s
 
     async def aclose(self) -> None:
         """Cancel the sequence unless it has finished (idempotent)."""
