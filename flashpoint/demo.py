@@ -4,8 +4,10 @@ Starts a local cluster on embedded defaults (a fresh state directory), publishes
 models, registers functions over the HTTP API, sends a first request (a scale from zero),
 then a burst, and prints real model outputs, the cold-start breakdown and latency
 percentiles. Then a partitioned cold start (a profiled model split over two hosts, served
-as a pipeline, completed into whole replicas) and a scale-out that shows every source of
-model bytes.
+as a pipeline, completed into whole replicas), a Hugging Face text classifier and a
+causal language model built here (the latter streams a short generation over the
+OpenAI-compatible route after a scale from zero, its tokens printed as they arrive), and a
+scale-out that shows every source of model bytes.
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ async def run_demo(cfg: ClusterConfig, *, hosts: int, preset: str, requests: int
             # would find the pool full again, so wait for that rather than time a spawn.
             await asyncio.gather(*(h.wait_pool_ready(60) for h in cluster.hosts))
             hf_lines = await _hugging_face_text(s, url, store, home)
+            print("\nA causal language model (built here, pushed, scaled from zero), streamed:")
+            gen_lines = await stream_generation(s, url, store, home)
             # Scale bert-fn out to every device: the new replicas show the sourcing hierarchy
             # (own RAM on the host that has the model, a chain from it for the other host).
             want = hosts * cfg.host.cpu_devices - 1  # one device holds resnet-fn
@@ -156,6 +160,8 @@ async def run_demo(cfg: ClusterConfig, *, hosts: int, preset: str, requests: int
         print("\n".join(part_lines))
         print("\nA Hugging Face text classifier (a directory built here, pushed as a user would):")
         print("\n".join(hf_lines))
+        print("\nThe streamed generation (OpenAI /v1/completions, stream: true):")
+        print("\n".join(gen_lines))
     return 0 if all(r[2] == "0" for r in lat_rows) else 1
 
 
@@ -242,4 +248,57 @@ async def _hugging_face_text(s: aiohttp.ClientSession, url: str, store: Any,
                  + " ms); the weights are random, so the labels are too")
     async with s.delete(f"{url}/v1/functions/sentiment-fn") as r:  # its device for the scale-out
         assert r.status in (200, 204), await r.text()
+    return lines
+
+
+GENERATION_PROMPT = "the cluster scales"
+
+
+async def stream_generation(s: aiohttp.ClientSession, url: str, store: Any, home: Path, *,
+                            max_tokens: int = 12, delete: bool = True) -> list[str]:
+    """Build a tiny random-weight GPT-2 directory (``tiny_hf.make_causal_lm``), push it,
+    deploy it (no replica yet) and stream a greedy completion over the OpenAI route
+    (``stream: true``): the first token waits for the scale from zero; each token is
+    printed as its event arrives. Returns the lines to print after; deletes the function
+    (its device goes to the scale-out) unless ``delete`` is False."""
+    import json
+
+    from flashpoint.models.sources import publish_source
+    from flashpoint.models.tiny_hf import make_causal_lm
+
+    directory = await asyncio.to_thread(make_causal_lm, home / "tiny-gpt2", family="gpt2")
+    m = await publish_source(store, "tiny-gpt2", directory)
+    async with s.post(f"{url}/v1/functions", json={
+            "name": "gpt2-fn", "model": "tiny-gpt2", "keep_alive_s": 60}) as r:
+        assert r.status == 201, await r.text()
+    body = {"model": "gpt2-fn", "prompt": GENERATION_PROMPT, "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first_s = None
+    usage: dict[str, int] = {}
+    pieces: list[str] = []
+    print(f"  {GENERATION_PROMPT} ->", end="", flush=True)
+    async with s.post(f"{url}/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        async for line in r.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            event = json.loads(line[6:])
+            for choice in event.get("choices", []):
+                if choice.get("text"):
+                    first_s = first_s if first_s is not None else time.perf_counter() - t0
+                    pieces.append(choice["text"])
+                    print(choice["text"], end="", flush=True)  # as it arrives
+            usage = event.get("usage") or usage
+    wall = time.perf_counter() - t0
+    print(flush=True)
+    n = int(usage.get("completion_tokens", 0))
+    lines = [f"  pushed tiny-gpt2 ({m.blob_size / 1e3:.0f} kB, task {m.task}); "
+             f"{GENERATION_PROMPT!r} -> {''.join(pieces)!r}",
+             f"  {n} tokens (prompt {usage.get('prompt_tokens', 0)}); first token after "
+             f"{(first_s or 0) * 1e3:.0f} ms (a scale from zero), all after {wall * 1e3:.0f} ms;"
+             " random weights, so the words are too"]
+    if delete:
+        async with s.delete(f"{url}/v1/functions/gpt2-fn") as r:
+            assert r.status in (200, 204), await r.text()
     return lines

@@ -1,9 +1,10 @@
 """Controller: the cluster's one decision maker, plus the HTTP gateway it serves.
 
 I/O only: RPC handlers and the control loop turn what they hear into events for
-:class:`ControllerState`, execute the commands it returns, and move requests from the
-per-function queues to warm replicas with credit-based dispatch (:class:`Dispatcher`).
-It implements :class:`flashpoint.gateway.backend.InvokeBackend` for the gateway.
+:class:`ControllerState` and execute the commands it returns. Requests travel through the
+:class:`RequestPath` it owns (``requests.py``: per-function queues, credit-based dispatch to
+warm replicas by :class:`Dispatcher`, retries, deadlines). It implements
+:class:`flashpoint.gateway.backend.InvokeBackend` for the gateway.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -21,46 +22,46 @@ from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from flashpoint import heap
-from flashpoint.controller.state import core as cs
-from flashpoint.controller.cold_timings import ColdStartMarks, cold_start_phases
+from flashpoint.audit import AuditLog
+from flashpoint.config import ClusterConfig, check_http_auth, check_secret
+from flashpoint.controller.cold_timings import ColdStartMarks
 from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.controller.gateway_service import GatewayService
-from flashpoint.controller.handles import HostHandle, Pending, WorkerHandle
+from flashpoint.controller.handles import HostHandle, WorkerHandle
 from flashpoint.controller.kaas_pool import KaasPool
-from flashpoint.controller.migration import MIGRATION_GAP, Migrator
+from flashpoint.controller.migration import Migrator
 from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
-from flashpoint.controller.state.rates import RateMeter
+from flashpoint.controller.requests import RequestPath
+from flashpoint.controller.state import events as cs  # the state's events and commands
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.records import FunctionRecord, GroupPhase, ReplicaPhase
+from flashpoint.controller.token_metrics import TokenLedger
 from flashpoint.controller.ui_journal import UiJournal
-from flashpoint.audit import AuditLog
-from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.errors import (
     BadRequest,
     DeadlineExceeded,
     FlashpointError,
     Forbidden,
     FunctionNotFound,
-    ModelFailed,
     ModelLoadFailed,
-    NoCapacity,
-    Overloaded,
     PeerLost,
-    from_wire,
 )
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult, StreamChunk
-from flashpoint.gateway.streams import StreamRegistry, stream_invocation
+from flashpoint.gateway.streams import StreamRegistry
 from flashpoint.ids import ModelKey
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
 from flashpoint.messages import controller_host as ch
-from flashpoint.messages.base import handler
+from flashpoint.messages import controller_worker as cw
+from flashpoint.messages.base import handler, to_payload
 from flashpoint.partition.cache import PlanCache
 from flashpoint.partition.model import CostModel, LayerProfile
 from flashpoint.partition.stageable import why_not_staged
 from flashpoint.pipeline.client import PipelineClient
 from flashpoint.policy.autoscale import make_autoscaler
-from flashpoint.policy.request_class import RequestClass, SloCompliance
+from flashpoint.policy.request_class import RequestClass
 from flashpoint.policy.share_placement import ReplicaShare
 from flashpoint.policy.sourcing import REGISTRY
 from flashpoint.registry.manifest import IoSignature, Manifest
@@ -69,74 +70,50 @@ from flashpoint.rpc.tls import server_context
 from flashpoint.spec import FunctionSpec
 from flashpoint.spot.cost import TABLE3_PRICES, CostMeter
 from flashpoint.spot.provider import HostProvider, replace_host
-from flashpoint.tensors import DECODED_DTYPE, decode_tensors, encode_tensors
 from flashpoint.transfer.plan import Endpoint
 
 log = get_logger("flashpoint.controller")
 
-REQUESTS = Counter("flashpoint_requests_total", "Invocations by outcome", ["function", "outcome"])
-SLO = Counter("flashpoint_slo_requests_total",
-              "Strict requests of functions with an SLO, by whether they met it",
-              ["function", "outcome"])
-LATENCY = Histogram("flashpoint_request_seconds", "End-to-end invoke latency", ["function"],
-                    buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
 COLD_STARTS = Histogram("flashpoint_cold_start_seconds", "Cold-start phase durations", ["phase"],
                         buckets=(.001, .01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60))
 WORKERS_SILENT = Counter("flashpoint_workers_silent_total",
                          "Workers dropped for missing a ping on their connection")
-MAX_DISPATCH_ATTEMPTS = 3
-# A backlog left after dispatch wakes the control loop at most this often: the autoscaler's
-# inputs (rates, queue age) do not change faster, and waking per request cost ~60 us each.
-BACKLOG_WAKE_INTERVAL_S = 0.05
-
-
-class _Expired(Exception):
-    """A queued or in-flight request outlived its deadline (internal to ``invoke``)."""
-
-
-def _expire(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(_Expired())
-
 
 class Controller:
     """The controller actor."""
 
-    # invoke() fails a request at its deadline (the call_later expiry, never later than the
-    # timeout_s it was given), so the gateway needs no backstop timer around it.
+    # invoke() fails a request at its deadline (RequestPath's call_later expiry, never later
+    # than the timeout_s it was given), so the gateway needs no backstop timer around it.
     enforces_deadline = True
 
     def __init__(self, config: ClusterConfig, store: Any) -> None:
         self.config = config
         self.cc = config.controller
         self.store = store
-        self.state = cs.ControllerState(heartbeat_timeout_s=self.cc.heartbeat_timeout_s,
-                                        cold_start_timeout_s=self.cc.cold_start_timeout_s,
-                                        replica_overhead_bytes=self.cc.replica_overhead_bytes,
-                                        stop_unknown_replicas=self.cc.stop_unknown_replicas,
-                                        process_bytes=config.host.worker_memory_bytes,
-                                        autoscaler=make_autoscaler(self.cc.autoscaler,
-                                                                   self.cc.autoscaler_params),
-                                        max_chain_length=self.cc.max_chain_length,
-                                        drain_margin_s=self.cc.drain_margin_s,
-                                        share_policy=self.cc.share_policy,
-                                        kaas_replicas=self.cc.kaas_workers,
-                                        kaas_cache_bytes=self.cc.kaas_cache_bytes,
-                                        max_start_failures=self.cc.max_start_failures,
-                                        start_backoff_s=self.cc.start_backoff_s,
-                                        start_backoff_max_s=self.cc.start_backoff_max_s)
+        self.state = ControllerState(heartbeat_timeout_s=self.cc.heartbeat_timeout_s,
+                                     cold_start_timeout_s=self.cc.cold_start_timeout_s,
+                                     replica_overhead_bytes=self.cc.replica_overhead_bytes,
+                                     stop_unknown_replicas=self.cc.stop_unknown_replicas,
+                                     process_bytes=config.host.worker_memory_bytes,
+                                     autoscaler=make_autoscaler(self.cc.autoscaler,
+                                                                self.cc.autoscaler_params),
+                                     max_chain_length=self.cc.max_chain_length,
+                                     drain_margin_s=self.cc.drain_margin_s,
+                                     share_policy=self.cc.share_policy,
+                                     kaas_replicas=self.cc.kaas_workers,
+                                     kaas_cache_bytes=self.cc.kaas_cache_bytes,
+                                     max_start_failures=self.cc.max_start_failures,
+                                     start_backoff_s=self.cc.start_backoff_s,
+                                     start_backoff_max_s=self.cc.start_backoff_max_s)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
         self.dispatcher = Dispatcher()
         self.streams = StreamRegistry()  # streamed generation requests (gateway/streams.py)
+        self.tokens = TokenLedger()  # generation load and metrics in tokens (token_metrics.py)
         self.kaas = KaasPool(self.cc, lambda: self.state.kaas_broken)
         self.table = FunctionTable(Path(self.cc.state_path).expanduser())
         self.hosts: dict[str, HostHandle] = {}
         self.workers: dict[str, WorkerHandle] = {}
-        # live migration of streamed generations off leaving replicas (controller/migration.py)
-        self.migration = Migrator(self.state, self.dispatcher, self.streams, self.workers,
-                                  self._spawn, self._send, self._pump)
         self._conn_replica: dict[int, str] = {}
-        self._last_request: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
         self._runner: web.AppRunner | None = None
         self._rpc: Any = None
@@ -144,18 +121,10 @@ class Controller:
         self.rpc_url = ""
         self._started_s = time.monotonic()
         self._wake = asyncio.Event()
-        self._backlog_wake_s = 0.0
-        self._pump_pending: set[str] = set()
-        self._ok_metrics: dict[str, tuple[Any, Any]] = {}  # function -> (ok counter, latency)
-        self._slo: dict[str, SloCompliance] = {}  # strict requests within the function's SLO
         self.ui = UiJournal()  # recent history for the dashboard (/ui)
         # "name@version" -> its manifest (immutable): parsed once, its JSON text made once
         # (Manifest.to_json is memoised) and sent as is with every deploy.
         self._manifests: dict[str, Manifest] = {}
-        self._arrivals = RateMeter()
-        self._completions = RateMeter()
-        self._invocations: dict[str, int] = {}  # accepted per function, since start
-        self._exec_s: dict[str, float] = {}  # EWMA of one request's service time
         self._stage_endpoints: dict[str, Any] = {}  # stage replica id -> pipeline endpoint
         self._stage_timings: dict[str, dict[str, float]] = {}  # stage replica id -> cold start
         # replica id -> when its start was decided, placed, acknowledged, announced
@@ -175,11 +144,18 @@ class Controller:
         self.mig = MigDriver(self.cc, self.state, self.hosts, self._execute, self._spawn,
                              time.monotonic, AuditLog(config.gateway.audit_log_path),
                              ) if self.cc.mig_reconfigure else None
+        self.requests = RequestPath(self.cc, self.state, self.dispatcher, self.workers,
+                                    self.streams, self._cold_marks, self.mig, self._spawn,
+                                    self._wake.set, self._started_s, self.ui,
+                                    self.tokens, self._manifests)
+        # live migration of streamed generations off leaving replicas (controller/migration.py)
+        self.requests.migration = self.migration = Migrator(
+            self.state, self.dispatcher, self.streams, self.workers, self._spawn,
+            self.requests.send, self.requests.pump)
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         from flashpoint.gateway.app import RUNNER_KWARGS, add_routes
-        from flashpoint.gateway.standalone import gateway_config
         from flashpoint.rpc import RpcServer
 
         check_secret(self.config.secret, self.cc.listen_host, "the controller")
@@ -196,17 +172,17 @@ class Controller:
         tls = server_context(self.cc.tls_cert_path, self.cc.tls_key_path, setting="controller")
         gw = self.config.gateway
         app = web.Application(client_max_size=gw.max_body_bytes)
-        add_routes(app, self, gateway_config(gw), kaas=self.kaas,
+        add_routes(app, self, gw, kaas=self.kaas,
                    process_registry=prometheus_client.REGISTRY)
         # Each peer proves its own key and may call only what its role needs (rpc/roles.py).
         self._rpc = RpcServer(
             roles.guard({"register_host": handler(ch.RegisterHost, self._register_host),
              "heartbeat": handler(ch.Heartbeat, self._heartbeat),
-             "replica_ready": self._replica_ready,
+             "replica_ready": handler(cw.ReplicaReady, self._replica_ready, "replica_ready"),
              "replica_failed": handler(ch.ReplicaFailed, self._replica_failed),
              "stage_ready": handler(ch.StageReady, self._stage_ready),
              "host_draining": handler(ch.HostDraining, self._host_draining),
-             "gen_chunk": self.streams.on_chunk,
+             "gen_chunk": self.tokens.relay(self.streams.on_chunk, time.monotonic),
              **GatewayService(self, self.kaas).handlers()}),
             secret=roles.controller_keyring(self.config.secret.encode()),
             on_disconnect=self._on_disconnect,
@@ -229,7 +205,7 @@ class Controller:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for name in list(self.state.functions):
-            self._fail_queue(name, FlashpointError("controller shutting down"))
+            self.requests.fail_queue(name, FlashpointError("controller shutting down"))
         await self.kaas.close()
         if self._rpc is not None:
             await self._rpc.stop(timeout_s=2.0)
@@ -255,22 +231,13 @@ class Controller:
 
     def _tick(self) -> None:
         now = self._step_s = time.monotonic()
-        self._arrivals.update(now)
-        self._completions.update(now)
-        loads = {
-            name: cs.FunctionLoad(self.dispatcher.queued(name), self.dispatcher.inflight(name),
-                                  self._last_request.get(name), self._arrivals.rate(name),
-                                  self._completions.rate(name), self._exec_s.get(name, 0.0),
-                                  now - oldest.enqueued_s if (oldest := self._oldest(name))
-                                  else 0.0, self._invocations.get(name, 0))
-            for name in self.state.functions
-        }
+        loads = self.requests.loads(now)
         idle = frozenset(
             r.replica_id for r in self.state.replicas.values()
-            if r.phase == cs.ReplicaPhase.STOPPING and self.dispatcher.inflight_of(r.replica_id) == 0
+            if r.phase == ReplicaPhase.STOPPING and self.dispatcher.inflight_of(r.replica_id) == 0
         ) | frozenset(
             g.group_id for g in self.state.groups.values()
-            if g.phase == cs.GroupPhase.STOPPING and self.dispatcher.inflight_of(g.group_id) == 0
+            if g.phase == GroupPhase.STOPPING and self.dispatcher.inflight_of(g.group_id) == 0
         )
         self._execute(self.state.handle(cs.Tick(now, loads, idle)))
         self.migration.step(now)
@@ -279,29 +246,7 @@ class Controller:
         for h in self.state.hosts.values():
             if not h.alive:
                 self.cost.stop(h.host_id, now)
-        self._fail_unplaceable(now)
-
-    def _fail_unplaceable(self, now: float) -> None:
-        """Queued work for a function that has no replica and could get none fails with 503.
-
-        Not in the first heartbeat timeout after a start: a restarted controller does not know
-        its hosts yet, and they are about to re-register with their replicas.
-        """
-        if now - self._started_s < self.cc.heartbeat_timeout_s:
-            return
-        if self.mig is not None and self.mig.busy():
-            return  # a GPU is being reconfigured: its capacity comes back as new slices
-        for name, fn in self.state.functions.items():
-            if self.dispatcher.queued(name) and not self.state.replicas_of(name):
-                first = self._oldest(name)
-                if first is not None and now - first.enqueued_s > 2 * self.cc.loop_interval_s + 1.0:
-                    self._fail_queue(name, NoCapacity(
-                        f"no device can host {fn.model_key} now"
-                        + (f": {fn.unplaced}" if fn.unplaced else ""), retry_after_s=5.0))
-
-    def _oldest(self, name: str) -> Pending | None:
-        fronts = self.dispatcher.fronts(name)
-        return min(fronts, key=lambda p: p.enqueued_s) if fronts else None
+        self.requests.fail_unplaceable(now)
 
     def _apply(self, event: cs.Event) -> None:
         self._step_s = time.monotonic()
@@ -335,17 +280,7 @@ class Controller:
                         self._conn_replica.pop(id(handle.conn), None)
                         self._spawn(handle.conn.close(), f"close:{cmd.replica_id}")
                 case cs.FailFunction():
-                    if cmd.failure is not None:
-                        log.warning("function_backing_off", function=cmd.name,
-                                    failed_starts=cmd.failure.failed_starts,
-                                    error_code=cmd.failure.code, reason=cmd.failure.message)
-                        err: FlashpointError = _load_failed(cmd.reason, cmd.failure,
-                                                            time.monotonic())
-                    elif cmd.code == "function_not_found":
-                        err = FunctionNotFound(cmd.reason)
-                    else:
-                        err = ModelFailed(cmd.reason)
-                    self._fail_queue(cmd.name, err)
+                    self.requests.fail_function(cmd)
                 case cs.LinkGroup():
                     self._spawn(self._link_group(cmd), f"link:{cmd.group_id}")
                 case cs.ServeGroup():
@@ -368,17 +303,17 @@ class Controller:
         """Every warm replica with a live worker handle is dispatchable (a KaaS executor's
         joins the KaaS pool, whichever came first: its report or its host's); then pump."""
         for rep in self.state.replicas.values():
-            if rep.phase == cs.ReplicaPhase.WARM and rep.function == KAAS_FUNCTION \
+            if rep.phase == ReplicaPhase.WARM and rep.function == KAAS_FUNCTION \
                     and (w := self.workers.get(rep.replica_id)) is not None:
                 self.kaas.ensure(rep.replica_id, w.conn)
-            elif rep.phase == cs.ReplicaPhase.WARM and rep.replica_id in self.workers \
+            elif rep.phase == ReplicaPhase.WARM and rep.replica_id in self.workers \
                     and not self.dispatcher.has_replica(rep.replica_id):
                 fn = self.state.functions.get(rep.function)
                 if fn is not None:
                     self.dispatcher.add_replica(rep.replica_id, rep.function,
                                                 fn.spec.replica_concurrency, rep.model_key)
         for name in self.state.functions:
-            self._pump(name)
+            self.requests.pump(name)
 
     async def _deploy(self, cmd: cs.DeployReplica | cs.DeployKaas) -> None:
         host = self.hosts.get(cmd.host_id)
@@ -566,24 +501,23 @@ class Controller:
         self._apply(cs.HostHeartbeat(host_id, frozenset(msg.cached_models), time.monotonic(),
                                      frozenset(msg.replicas) if msg.replicas is not None else None))
 
-    async def _replica_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
-        rid = str(p["replica_id"])
-        host_id = self._check_replica_host(conn, rid, str(p.get("host_id", "")))
-        timings = {str(k): float(v) for k, v in (p.get("timings_s") or {}).items()}
+    async def _replica_ready(self, conn: Any, msg: cw.ReplicaReady) -> cw.Ok:
+        rid = msg.replica_id
+        host_id = self._check_replica_host(conn, rid, msg.host_id)
+        timings = dict(msg.timings_s)
         if (marks := self._cold_marks.get(rid)) is not None and not marks.ready_s:
             marks.ready_s = time.monotonic()
-        self.workers[rid] = WorkerHandle(conn, host_id, timings,
-                                         str(p.get("source", "")))
+        self.workers[rid] = WorkerHandle(conn, host_id, timings, msg.source)
         if id(conn) not in self._conn_replica:  # a new connection: watch it until it closes
             self._spawn(self._watch_worker(rid, conn), f"watch:{rid}")
         self._conn_replica[id(conn)] = rid
         known = self.state.replicas.get(rid)
-        if known is not None and known.phase == cs.ReplicaPhase.STARTING:
+        if known is not None and known.phase == ReplicaPhase.STARTING:
             for phase, secs in timings.items():
                 COLD_STARTS.labels(phase).observe(secs)
         self._apply(cs.ReplicaWarmed(rid, timings, time.monotonic()))
         log.info("replica_warm", replica_id=rid, timings=timings)
-        return {"ok": True}
+        return cw.Ok()
 
     def _check_replica_host(self, conn: Any, rid: str, host_id: str) -> str:
         """A host or worker may speak only for replicas placed on its own host (one the
@@ -634,7 +568,7 @@ class Controller:
                 await asyncio.wait_for(conn.wait_closed(), interval_s)
                 return
             try:
-                await conn.call("ping", {}, timeout_s=timeout_s)
+                await conn.call("ping", to_payload(cw.Ping()), timeout_s=timeout_s)
             except DeadlineExceeded:
                 log.warning("worker_silent", replica_id=rid, timeout_s=timeout_s)
                 WORKERS_SILENT.inc()
@@ -656,237 +590,24 @@ class Controller:
             self._apply(cs.ReplicaFailed(rid, "worker connection lost", during_start=False,
                                          code="peer_lost", now_s=time.monotonic()))
 
-    # requests ----------------------------------------------------------------------------
-    def _pump(self, name: str) -> None:
-        """Dispatch ``name``'s queue at the end of this loop iteration.
 
-        Deferring by one iteration costs microseconds and lets every request that arrived in
-        the same iteration travel to a replica in one frame (one write instead of N), which is
-        what a loaded controller spends its time on.
-        """
-        if name not in self._pump_pending:
-            self._pump_pending.add(name)
-            asyncio.get_running_loop().call_soon(self._flush, name)
-
-    def _flush(self, name: str) -> None:
-        self._pump_pending.discard(name)
-        by_replica: dict[str, list[Pending]] = {}
-        for p, rid in self.dispatcher.assign(name):
-            by_replica.setdefault(rid, []).append(p)
-        for rid, ps in by_replica.items():
-            self._spawn(self._send(ps, rid), f"send:{ps[0].request_id}")
-        if self.dispatcher.queued(name):
-            # Work is waiting for room: let the autoscaler look now, not at the next tick.
-            now = time.monotonic()
-            if now - self._backlog_wake_s >= BACKLOG_WAKE_INTERVAL_S:
-                self._backlog_wake_s = now
-                self._wake.set()
-
-    async def _send(self, ps: list[Pending], rid: str) -> None:
-        handle = self.workers.get(rid)
-        live = [p for p in ps if not p.future.done()]
-        try:
-            if not live:
-                return
-            if handle is None:
-                # Gone between assignment and sending: nothing was sent, so this is no attempt;
-                # and a target without a handle can take no work.
-                self.dispatcher.remove_replica(rid)
-                for p in live:
-                    self.dispatcher.enqueue(p.function, p, front=True, best_effort=p.best_effort)
-                return
-            now = time.monotonic()
-            for p in live:
-                p.sent_s = now
-                if p.stream:  # its chunks come from this connection; its caller gone,
-                    self.streams.sent(p.request_id, handle.conn)  # the call is cancelled
-                    self.migration.sent(p, rid)
-                    _cancel_with(p.future, asyncio.current_task())
-            timeout = max(0.001, max(p.deadline_s for p in live) - now)
-            replies = await handle.infer(live, timeout)
-            took = (time.monotonic() - now) / len(live)  # a batch shares the replica's time
-            prev = self._exec_s.get(live[0].function)
-            self._exec_s[live[0].function] = took if prev is None else prev + 0.2 * (took - prev)
-            for p, reply in zip(live, replies, strict=True):
-                if p.future.done() or self.migration.handled(p, reply, rid):
-                    continue  # a hand-off goes on on another replica (live migration)
-                if "error" in reply:
-                    self._retry_or_fail(p, from_wire(reply["error"]))
-                else:
-                    p.future.set_result((reply, rid))
-        except Exception as exc:
-            err = exc if isinstance(exc, FlashpointError) else FlashpointError(repr(exc))
-            if isinstance(err, PeerLost) and isinstance(handle, WorkerHandle):
-                # Its connection is dead: no new work for it before the disconnect is handled
-                # (the pump below would otherwise hand the retries straight back to it; a
-                # reconnected worker announces itself and gets a fresh slot).
-                self.dispatcher.stop_accepting(rid)
-            for p in live:
-                self._retry_or_fail(p, err)
-        finally:
-            for _ in ps:
-                self.dispatcher.release(rid)
-            self._completions.add(ps[0].function, len(ps))
-            self._pump(ps[0].function)
-
-    def _slo_failed(self, spec: FunctionSpec, best_effort: bool) -> None:
-        """A strict request with an SLO that got no answer missed it (PROTEAN counts only
-        strict requests; best-effort ones are judged by their latency tails instead)."""
-        if spec.slo_ms > 0 and not best_effort:
-            SLO.labels(spec.name, "missed").inc()
-            self._slo[spec.name] = self._slo.get(spec.name, SloCompliance()).record_failure(
-                RequestClass.STRICT)
-
-    def _retry_or_fail(self, p: Pending, err: FlashpointError) -> None:
-        p.attempts += 1
-        if (err.retryable and p.attempts < MAX_DISPATCH_ATTEMPTS and not p.future.done()
-                and not (p.stream and self.streams.relayed(p.request_id))
-                and time.monotonic() < p.deadline_s and p.function in self.state.functions):
-            # requests are idempotent (a stream, until its client has tokens of this try)
-            self.dispatcher.enqueue(p.function, p, front=True, best_effort=p.best_effort)
-        elif not p.future.done():
-            p.future.set_exception(err)
-
-    def _fail_queue(self, name: str, err: FlashpointError) -> None:
-        for p in self.dispatcher.drain_queue(name):
-            if not p.future.done():
-                p.future.set_exception(err)
-
-    def _validate_inputs(self, spec: FunctionSpec, inputs: dict[str, np.ndarray]) -> None:
-        if not inputs:
-            raise BadRequest("request has no inputs")
-        if spec.inputs:
-            want = {t.name: t for t in spec.inputs}
-            if inputs.keys() != want.keys():  # key views compare as sets, without building any
-                raise BadRequest(f"inputs must be exactly {sorted(want)}, got {sorted(inputs)}")
-            for name, arr in inputs.items():
-                t = want[name]
-                if arr.dtype != DECODED_DTYPE[t.datatype]:
-                    raise BadRequest(f"input {name!r} must be {t.datatype}, got {arr.dtype.name}")
-                shape = arr.shape
-                if len(shape) != len(t.shape):
-                    raise BadRequest(f"input {name!r} shape {list(shape)} does not match {list(t.shape)}")
-                for i in range(1, len(shape)):
-                    s = t.shape[i]
-                    if s != -1 and s != shape[i]:
-                        raise BadRequest(f"input {name!r} shape {list(shape)} does not match {list(t.shape)}")
-        rows = -1
-        for a in inputs.values():
-            n = a.shape[0] if a.ndim else -1
-            if n <= 0 or (rows != -1 and n != rows):
-                raise BadRequest("all inputs need the same non-zero leading (batch) dimension")
-            rows = n
+    # requests (controller/requests.py) ----------------------------------------------------
+    def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
+               timeout_s: float | None = None, request_class: str = RequestClass.STRICT,
+               stream: bool = False) -> Coroutine[Any, Any, InvokeResult]:
+        """Run ``name`` on ``inputs`` (await it for the result): :meth:`RequestPath.invoke`.
+        Its coroutine is returned as is, so the hot path pays no extra await."""
+        return self.requests.invoke(name, inputs, request_id=request_id, timeout_s=timeout_s,
+                                    request_class=request_class, stream=stream)
 
     def invoke_stream(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
                       timeout_s: float | None = None,
                       request_class: str = RequestClass.STRICT
                       ) -> AsyncIterator[StreamChunk | InvokeResult]:
         """A text-generation request's token chunks as they come, then its result
-        (gateway/streams.py); closing the iterator early cancels the request."""
-        return stream_invocation(self.streams, request_id, lambda: self.invoke(
-            name, inputs, request_id=request_id, timeout_s=timeout_s,
-            request_class=request_class, stream=True), on_gap=MIGRATION_GAP.observe)
-
-    async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
-                     timeout_s: float | None = None,
-                     request_class: str = RequestClass.STRICT,
-                     stream: bool = False) -> InvokeResult:
-        t0 = time.monotonic()
-        best_effort = request_class == RequestClass.BEST_EFFORT
-        fn = self.state.functions.get(name)
-        if fn is None:
-            raise FunctionNotFound(f"function {name!r} is not registered")
-        if (failure := self.state.backing_off(name, t0)) is not None \
-                and self.state.not_ready(name) is not None:
-            raise _load_failed(f"function {name!r} cannot start a replica: {failure.message}",
-                               failure, t0)
-        self._validate_inputs(fn.spec, inputs)
-        if self.dispatcher.queued(name) >= self.cc.max_queued_per_function:
-            REQUESTS.labels(name, "overloaded").inc()
-            raise Overloaded(f"queue for {name!r} is full", retry_after_s=1.0)
-        timeout = min(timeout_s or fn.spec.timeout_s, fn.spec.timeout_s)
-        # Warm replicas and serving groups are the dispatcher's accepting targets: asking it
-        # costs O(this function's replicas), not a scan of the whole cluster per request.
-        cold = not self.dispatcher.accepting(name)
-        payload = {"request_id": request_id, "inputs": encode_tensors(inputs)}
-        if best_effort:
-            payload["class"] = RequestClass.BEST_EFFORT  # the worker's queue serves strict first
-        if stream:
-            payload["stream"] = True
-        loop = asyncio.get_running_loop()
-        p = Pending(request_id, name, payload, loop.create_future(), t0, t0 + timeout, cold,
-                    best_effort, stream=stream)
-        self._last_request[name] = t0
-        self._arrivals.add(name)
-        self._invocations[name] = self._invocations.get(name, 0) + 1
-        self.dispatcher.enqueue(name, p, best_effort=best_effort)
-        if best_effort and self.mig is not None:
-            self.mig.be_began(name)  # PROTEAN's BE demand: queued or in flight
-        # Sent from this task only when the function is idle (nothing queued or in flight):
-        # the lowest latency for a lone request. Under load the request waits for the end of
-        # this loop iteration (_pump), so every request that arrived in the same iteration
-        # shares one frame to the replica and one reply frame back: a socket write and a
-        # frame decode on each side per batch instead of per request.
-        lone = (name not in self._pump_pending and self.dispatcher.queued(name) == 1
-                and self.dispatcher.inflight(name) == 0)
-        assigned = self.dispatcher.assign(name) if lone else []
-        if not assigned:
-            self._pump(name)  # a backlog left after dispatch wakes the control loop (_flush)
-        if cold:
-            self._wake.set()  # scale from zero now, not at the next tick
-        # One timer instead of wait_for(shield(...)): a cancelled caller cancels the future,
-        # so a request nobody waits for any more is skipped at dispatch.
-        expiry = loop.call_later(timeout, _expire, p.future)
-        try:
-            if assigned:
-                # Alone in its queue with a replica free: send it from this task. Nothing
-                # could share its frame, and the trip through _flush and a send task costs
-                # three loop steps each way. A retry it needs goes back through the queue.
-                await self._send([p], assigned[0][1])
-            reply, rid = await p.future
-        except _Expired:
-            self.dispatcher.remove(name, p)
-            REQUESTS.labels(name, "deadline").inc()
-            self._slo_failed(fn.spec, best_effort)
-            raise DeadlineExceeded(f"request {request_id} exceeded {timeout:.3f}s") from None
-        except FlashpointError as exc:
-            REQUESTS.labels(name, exc.code).inc()
-            if exc.http_status >= 500:  # the platform failed it, not the caller's input
-                self._slo_failed(fn.spec, best_effort)
-            raise
-        except asyncio.CancelledError:
-            self.dispatcher.remove(name, p)
-            raise
-        finally:
-            expiry.cancel()
-            if best_effort and self.mig is not None:
-                self.mig.be_ended(name)
-        total = time.monotonic() - t0
-        timings = {"queue": (p.sent_s or t0) - t0, "total": total}
-        timings.update({k: float(v) for k, v in (reply.get("timings_s") or {}).items()})
-        handle = self.workers.get(rid)
-        if cold and handle is not None:
-            timings["cold_start"] = timings["queue"]
-            for phase in ("fetch", "load", "to_device", "first_inference"):
-                timings[phase] = handle.timings_s.get(phase, 0.0)
-            if (marks := self._cold_marks.get(rid)) is not None:
-                # Every millisecond of the scale from zero, in order (controller/cold_timings.py).
-                timings.update(cold_start_phases(marks, handle.timings_s, arrived_s=t0,
-                                                 sent_s=p.sent_s, done_s=t0 + total))
-            self.ui.cold_start(rid, name, handle.source, timings, t0 + total)
-        ok = self._ok_metrics.get(name)
-        if ok is None:  # label lookups cost more than the increments on this path
-            ok = self._ok_metrics[name] = (REQUESTS.labels(name, "ok"), LATENCY.labels(name))
-        ok[0].inc()
-        ok[1].observe(total)
-        self.ui.request_done(name, total, t0 + total)
-        if fn.spec.slo_ms > 0 and not best_effort:
-            before = self._slo.get(name, SloCompliance())
-            after = self._slo[name] = before.record(RequestClass.STRICT, total,
-                                                    fn.spec.slo_ms / 1000)
-            SLO.labels(name, "met" if after.met > before.met else "missed").inc()
-        return InvokeResult(decode_tensors(reply.get("outputs")), timings, rid, cold,
-                            handle.source if cold and handle is not None else "")
+        (:meth:`RequestPath.invoke_stream`)."""
+        return self.requests.invoke_stream(name, inputs, request_id=request_id,
+                                           timeout_s=timeout_s, request_class=request_class)
 
     # functions ---------------------------------------------------------------------------
     async def _manifest(self, model: str, version: str) -> Manifest:
@@ -943,17 +664,15 @@ class Controller:
             raise FunctionNotFound(f"function {name!r} is not registered")
         await self.table.delete(name)
         self._apply(cs.FunctionDeleted(name))
-        self._last_request.pop(name, None)
-        self._ok_metrics.pop(name, None)
-        self._slo.pop(name, None)
+        self.requests.forget(name)
 
-    def _info(self, fn: cs.FunctionRecord) -> FunctionInfo:
+    def _info(self, fn: FunctionRecord) -> FunctionInfo:
         reps = self.state.replicas_of(fn.spec.name)
         failure = self.state.not_ready(fn.spec.name)
         return FunctionInfo(
             fn.spec, ready=failure is None,
-            replicas_warm=sum(r.phase == cs.ReplicaPhase.WARM for r in reps),
-            replicas_starting=sum(r.phase == cs.ReplicaPhase.STARTING for r in reps),
+            replicas_warm=sum(r.phase == ReplicaPhase.WARM for r in reps),
+            replicas_starting=sum(r.phase == ReplicaPhase.STARTING for r in reps),
             queued=self.dispatcher.queued(fn.spec.name),
             reason=None if failure is None else _not_ready_reason(failure, time.monotonic()),
             rollout=self.state.rollout(fn.spec.name),
@@ -1007,7 +726,7 @@ class Controller:
             "scaling": [{"function": name, **self.state.counts(name)}
                         for name in self.state.functions],
             "slo": [{"function": name, "met": c.met, "missed": c.missed,
-                     "compliance": c.compliance} for name, c in self._slo.items()
+                     "compliance": c.compliance} for name, c in self.requests.slo.items()
                     if name in self.state.functions],
             "cost": self.cost.report(now),
             "replacements": list(self.replacements),
@@ -1043,13 +762,6 @@ def _shares(wire: dict[str, Any]) -> dict[str, ReplicaShare]:
     return out
 
 
-def _load_failed(message: str, failure: cs.StartFailure, now_s: float) -> ModelLoadFailed:
-    """What a request to a function backing off from ``failure`` fails with."""
-    retry_s = max(0.0, (failure.retry_at_s or now_s) - now_s)
-    return ModelLoadFailed(message, retry_after_s=round(max(retry_s, 0.001), 3),
-                           failed_starts=failure.failed_starts, error_code=failure.code)
-
-
 def _not_ready_reason(failure: cs.StartFailure, now_s: float) -> dict[str, Any]:
     """``reason`` of a function that cannot serve (``/v1/functions``, the OIP ready route):
     the state's monotonic times as wall-clock seconds since the epoch."""
@@ -1062,8 +774,3 @@ def _not_ready_reason(failure: cs.StartFailure, now_s: float) -> dict[str, Any]:
         reason["retry_in_s"] = round(max(0.0, failure.retry_at_s - now_s), 3)
     return reason
 
-
-def _cancel_with(future: asyncio.Future, task: asyncio.Task | None) -> None:
-    """Cancel ``task`` (a send to a worker) when ``future`` (its request) is cancelled."""
-    if task is not None:
-        future.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)

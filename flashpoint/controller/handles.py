@@ -12,10 +12,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from flashpoint.controller.state import core as cs
+from flashpoint.controller.state import events as cs
 from flashpoint.errors import DeadlineExceeded, FlashpointError
 from flashpoint.messages import controller_host as ch
 from flashpoint.messages.base import Message, from_payload, to_payload
+from flashpoint.messages.controller_worker import InferMany, InferManyReply
 from flashpoint.registry.manifest import Manifest
 
 
@@ -106,7 +107,12 @@ class HostHandle:
 
 @dataclass
 class WorkerHandle:
-    """The only code that calls a worker."""
+    """The only code that calls a worker (messages/controller_worker.py).
+
+    A :class:`Pending`'s ``payload`` is its :class:`~flashpoint.messages.controller_worker.
+    InferRequest` in wire form, built once when the request is accepted: it goes to the
+    worker as it is (its tensors' bytes are the client's, never copied here), and the reply
+    comes back as an ``InferReply`` / ``InferStreamReply`` / ``InferFailed`` wire form."""
 
     conn: Any
     host_id: str
@@ -117,9 +123,8 @@ class WorkerHandle:
         """One frame for all of ``ps``; one reply (outputs or a wire error) per request.
         Streamed requests go as calls of their own, side by side."""
         if len(ps) > 1 and any(p.stream for p in ps):
-            # one reply per request: each call answers a list of one
             return [r for rs in await asyncio.gather(*(self.infer([p], timeout_s) for p in ps))
-                    for r in rs]
+                    for r in rs]  # one reply each
         if len(ps) == 1:
             try:
                 return [await self.conn.call("infer", ps[0].payload, timeout_s=timeout_s)]
@@ -127,9 +132,10 @@ class WorkerHandle:
                 if exc.retryable or isinstance(exc, DeadlineExceeded):
                     raise
                 return [{"error": exc.to_wire()}]
-        reply = await self.conn.call("infer_many", {"requests": [p.payload for p in ps]},
+        reply = await self.conn.call("infer_many",
+                                     to_payload(InferMany(requests=[p.payload for p in ps])),
                                      timeout_s=timeout_s)
-        return list(reply["replies"])
+        return from_payload(InferManyReply, reply, method="infer_many").replies
 
     async def hand_off(self, request_ids: tuple[str, ...], timeout_s: float = 5.0) -> int:
         """Live migration: these streamed sequences leave at the worker's next token

@@ -5,8 +5,9 @@ builds a :class:`~flashpoint.controller.state.mig_reconfig.MigObserved` from the
 (GPUs with MIG on and a known profile table, the replicas on their units, each function's
 warm replicas elsewhere and its outstanding best-effort requests), feeds it to
 :class:`MigReconfigState` and executes the commands: blocking and unblocking units and
-retiring replicas through :class:`ControllerState`'s thin hooks, and ``apply_mig`` on the
-host over RPC, whose outcome comes back as an event.
+retiring replicas become events for :meth:`ControllerState.handle` (``UnitsBlocked``,
+``UnitsUnblocked``, ``ReplicasRetired``; their commands run like any other), and
+``apply_mig`` goes to the host over RPC, whose outcome comes back as an event.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from flashpoint.controller.state import core as cs
+from flashpoint.audit import AuditAction, AuditLog
+from flashpoint.config import ControllerConfig
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.events import (
+    Command,
+    ReplicasRetired,
+    UnitsBlocked,
+    UnitsUnblocked,
+)
 from flashpoint.controller.state.mig_reconfig import (
     ApplyMig,
     BlockDevices,
@@ -32,8 +41,7 @@ from flashpoint.controller.state.mig_reconfig import (
     RetireReplicas,
     UnblockDevices,
 )
-from flashpoint.audit import AuditAction, AuditLog
-from flashpoint.config import ControllerConfig
+from flashpoint.controller.state.records import ReplicaPhase
 from flashpoint.errors import FlashpointError
 from flashpoint.log import get_logger
 from flashpoint.policy.protean import ReconfigParams
@@ -47,7 +55,7 @@ RECONFIGURING = Gauge("flashpoint_mig_reconfiguring_gpus",
                       "GPUs being drained or reconfigured now")
 
 
-def observe(state: cs.ControllerState, be_outstanding: Mapping[str, float],
+def observe(state: ControllerState, be_outstanding: Mapping[str, float],
             now_s: float) -> MigObserved:
     """The snapshot the reconfigurator decides over, from the controller's state."""
     gpus: list[MigGpuView] = []
@@ -76,8 +84,8 @@ def observe(state: cs.ControllerState, be_outstanding: Mapping[str, float],
     for name, fn in state.functions.items():
         spec = fn.spec
         functions.append(FunctionView(
-            name, counts.get((name, cs.ReplicaPhase.WARM), 0),
-            counts.get((name, cs.ReplicaPhase.STARTING), 0), fn.desired,
+            name, counts.get((name, ReplicaPhase.WARM), 0),
+            counts.get((name, ReplicaPhase.STARTING), 0), fn.desired,
             bool(fn.unplaced), be_outstanding.get(name, 0), spec.max_batch_size,
             spec.batch_memory_bytes or fn.model_bytes + state.replica_overhead_bytes))
     return MigObserved(now_s, tuple(gpus), tuple(functions))
@@ -86,9 +94,9 @@ def observe(state: cs.ControllerState, be_outstanding: Mapping[str, float],
 class MigDriver:
     """Runs :class:`MigReconfigState` for the controller."""
 
-    def __init__(self, cc: ControllerConfig, state: cs.ControllerState,
+    def __init__(self, cc: ControllerConfig, state: ControllerState,
                  hosts: Mapping[str, Any],
-                 execute: Callable[[list[cs.Command]], None],
+                 execute: Callable[[list[Command]], None],
                  spawn: Callable[[Coroutine[Any, Any, None], str], Any],
                  clock: Callable[[], float], audit: AuditLog | None = None) -> None:
         self.cc = cc
@@ -167,11 +175,11 @@ class MigDriver:
         for cmd in cmds:
             match cmd:
                 case BlockDevices():
-                    self.state.block(cmd.host_id, cmd.device_ids)
+                    self.execute(self.state.handle(UnitsBlocked(cmd.host_id, cmd.device_ids)))
                 case UnblockDevices():
-                    self.state.unblock(cmd.host_id, cmd.device_ids)
+                    self.execute(self.state.handle(UnitsUnblocked(cmd.host_id, cmd.device_ids)))
                 case RetireReplicas():
-                    self.execute(self.state.retire(cmd.replica_ids))
+                    self.execute(self.state.handle(ReplicasRetired(cmd.replica_ids)))
                 case ApplyMig():
                     self.spawn(self._apply(cmd), f"apply_mig:{cmd.host_id}/{cmd.gpu_index}")
 

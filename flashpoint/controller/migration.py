@@ -47,7 +47,7 @@ from flashpoint.errors import FlashpointError
 from flashpoint.gateway.streams import StreamRegistry
 from flashpoint.log import get_logger
 from flashpoint.messages.base import from_payload
-from flashpoint.messages.migration import SequenceHandOff
+from flashpoint.messages.migration import InferHandedOff, SequenceHandOff
 
 log = get_logger("flashpoint.controller.migration")
 
@@ -86,11 +86,10 @@ class Migrator:
 
     def handled(self, p: Pending, reply: dict[str, Any], replica_id: str) -> bool:
         """Whether ``reply`` (of ``p`` from ``replica_id``) is a hand-off, now sent on."""
-        wire = reply.get("handed_off")
-        if wire is None:
+        if "handed_off" not in reply:
             return False
-        self.handed_off(p, from_payload(SequenceHandOff, wire, method="infer"), wire,
-                        replica_id)
+        msg = from_payload(InferHandedOff, reply, method="infer")
+        self.handed_off(p, msg.handed_off, reply["handed_off"], replica_id)
         return True
 
     def soon(self) -> None:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flashpoint.controller.cold_timings import COLD_PHASES
-from flashpoint.controller.state import core as cs
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.events import DeployReplica, StartChain, StopReplica
 from flashpoint.ids import ModelKey
 
 # How many latencies a function keeps: enough for a p99 over a busy minute, bounded memory.
@@ -73,20 +74,20 @@ class UiJournal:
         while len(self._cold) > self.max_entries:
             self._cold.popitem(last=False)
 
-    def observe(self, cmds: Iterable[Any], state: cs.ControllerState, now_s: float) -> None:
+    def observe(self, cmds: Iterable[Any], state: ControllerState, now_s: float) -> None:
         """One control step's commands: record chains, and the scaling decisions that
         changed the planned count or deployed or stopped replicas."""
         changed: dict[str, list[str]] = {}
         for cmd in cmds:
             match cmd:
-                case cs.DeployReplica():
+                case DeployReplica():
                     changed.setdefault(cmd.spec.name, []).append(
                         f"deploy {cmd.replica_id} on {cmd.host_id}/{cmd.device_id}")
-                case cs.StopReplica():
+                case StopReplica():
                     rep = state.replicas.get(cmd.replica_id)
                     if rep is not None:
                         changed.setdefault(rep.function, []).append(f"stop {cmd.replica_id}")
-                case cs.StartChain():
+                case StartChain():
                     self._push(self._chains, {
                         "transfer_id": cmd.transfer_id, "sender": cmd.sender,
                         "model_key": ModelKey.of(cmd.model, cmd.version),
@@ -110,7 +111,7 @@ class UiJournal:
             log.popleft()
 
     # -- the view -----------------------------------------------------------------------
-    def view(self, state: cs.ControllerState, now_s: float) -> dict[str, Any]:
+    def view(self, state: ControllerState, now_s: float) -> dict[str, Any]:
         """Plain data for ``cluster_status()["ui"]``: the journal, and what the state knows
         that the status does not list (replica memory, drain deadlines, GPU geometry)."""
         inbound = {tid for tid, _sender in state.inbound.values()}

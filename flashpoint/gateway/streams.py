@@ -30,8 +30,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from flashpoint.errors import ProtocolError
 from flashpoint.gateway.backend import InvokeResult, StreamChunk
 from flashpoint.log import get_logger
+from flashpoint.messages.base import from_payload
+from flashpoint.messages.gateway_controller import StreamChunkNote
 
 log = get_logger("flashpoint.gateway.streams")
 
@@ -91,23 +94,23 @@ class StreamRegistry:
         if sink is not None:
             sink.moved_at.append(next_index)
 
-    async def on_chunk(self, conn: Any, payload: dict[str, Any]) -> None:
-        """The ``gen_chunk`` / ``gw_chunk`` notification handler."""
-        rid = str(payload.get("request_id", ""))
-        sink = self._sinks.get(rid)
+    async def on_chunk(self, conn: Any, payload: Any) -> None:
+        """The ``gen_chunk`` / ``gw_chunk`` notification handler (a StreamChunkNote). A
+        notification has no answer to carry an error: a malformed one is logged and dropped."""
+        try:
+            note = from_payload(StreamChunkNote, payload, method="gen_chunk")
+        except ProtocolError as exc:
+            log.warning("gen_chunk_malformed", error=exc.message)
+            return
+        sink = self._sinks.get(note.request_id)
         if sink is None:
             return  # its caller already left
         if not any(c is conn for c in sink.conns):
-            log.warning("gen_chunk_from_another_connection", request_id=rid)
-            return
-        text, token, index = payload.get("text"), payload.get("token_id"), payload.get("index")
-        if not isinstance(text, str) or not isinstance(index, int) or not (
-                token is None or isinstance(token, int)):
-            log.warning("gen_chunk_malformed", request_id=rid)
+            log.warning("gen_chunk_from_another_connection", request_id=note.request_id)
             return
         sink.chunks += 1
-        sink.arrived_s[index] = time.monotonic()
-        sink.queue.put_nowait(StreamChunk(index, text, token))
+        sink.arrived_s[note.index] = time.monotonic()
+        sink.queue.put_nowait(StreamChunk(note.index, note.text, note.token_id))
 
 
 async def stream_invocation(

@@ -2,11 +2,11 @@
 
 Controller → worker: :class:`HandOffSequences` (method ``hand_off``): take these streamed
 sequences out at the next token boundary; the reply is :class:`HandOffAccepted`. Each
-sequence's own ``infer`` call then answers with a :class:`SequenceHandOff` under the key
-``handed_off`` instead of outputs: what it generated there. The controller sends the same
-request on to another replica with that hand-off under ``resume`` in the ``infer`` payload,
-and that replica prefills prompt + generated tokens and goes on, its chunks numbered from
-``chunks``.
+sequence's own ``infer`` call then answers :class:`InferHandedOff` -- a
+:class:`SequenceHandOff`, what it generated there -- instead of outputs. The controller sends
+the same request on to another replica with that hand-off as the ``InferRequest``'s
+``resume`` (messages/controller_worker.py), and that replica prefills prompt + generated
+tokens and goes on, its chunks numbered from ``chunks``.
 
 Kept apart from ``controller_worker`` so that the migration protocol reads in one place;
 it imports nothing of the model code (the controller never loads torch).
@@ -40,3 +40,10 @@ class SequenceHandOff(Message, frozen=True):
     emitted_text: str
     rng_state: bytes | None = None
     chunks: int = 0
+
+
+class InferHandedOff(Message, frozen=True):
+    """A streamed ``infer``'s reply when its sequence left for another replica."""
+
+    handed_off: SequenceHandOff
+    chunks: int

@@ -32,7 +32,8 @@ import torch
 
 from flashpoint.errors import InputTooLong, InvalidInput, KvCacheTooSmall
 
-DEFAULT_MAX_TOKENS = 16
+# One default, so the controller's token count (which cannot import torch) and the engine agree.
+from flashpoint.policy.token_load import DEFAULT_MAX_TOKENS
 
 
 class FinishReason(StrEnum):

@@ -31,6 +31,7 @@ from flashpoint.policy import autoscalers as plugins
 from flashpoint.policy.autoscalers import Proposal, concurrency_target
 from flashpoint.policy.rpr import RprParams, rpr
 from flashpoint.policy.snapshot import FunctionLoadSnapshot
+from flashpoint.policy.token_load import TokensParams, tokens
 
 __all__ = [
     "POLICIES", "Autoscaler", "AutoscalerMemory", "LimitMemory", "LimitParams", "PolicySpec",
@@ -155,6 +156,9 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType({
     "eq412": PolicySpec(plugins.eq412, plugins.Eq412Params, None),
     "dilu": PolicySpec(plugins.dilu, plugins.DiluParams, plugins.DiluMemory()),
     "rpr": PolicySpec(rpr, RprParams, None),
+    # text generation on tokens (policy/token_load.py); other functions: the concurrency rule
+    "tokens": PolicySpec(tokens, TokensParams, None,
+                         MappingProxyType({"keep_alive_partial": True})),
 })
 
 

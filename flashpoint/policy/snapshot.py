@@ -43,6 +43,24 @@ class ClusterSnapshot:
 
 
 @dataclass(frozen=True)
+class TokenLoad:
+    """A text-generation function's load in tokens (issue 21 item 4; ``policy/token_load.py``).
+
+    A sequence counts its prompt until its first token, then the ``max_tokens`` it has not
+    generated yet: the work it may still ask of a replica.
+    """
+
+    queued_tokens: int = 0  # tokens of requests not yet sent to a replica
+    inflight_tokens: int = 0  # tokens still to come of the requests on replicas
+    # Tokens (prompt + max_tokens) per second arriving lately, smoothed.
+    arrival_token_rate: float = 0.0
+    # Tokens per second (prompt + generated) the busiest replica has served (a peak seen,
+    # so a lower bound on what one replica sustains); 0 = not measured yet.
+    replica_token_rate: float = 0.0
+    sequences: int = 0  # requests queued and in flight (a sequence runs on one replica)
+
+
+@dataclass(frozen=True)
 class FunctionLoadSnapshot:
     """One function's load as the autoscaler sees it.
 
@@ -87,3 +105,5 @@ class FunctionLoadSnapshot:
     # are unknown).
     configs: tuple[ReplicaConfig, ...] = ()
     replica_configs: tuple[str, ...] = ()
+    # A text-generation function's load in tokens; None for other functions.
+    tokens: TokenLoad | None = None

@@ -59,7 +59,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from flashpoint.controller.state import core as cs
+from flashpoint.controller.state import events as ev
+from flashpoint.controller.state.core import ControllerState
 from flashpoint.controller.state.rates import RateMeter
 from flashpoint.partition.model import CostModel
 from flashpoint.partition.table import PlanTable, plan_table
@@ -250,7 +251,7 @@ class SimCluster:
         self.model = model
         self.engine = Engine()
         self.net = FlowNetwork(self.engine, config.topology)
-        self.state = cs.ControllerState(
+        self.state = ControllerState(
             heartbeat_timeout_s=math.inf,  # simulated hosts never fall silent
             cold_start_timeout_s=math.inf,  # a congested registry may take minutes; wait
             registry_sends=True,
@@ -311,13 +312,13 @@ class SimCluster:
 
     def _register(self) -> None:
         topo = self.config.topology
-        devices = tuple(cs.DeviceRecord(f"g{j}", "cuda", self.config.gpu_memory_bytes)
+        devices = tuple(ev.DeviceRecord(f"g{j}", "cuda", self.config.gpu_memory_bytes)
                         for j in range(topo.gpus_per_host))
         for h in range(topo.n_hosts):
-            self._feed(cs.HostRegistered(_hid(h), devices, self.config.host_ram_bytes,
+            self._feed(ev.HostRegistered(_hid(h), devices, self.config.host_ram_bytes,
                                          frozenset(), (), 0.0, leaf=f"leaf{topo.leaf_of(h)}"))
         whole = self.cost.cold_s(self.model.size_bytes) if self.cost is not None else 0.0
-        self._feed(cs.FunctionUpserted(self.spec, self.model.size_bytes, self.plans, whole))
+        self._feed(ev.FunctionUpserted(self.spec, self.model.size_bytes, self.plans, whole))
         if self.config.prewarm > 0:
             self._prewarm(self.config.prewarm)
 
@@ -329,17 +330,17 @@ class SimCluster:
         scaler = self.state.autoscaler
         self.state.autoscaler = make_autoscaler("concurrency")
         try:
-            cmds = self._feed(cs.Tick(0.0, {self.FUNCTION: cs.FunctionLoad(
+            cmds = self._feed(ev.Tick(0.0, {self.FUNCTION: ev.FunctionLoad(
                 n * self.config.replica_concurrency, 0, None)}))
         finally:
             self.state.autoscaler = scaler
         for c in cmds:
-            if isinstance(c, cs.DeployReplica):
+            if isinstance(c, ev.DeployReplica):
                 h = _host(c.host_id)
                 rep = self._replicas[c.replica_id] = _Replica(c.replica_id, h, 0.0, warm_s=0.0,
                                                               service_s=self.model.service_s)
                 self._cache[h].add(self.model.key)
-                self._feed(cs.ReplicaWarmed(rep.rid, {}, 0.0))
+                self._feed(ev.ReplicaWarmed(rep.rid, {}, 0.0))
                 self._free.extend([rep.rid] * self.config.replica_concurrency)
         # Steady state: the function was just invoked, so keep-alive holds these replicas
         # until the rate meters have seen the trace.
@@ -434,10 +435,10 @@ class SimCluster:
                 self.engine.cancel(self._tick_handle)
 
     # --- control loop --------------------------------------------------------------------
-    def _load(self, now: float) -> cs.FunctionLoad:
+    def _load(self, now: float) -> ev.FunctionLoad:
         """The figures the live controller's ``_tick`` builds, from the simulated queue."""
         oldest = self._queue[0][0] if self._queue else None
-        return cs.FunctionLoad(
+        return ev.FunctionLoad(
             len(self._queue), self._inflight, self._last_request_s,
             self._arrivals.rate(self.FUNCTION), self._completions.rate(self.FUNCTION),
             self.model.service_s, now - oldest if oldest is not None else 0.0,
@@ -450,7 +451,7 @@ class SimCluster:
         reps = self._replicas
         idle = frozenset(rid for rid in self._stopping if reps[rid].busy == 0)
         t0 = time.perf_counter()
-        cmds = self._feed(cs.Tick(now, {self.FUNCTION: self._load(now)}, idle))
+        cmds = self._feed(ev.Tick(now, {self.FUNCTION: self._load(now)}, idle))
         charged = time.perf_counter() - t0 if self.config.decision_s is None \
             else self.config.decision_s
         if cmds:
@@ -477,34 +478,34 @@ class SimCluster:
     def _execute(self, cmds: list[object]) -> None:
         chains: list[tuple[Node, tuple[int, ...]]] = []
         for c in cmds:
-            if isinstance(c, cs.DeployReplica):
+            if isinstance(c, ev.DeployReplica):
                 head = self._deploy(c)
                 if head is not None:
                     chains.append(head)
-            elif isinstance(c, cs.StartChain):
+            elif isinstance(c, ev.StartChain):
                 chains.append((_host(c.sender), tuple(_host(h) for h in c.receivers)))
-            elif isinstance(c, cs.StopAccepting):
+            elif isinstance(c, ev.StopAccepting):
                 rep = self._replicas.get(c.replica_id)
                 if rep is not None:
                     rep.stopping = True
                     self._stopping[c.replica_id] = None
-            elif isinstance(c, cs.StopReplica):
+            elif isinstance(c, ev.StopReplica):
                 self._stop(c.replica_id)
-            elif isinstance(c, cs.ForgetReplica):
+            elif isinstance(c, ev.ForgetReplica):
                 rep = self._replicas.get(c.replica_id)
                 if rep is not None and rep.stages:  # a dissolved pipeline: no longer a target
                     del self._replicas[c.replica_id]
                     self._stopping.pop(c.replica_id, None)
                 elif rep is not None and rep.warm_s is None:
                     self._stop(c.replica_id)
-            elif isinstance(c, cs.LinkGroup):
+            elif isinstance(c, ev.LinkGroup):
                 # Linking is local work on the hosts (no bytes): acknowledged at once.
-                for cmd in self._feed(cs.GroupLinked(c.group_id, True, "", self.engine.now_s)):
-                    if isinstance(cmd, cs.ServeGroup):
+                for cmd in self._feed(ev.GroupLinked(c.group_id, True, "", self.engine.now_s)):
+                    if isinstance(cmd, ev.ServeGroup):
                         self._serve_group(cmd, tuple(r for r, _ in c.stages))
                     else:
                         self._execute([cmd])
-            elif isinstance(c, cs.FailFunction):
+            elif isinstance(c, ev.FailFunction):
                 self.metrics.failed += len(self._queue)
                 self._queue.clear()
         # Receivers learn their chain before the sender streams (the live order, too).
@@ -512,7 +513,7 @@ class SimCluster:
             self._start_chain(sender, receivers)
         self._dispatch()
 
-    def _deploy(self, c: cs.DeployReplica) -> tuple[Node, tuple[int, ...]] | None:
+    def _deploy(self, c: ev.DeployReplica) -> tuple[Node, tuple[int, ...]] | None:
         """Start a replica's cold start; returns a registry chain this deploy heads."""
         now = self.engine.now_s
         h = _host(c.host_id)
@@ -573,7 +574,7 @@ class SimCluster:
         return None
 
     # --- partitioned pipelines (MP) --------------------------------------------------------
-    def _deploy_stage(self, rep: _Replica, c: cs.DeployReplica) -> None:
+    def _deploy_stage(self, rep: _Replica, c: ev.DeployReplica) -> None:
         """A stage fetches its own byte range first (execute-while-load), reports
         ``StageReady``, then fetches the rest and completes into a whole replica (§4.2.5)."""
         assert c.stage is not None
@@ -587,7 +588,7 @@ class SimCluster:
         def ready() -> None:
             if rep.rid not in self._replicas:
                 return
-            for cmd in [x for x in self._feed(cs.StageReady(rep.rid, self.engine.now_s))]:
+            for cmd in [x for x in self._feed(ev.StageReady(rep.rid, self.engine.now_s))]:
                 self._execute([cmd])
             rest = self.model.size_bytes - own
             if key in self._cache[rep.host] or rest <= 0:
@@ -609,7 +610,7 @@ class SimCluster:
         else:
             rep.flow = self.net.start_flow(sender, rep.host, own, arrived)
 
-    def _stage_sender(self, c: cs.DeployReplica, h: int) -> Node:
+    def _stage_sender(self, c: ev.DeployReplica, h: int) -> Node:
         """The first fallback the plan names that can send: a holder's RAM (LC), else the
         registry (the state lists holders first, the registry last)."""
         src = c.source
@@ -621,7 +622,7 @@ class SimCluster:
                 return peer
         return CLOUD
 
-    def _serve_group(self, cmd: cs.ServeGroup, stages: tuple[str, ...]) -> None:
+    def _serve_group(self, cmd: ev.ServeGroup, stages: tuple[str, ...]) -> None:
         """The group is one dispatch target; a request crosses every stage and every cut
         (I(p) = I(1) + IN(p), thesis Eq 4.2, from the partition cost model)."""
         now = self.engine.now_s
@@ -712,7 +713,7 @@ class SimCluster:
             rep.completed = True
             self._cache[rep.host].add(self.model.key)
             self.metrics.completions += 1
-        for cmd in self._feed(cs.ReplicaWarmed(rid, {"cold_start_s": now - rep.deploy_s}, now)):
+        for cmd in self._feed(ev.ReplicaWarmed(rid, {"cold_start_s": now - rep.deploy_s}, now)):
             self._execute([cmd])
         if not self.config.technique.keeps_models:
             # No locality: the host keeps no copy once its GPUs have loaded it, and says so
@@ -737,7 +738,7 @@ class SimCluster:
     def _report(self, h: int) -> None:
         """A heartbeat with the models host ``h`` holds (what makes it a sender under LC)."""
         cached = frozenset(self._cache[h]) if self.config.technique.keeps_models else frozenset()
-        self._feed(cs.HostHeartbeat(_hid(h), cached, self.engine.now_s))
+        self._feed(ev.HostHeartbeat(_hid(h), cached, self.engine.now_s))
 
     def _stop(self, rid: str) -> None:
         rep = self._replicas.pop(rid, None)

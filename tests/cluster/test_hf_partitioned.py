@@ -13,8 +13,8 @@ import aiohttp
 import numpy as np
 import pytest
 
-from flashpoint.controller.state import core as cs
 from flashpoint.cluster import LocalCluster
+from flashpoint.controller.state.records import ReplicaPhase
 from flashpoint.models.sources import PushOptions, publish_source
 from flashpoint.models.tiny_hf import make_text_classifier
 from flashpoint.registry.local import LocalStore
@@ -94,7 +94,7 @@ async def test_hf_bert_serves_as_a_pipeline_then_completes(tmp_path: Path) -> No
                 assert time.monotonic() < deadline, \
                     f"the group never dissolved: {c.controller.cluster_status()}"
             await wait_for("stages are whole replicas", lambda: all(
-                c.controller.state.replicas[r.replica_id].phase == cs.ReplicaPhase.WARM
+                c.controller.state.replicas[r.replica_id].phase == ReplicaPhase.WARM
                 for r in stages), 30)
             outs = await asyncio.gather(*(one(100 + i) for i in range(3)))
             assert {o["replica_id"] for o in outs} <= {r.replica_id for r in stages}

@@ -35,7 +35,7 @@ PROMPTS = ("the cluster scales", "a cold start fetches bytes from a peer", "gpus
            "a spot eviction drains")
 STREAMS = 16
 MAX_TOKENS = 120
-GAP_BOUND_S = 2.0  # generous for a shared 2-core CI box; bench/migration.py measures it
+GAP_BOUND_S = 2.0  # generous for a shared 2-core box; bench/migration.py measures the gap
 
 
 def _references(d: Path) -> dict[str, tuple[list[int], str, int]]:
@@ -158,7 +158,10 @@ async def test_streams_move_off_a_leaving_replica(
                 moved += 1
                 t = s.result.timings_s
                 gap = t["migration_gap"]
-                assert 0.0 < gap < GAP_BOUND_S, t
+                # bounded: a few of the stream's own token times (the sequences that moved
+                # together join the destination one prefill after another), never less than
+                # GAP_BOUND_S on a quiet machine
+                assert 0.0 < gap < max(GAP_BOUND_S, 10 * t["tpot"]), t
                 # it moved after its first 3 chunks; the destination prefilled what it had
                 assert 3 <= t["migrated_at"] < len(want_ids) and t["resume_prefill"] > 0, t
                 assert s.result.replica_id != leaving

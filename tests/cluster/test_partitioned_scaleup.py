@@ -13,8 +13,8 @@ import aiohttp
 import numpy as np
 import pytest
 
-from flashpoint.controller.state import core as cs
 from flashpoint.cluster import LocalCluster
+from flashpoint.controller.state.records import ReplicaPhase
 from flashpoint.models import zoo
 from flashpoint.models.publish import load_module
 from flashpoint.models.sources import publish
@@ -107,7 +107,7 @@ async def test_partitioned_scale_up_serves_a_pipeline_then_dissolves(tmp_path: P
             assert outs[0]["cold_start_source"] == "pipeline:2"
             # A cold start's breakdown is its slowest stage's (fetch = until its range was in).
             assert outs[0]["cold"] and outs[0]["timings_s"]["fetch"] > 0, outs[0]["timings_s"]
-            assert all(r.phase == cs.ReplicaPhase.STARTING for r in stages)
+            assert all(r.phase == ReplicaPhase.STARTING for r in stages)
             # The first answer let the stage hosts complete the model (held until then).
             assert group.answered
             key = "bert@1"
@@ -126,7 +126,7 @@ async def test_partitioned_scale_up_serves_a_pipeline_then_dissolves(tmp_path: P
                 assert time.monotonic() < deadline, \
                     f"the group never dissolved: {c.controller.cluster_status()}"
             await wait_for("stages are whole replicas", lambda: all(
-                c.controller.state.replicas[r.replica_id].phase == cs.ReplicaPhase.WARM
+                c.controller.state.replicas[r.replica_id].phase == ReplicaPhase.WARM
                 for r in stages), 30)
             outs = await asyncio.gather(*(one(1000 + i) for i in range(4)))
             assert {o["replica_id"] for o in outs} <= {r.replica_id for r in stages}

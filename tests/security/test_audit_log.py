@@ -11,10 +11,9 @@ import pytest
 import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
-from flashpoint.config import GatewaySettings, generate_secret
+from flashpoint.config import GatewayConfig, generate_secret
 from flashpoint.errors import FunctionNotFound, ModelNotFound
 from flashpoint.gateway import FunctionInfo, make_app
-from flashpoint.gateway.standalone import gateway_config
 from flashpoint.spec import FunctionSpec
 
 ADMIN, INVOKE = generate_secret(), generate_secret()
@@ -59,8 +58,8 @@ def read(path: Path) -> list[dict]:
 
 async def test_gateway_admin_actions_are_audited_with_the_keys_name(tmp_path: Path):
     path = tmp_path / "audit.jsonl"
-    config = gateway_config(GatewaySettings(api_keys={ADMIN: "admin", INVOKE: "invoke"},
-                                            audit_log_path=str(path)))
+    config = GatewayConfig(api_keys={ADMIN: "admin", INVOKE: "invoke"},
+                           audit_log_path=str(path))
     admin = {"Authorization": f"Bearer {ADMIN}"}
     fn = {"name": "f", "model": "m", "model_version": "1"}
     async with TestClient(TestServer(make_app(Functions(), config))) as client:
@@ -94,7 +93,7 @@ async def test_gateway_admin_actions_are_audited_with_the_keys_name(tmp_path: Pa
 
 async def test_keyless_loopback_admin_actions_are_audited_as_anonymous(tmp_path: Path):
     path = tmp_path / "audit.jsonl"
-    config = gateway_config(GatewaySettings(audit_log_path=str(path)))
+    config = GatewayConfig(audit_log_path=str(path))
     async with TestClient(TestServer(make_app(Functions(), config))) as client:
         r = await client.post("/v1/functions", json={"name": "f", "model": "m"})
         assert r.status == 201
@@ -103,16 +102,16 @@ async def test_keyless_loopback_admin_actions_are_audited_as_anonymous(tmp_path:
 
 @pytest.mark.parametrize("fail", [False, True])
 async def test_mig_changes_are_audited(tmp_path: Path, fail: bool):
-    from flashpoint.controller.state.core import (
-        ControllerState,
+    from flashpoint.audit import AuditLog
+    from flashpoint.config import load_config
+    from flashpoint.controller.mig_driver import MigDriver
+    from flashpoint.controller.state.core import ControllerState
+    from flashpoint.controller.state.events import (
         DeviceRecord,
         FunctionUpserted,
         GpuRecord,
         HostRegistered,
     )
-    from flashpoint.controller.mig_driver import MigDriver
-    from flashpoint.audit import AuditLog
-    from flashpoint.config import load_config
     from flashpoint.errors import GpuBusy
 
     class Conn:

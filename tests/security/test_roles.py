@@ -13,12 +13,12 @@ import aiohttp
 import numpy as np
 import pytest
 
-from flashpoint.controller.state import core as cs
-from flashpoint.controller.actor import Controller
-from flashpoint.host.actor import HostManager
 from flashpoint.cli import keys_env, make_store
 from flashpoint.config import ClusterConfig, generate_secret, load_config
+from flashpoint.controller.actor import Controller
+from flashpoint.controller.state.records import ReplicaPhase, ReplicaRecord
 from flashpoint.errors import AuthFailed, BadRequest, Forbidden
+from flashpoint.host.actor import HostManager
 from flashpoint.models.sources import publish
 from flashpoint.rpc import RpcServer, connect, roles
 from flashpoint.rpc.roles import Credential
@@ -66,8 +66,8 @@ def _registration(host_id: str) -> dict[str, Any]:
 
 def _place(ctl: Controller, rid: str, host_id: str) -> None:
     """A replica the controller placed on ``host_id`` (as its state would hold it)."""
-    ctl.state.replicas[rid] = cs.ReplicaRecord(rid, "f", host_id, "cpu:0", 0,
-                                               cs.ReplicaPhase.WARM, 0.0)
+    ctl.state.replicas[rid] = ReplicaRecord(rid, "f", host_id, "cpu:0", 0,
+                                               ReplicaPhase.WARM, 0.0)
 
 
 async def test_a_worker_cannot_register_a_host_nor_manage_functions(controller) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from flashpoint.controller.state import core as cs
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.events import DeployReplica, DissolveStages, ServeGroup
 from flashpoint.sim.cluster import ClusterConfig, SimCluster, Technique
 from flashpoint.sim.engine import Engine
 from flashpoint.sim.models import thesis_model
@@ -83,8 +84,8 @@ def test_locality_serves_a_second_burst_from_host_ram_and_peers():
 def test_every_decision_is_the_live_controller_state():
     sim = SimCluster(_cfg(Technique.LC_MC), MODEL, record=True)
     sim.run(_burst(3))
-    assert isinstance(sim.state, cs.ControllerState)
-    deploys = [c for r in sim.records for c in r.commands if isinstance(c, cs.DeployReplica)]
+    assert isinstance(sim.state, ControllerState)
+    deploys = [c for r in sim.records for c in r.commands if isinstance(c, DeployReplica)]
     assert len(deploys) == 3
     assert {d.source.kind for d in deploys} == {"chain_head", "chain"}  # policy.sourcing
     # one GPU per host (placement's stage 2), every host distinct
@@ -118,9 +119,9 @@ def test_partitioned_pipeline_starts_faster_then_completes_into_whole_replicas()
                     record=True)
     # (a late request keeps the control loop running until the groups have dissolved)
     m = mp.run(RequestLog("burst", (*_burst(4).arrivals_s, 400.0)))
-    groups = [c for r in mp.records for c in r.commands if isinstance(c, cs.ServeGroup)]
+    groups = [c for r in mp.records for c in r.commands if isinstance(c, ServeGroup)]
     stages = [c for r in mp.records for c in r.commands
-              if isinstance(c, cs.DeployReplica) and c.stage is not None]
+              if isinstance(c, DeployReplica) and c.stage is not None]
     assert m.pipelines == len(groups) >= 1 and len(stages) >= 2
     # With the registry as the only source the stages share its link, but one copy crosses
     # it instead of four (thesis §8.4.1): the pipeline serves after about one whole
@@ -132,7 +133,7 @@ def test_partitioned_pipeline_starts_faster_then_completes_into_whole_replicas()
     assert m.avg_latency_s < bl.avg_latency_s / 2
     # Every stage completes into a whole replica, and the groups dissolve.
     assert m.completions == len(stages)
-    assert any(isinstance(c, cs.DissolveStages) for r in mp.records for c in r.commands)
+    assert any(isinstance(c, DissolveStages) for r in mp.records for c in r.commands)
     assert m.unserved == 0
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashpoint.controller.state import core as cs
+from flashpoint.controller.state.events import DeployReplica, StartChain
 from flashpoint.policy.sourcing import REGISTRY, plan_sourcing
 from flashpoint.sim.cluster import ClusterConfig, SimCluster, Technique
 from flashpoint.sim.models import thesis_model
@@ -24,9 +24,9 @@ def _cfg(tech: Technique, topology: Topology, **kw) -> ClusterConfig:
     return ClusterConfig(**base)
 
 
-def _deploys(sim: SimCluster) -> list[cs.DeployReplica]:
+def _deploys(sim: SimCluster) -> list[DeployReplica]:
     assert sim.records is not None
-    return [c for r in sim.records for c in r.commands if isinstance(c, cs.DeployReplica)]
+    return [c for r in sim.records for c in r.commands if isinstance(c, DeployReplica)]
 
 
 def test_technique_flags():
@@ -74,11 +74,11 @@ def test_a_model_only_in_a_peers_ram_lc_pulls_from_the_peer_gf_from_the_registry
     assert bl.cold_start_sources == ["registry"] * 3  # BL keeps nothing
     # GF's decisions never name a peer: no StartChain, no peer in any fallback.
     gf_cmds = [c for r in out[Technique.GF][0].records for c in r.commands]
-    assert not any(isinstance(c, cs.StartChain) for c in gf_cmds)
+    assert not any(isinstance(c, StartChain) for c in gf_cmds)
     for d in _deploys(out[Technique.GF][0]):
         if d.source is not None:
             assert set(d.source.fallback) <= {REGISTRY}
-    assert any(isinstance(c, cs.StartChain) for r in out[Technique.LC][0].records
+    assert any(isinstance(c, StartChain) for r in out[Technique.LC][0].records
                for c in r.commands)
     # The peer copy crosses the cluster network (50 Gbit/s), the registry copy 2 Gbit/s.
     assert max(gf.cold_starts_s[1:]) > max(lc.cold_starts_s[1:]) + 0.5 * ONE_COPY_S

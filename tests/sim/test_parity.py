@@ -14,7 +14,8 @@ import math
 
 import pytest
 
-from flashpoint.controller.state import core as cs
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.events import DeployReplica
 from flashpoint.policy.autoscale import make_autoscaler
 from flashpoint.sim.cluster import ClusterConfig, SimCluster, Technique
 from flashpoint.sim.models import thesis_model
@@ -24,9 +25,9 @@ from flashpoint.sim.traces import requests_from_rates, twitter_like
 TOPO = Topology(n_hosts=6, gpus_per_host=2, hosts_per_leaf=3)
 
 
-def _live_state(name: str, params: dict[str, float], cfg: ClusterConfig) -> cs.ControllerState:
+def _live_state(name: str, params: dict[str, float], cfg: ClusterConfig) -> ControllerState:
     # The actor's constructor call (controller/actor.py), with the simulator's settings.
-    return cs.ControllerState(heartbeat_timeout_s=math.inf, cold_start_timeout_s=math.inf,
+    return ControllerState(heartbeat_timeout_s=math.inf, cold_start_timeout_s=math.inf,
                               replica_overhead_bytes=64 << 20, stop_unknown_replicas=True,
                               process_bytes=0, autoscaler=make_autoscaler(name, params),
                               max_chain_length=cfg.max_chain_length)
@@ -46,7 +47,7 @@ def _record(autoscaler: str, tech: Technique, params=()) -> tuple[SimCluster, Cl
 def test_replaying_the_simulators_events_gives_its_decisions(autoscaler, tech):
     sim, cfg = _record(autoscaler, tech)
     assert sim.records is not None
-    scale_ups = sum(isinstance(c, cs.DeployReplica) for r in sim.records for c in r.commands)
+    scale_ups = sum(isinstance(c, DeployReplica) for r in sim.records for c in r.commands)
     assert scale_ups >= 2, "the trace must make the autoscaler act"
     live = _live_state(autoscaler, dict(cfg.autoscaler_params), cfg)
     for i, rec in enumerate(sim.records):

@@ -359,10 +359,13 @@ def test_mix_follows_the_wrapper():
 
 # make_autoscaler --------------------------------------------------------------------------
 def test_every_registered_policy_builds_with_defaults():
-    assert set(POLICIES) == {"concurrency", "atl", "tsk", "owk", "smstar", "eq412", "dilu", "rpr"}
+    assert set(POLICIES) == {"concurrency", "atl", "tsk", "owk", "smstar", "eq412", "dilu", "rpr",
+                             "tokens"}
     for name in POLICIES:
         a = make_autoscaler(name)
-        assert a.name == name and a.limits.keep_alive_partial == (name == "concurrency")
+        # tokens is the concurrency rule for functions that do not generate: same wrapper
+        assert a.name == name and a.limits.keep_alive_partial == (name in ("concurrency",
+                                                                            "tokens"))
 
 
 def test_params_reach_the_policy_and_the_wrapper():

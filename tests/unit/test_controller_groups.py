@@ -4,9 +4,9 @@ retires groups first. Pure: events in, commands out."""
 
 from __future__ import annotations
 
-from flashpoint.controller.state.core import (
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.events import (
     BeginCompletion,
-    ControllerState,
     DeployReplica,
     DissolveStages,
     ForgetReplica,
@@ -14,11 +14,9 @@ from flashpoint.controller.state.core import (
     FunctionUpserted,
     GroupAnswered,
     GroupLinked,
-    GroupPhase,
     HostHeartbeat,
     LinkGroup,
     ReplicaFailed,
-    ReplicaPhase,
     ReplicaWarmed,
     ServeGroup,
     StageReady,
@@ -26,6 +24,7 @@ from flashpoint.controller.state.core import (
     StopReplica,
     Tick,
 )
+from flashpoint.controller.state.records import GroupPhase, ReplicaPhase
 from flashpoint.partition.model import CostModel, LayerProfile
 from flashpoint.partition.table import plan_table
 from flashpoint.policy.sourcing import REGISTRY

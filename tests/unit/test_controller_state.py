@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from flashpoint.controller.state.core import (
-    MAX_CONSECUTIVE_START_FAILURES,
-    ControllerState,
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.events import (
     DeployReplica,
     DeviceRecord,
     FailFunction,
@@ -15,12 +14,12 @@ from flashpoint.controller.state.core import (
     HostHeartbeat,
     HostRegistered,
     ReplicaFailed,
-    ReplicaPhase,
     ReplicaWarmed,
     StopAccepting,
     StopReplica,
     Tick,
 )
+from flashpoint.controller.state.records import MAX_CONSECUTIVE_START_FAILURES, ReplicaPhase
 from flashpoint.spec import FunctionSpec
 
 GIB = 1 << 30
@@ -395,7 +394,7 @@ def test_cold_start_past_timeout_is_a_failed_start_and_is_replaced():
 
 # sourcing ---------------------------------------------------------------------------------
 def test_scale_up_puts_receivers_on_chains_from_holders_and_the_registry():
-    from flashpoint.controller.state.core import SourceAssignment, StartChain
+    from flashpoint.controller.state.events import SourceAssignment, StartChain
 
     st = new_state()
     register(st, "holder", devices=1, mem=100 * MIB, cached={"m@1"})  # holds it, no room
@@ -509,7 +508,7 @@ def test_compute_shares_are_reserved_across_decisions():
 
 
 def _draining_setup():
-    from flashpoint.controller.state.core import HostDraining, RequestHost, StartChain
+    from flashpoint.controller.state.events import HostDraining, RequestHost, StartChain
 
     st = new_state()
     register(st, "h1", cached={"m@1"})

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from flashpoint.controller.state.core import (
-    MAX_CONSECUTIVE_START_FAILURES,
+from flashpoint.controller.state.events import (
     DeployKaas,
     ForgetReplica,
     FunctionUpserted,
     HostHeartbeat,
     ReplicaFailed,
-    ReplicaPhase,
     ReplicaWarmed,
     StopReplica,
     Tick,
 )
+from flashpoint.controller.state.records import MAX_CONSECUTIVE_START_FAILURES, ReplicaPhase
 from flashpoint.kaas import KAAS_FUNCTION
 
 from .test_controller_state import GIB, MIB, new_state, of, register, spec

@@ -1,25 +1,29 @@
 """The controller's MIG reconfiguration as a state machine (controller/state/mig_reconfig.py): events
-(what the controller observes, the host's apply outcome) in, commands out; and the thin
-hooks in ControllerState it drives (blocked units, leaving replicas, retire), plus the
+(what the controller observes, the host's apply outcome) in, commands out; and the events
+ControllerState takes from it (UnitsBlocked, UnitsUnblocked, ReplicasRetired), plus the
 snapshot the actor builds from the controller's state (controller/mig_driver.observe)."""
 
 from __future__ import annotations
 
 import pytest
 
-from flashpoint.controller.state.core import (
-    ControllerState,
+from flashpoint.config import load_config
+from flashpoint.controller.mig_driver import observe
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.events import (
     DeployReplica,
     DeviceRecord,
     FunctionUpserted,
     GpuRecord,
     HostHeartbeat,
     HostRegistered,
+    ReplicasRetired,
     ReplicaWarmed,
     StopAccepting,
     Tick,
+    UnitsBlocked,
+    UnitsUnblocked,
 )
-from flashpoint.controller.mig_driver import observe
 from flashpoint.controller.state.mig_reconfig import (
     ApplyMig,
     BlockDevices,
@@ -33,7 +37,6 @@ from flashpoint.controller.state.mig_reconfig import (
     RetireReplicas,
     UnblockDevices,
 )
-from flashpoint.config import load_config
 from flashpoint.errors import BadRequest
 from flashpoint.policy.protean import ReconfigParams
 from flashpoint.spec import FunctionSpec
@@ -239,7 +242,7 @@ def test_blocked_units_get_no_placements_and_their_replicas_are_replaced_elsewhe
     assert views[gpu_of].host_reported == {d.replica_id}
     assert snap.functions == (FunctionView("f", 1, 0, 1, False, 3, 8, 3 * GB),)
     # drain that GPU: nothing more lands there, the replica is not capacity any more
-    st.block("h0", views[gpu_of].device_ids)
+    assert st.handle(UnitsBlocked("h0", views[gpu_of].device_ids)) == []
     placeable = [dev.device_id for host in st.snapshot(1.0).hosts for dev in host.devices]
     assert len(placeable) == 3 and not set(placeable) & set(views[gpu_of].device_ids)
     (r,) = of(st.handle(Tick(1.1, {"f": load()})), DeployReplica)
@@ -248,8 +251,8 @@ def test_blocked_units_get_no_placements_and_their_replicas_are_replaced_elsewhe
             observe(st, {}, 1.2).functions[0].starting) == (1, 1)
     st.handle(ReplicaWarmed(r.replica_id, {}, 1.3))
     assert observe(st, {}, 1.4).functions[0].warm == 2
-    assert st.retire((d.replica_id, "unknown")) == [StopAccepting(d.replica_id)]
-    st.unblock("h0", views[gpu_of].device_ids)
+    assert st.handle(ReplicasRetired((d.replica_id, "unknown"))) == [StopAccepting(d.replica_id)]
+    assert st.handle(UnitsUnblocked("h0", views[gpu_of].device_ids)) == []
     assert not st.blocked
     assert len([x for h in st.snapshot(2.0).hosts for x in h.devices]) == 6
 

@@ -117,7 +117,7 @@ async def test_drain_and_mig_move_even_without_room_via_the_queue() -> None:
         assert workers["r1"].asked == [("q1",)], how
         wire = to_payload(SequenceHandOff(prompt_ids=(1,), generated_ids=(2,),
                                           emitted_text="", chunks=1))
-        assert m.handled(p, {"handed_off": wire}, "r1")
+        assert m.handled(p, {"handed_off": wire, "chunks": 1}, "r1")
         assert not sent and d.queued("llm") == 1  # to the front of its queue
 
 

@@ -12,15 +12,16 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flashpoint.worker.batcher import Batcher
+from flashpoint.errors import ModelFailed
 from flashpoint.host.replica_metrics import ReplicaStatsCollector, gather_replica_stats
+from flashpoint.messages.host_worker import ReplicaStatsReply
+from flashpoint.worker.batcher import Batcher
 from flashpoint.worker.replica_stats import (
     BATCH_SIZE_BUCKETS,
     SECONDS_BUCKETS,
     Histogram,
     ReplicaStats,
 )
-from flashpoint.errors import ModelFailed
 
 T = 2.0  # bound on every await
 
@@ -137,9 +138,9 @@ def test_snapshots_render_as_prometheus_families_with_labels() -> None:
     for _ in range(6):
         a.queued(0.004)
     c.batch_ran(1, 1, 2.0, failed=True)
-    replies = [{"replica_id": "r-a", "function": "fa", "stats": a.snapshot()},
-               {"replica_id": "r-c", "function": "fc", "stats": c.snapshot()},
-               {"replica_id": "r-bad", "function": "fb", "stats": {"requests": 1}}]
+    replies = [ReplicaStatsReply(replica_id="r-a", function="fa", stats=a.snapshot()),
+               ReplicaStatsReply(replica_id="r-c", function="fc", stats=c.snapshot()),
+               ReplicaStatsReply(replica_id="r-bad", function="fb", stats={"requests": 1})]
     reg = CollectorRegistry(auto_describe=False)
     reg.register(ReplicaStatsCollector(replies, "h1"))
     fams = _parse(generate_latest(reg).decode())
@@ -202,10 +203,11 @@ async def test_gather_skips_failed_slow_idle_and_empty_workers() -> None:
     idle = _Conn(ok)
     workers = [_Worker("w1", good), _Worker("w2", slow), _Worker("w3", _Conn(exc=RuntimeError("x"))),
                _Worker("w4", idle, replica_id=None),
-               _Worker("w5", _Conn({"replica_id": "", "function": "", "stats": {}}))]
+               _Worker("w5", _Conn({"replica_id": "", "function": "", "stats": {}})),
+               _Worker("w6", _Conn({"replica_id": 7, "stats": {"requests": 1}}))]  # garbled
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     replies = await asyncio.wait_for(gather_replica_stats(workers, timeout_s=0.2), T)
     assert loop.time() - t0 < 1.0  # concurrent, and the slow one was cut off
-    assert replies == [ok]
+    assert replies == [ReplicaStatsReply(replica_id="r1", function="f", stats=ok["stats"])]
     assert good.calls == ["replica_stats"] and idle.calls == []

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from flashpoint.controller.state.core import (
-    ControllerState,
+from flashpoint.controller.dispatch import Dispatcher
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.events import (
     DeployReplica,
     DeviceRecord,
     FailFunction,
@@ -16,14 +17,13 @@ from flashpoint.controller.state.core import (
     HostHeartbeat,
     HostRegistered,
     ReplicaFailed,
-    ReplicaPhase,
     ReplicaWarmed,
     RouteCanary,
     StopAccepting,
     StopReplica,
     Tick,
 )
-from flashpoint.controller.dispatch import Dispatcher
+from flashpoint.controller.state.records import ReplicaPhase
 from flashpoint.errors import BadRequest
 from flashpoint.policy.rollout import RollPhase, RollReplica, RollSnapshot, plan_roll
 from flashpoint.spec import FunctionSpec

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from flashpoint.controller.state.core import (
-    ControllerState,
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.events import (
     DeployReplica,
     DeviceRecord,
     FunctionUpserted,

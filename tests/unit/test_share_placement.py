@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from flashpoint.controller.state.core import (
-    ControllerState,
+from flashpoint.config import load_config
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.events import (
     DeployReplica,
     DeviceRecord,
     FunctionUpserted,
     HostRegistered,
     Tick,
 )
-from flashpoint.config import load_config
 from flashpoint.errors import BadRequest
 from flashpoint.policy.fastgshare import exclusive_time_sharing_gpus
 from flashpoint.policy.share_placement import (

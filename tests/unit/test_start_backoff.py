@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from flashpoint.controller.state.core import (
-    ControllerState,
+from flashpoint.config import ControllerConfig
+from flashpoint.controller.state.core import ControllerState
+from flashpoint.controller.state.events import (
     DeployReplica,
     DeviceRecord,
     FailFunction,
@@ -17,9 +18,8 @@ from flashpoint.controller.state.core import (
     ReplicaWarmed,
     StartFailure,
     Tick,
-    start_backoff_s,
 )
-from flashpoint.config import ControllerConfig
+from flashpoint.controller.state.records import start_backoff_s
 from flashpoint.errors import BadRequest
 from flashpoint.spec import FunctionSpec
 

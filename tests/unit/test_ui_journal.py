@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flashpoint.controller.state import core as cs
+from flashpoint.controller.state.events import DeployReplica, StartChain
 from flashpoint.controller.ui_journal import UiJournal, quantile
 from flashpoint.spec import FunctionSpec
 
@@ -57,7 +57,7 @@ def test_decisions_are_recorded_when_they_change_something() -> None:
     assert j.view(st, 1.0)["decisions"] == []
     st.functions["f"] = Fn(1, "demand")
     spec = FunctionSpec(name="f", model="noop")
-    j.observe([cs.DeployReplica("r1", "h0", "cpu:0", spec)], st, 2.0)
+    j.observe([DeployReplica("r1", "h0", "cpu:0", spec)], st, 2.0)
     j.observe([], st, 3.0)  # same decision again: not repeated
     (d,) = j.view(st, 4.0)["decisions"]
     assert d == {"function": "f", "desired": 1, "previous": 0, "reason": "demand",
@@ -84,7 +84,7 @@ def test_cold_starts_keep_the_first_request_and_stay_bounded() -> None:
 
 def test_chains_say_whether_they_still_run() -> None:
     j, st = UiJournal(), FakeState()
-    j.observe([cs.StartChain("t1", "h0", "bert", "1", ("h1", "h2"))], st, 1.0)
+    j.observe([StartChain("t1", "h0", "bert", "1", ("h1", "h2"))], st, 1.0)
     st.inbound[("h2", "bert@1")] = ("t1", "h0")
     (c,) = j.view(st, 2.0)["chains"]
     assert (c["sender"], c["receivers"], c["model_key"], c["active"]) == (

@@ -3,8 +3,7 @@
 Events (what happened: a host registered, a replica warmed, a tick with the measured loads)
 and commands (what the actor or the simulator must do: deploy, stop, link a group, start a
 chain), plus the device records hosts report. All are frozen or plain dataclasses with no
-behaviour; ``controller_state`` re-exports them, so ``cs.DeployReplica`` and the like keep
-naming them there. Pure like the state class (the simulator imports it).
+behaviour. Pure like the state class (the simulator imports it).
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 
 from flashpoint.policy.partitioning import PlanLookup
 from flashpoint.policy.share_placement import ReplicaShare
+from flashpoint.policy.snapshot import TokenLoad
 from flashpoint.spec import FunctionSpec
 
 
@@ -147,6 +147,7 @@ class FunctionLoad:
     exec_time_s: float = 0.0  # mean service time of one request (0 = not measured yet)
     queue_latency_s: float = 0.0  # age of the oldest queued request
     invocations_total: int = 0  # requests accepted since the controller started
+    tokens: TokenLoad | None = None  # a text-generation function's load in tokens
 
 
 @dataclass(frozen=True)
@@ -165,9 +166,36 @@ class GroupAnswered:
     group_id: str
 
 
+# Units out of service (MIG reconfiguration, controller/state/mig_reconfig.py): the
+# reconfigurator's BlockDevices, UnblockDevices and RetireReplicas, as they reach this state.
+@dataclass(frozen=True)
+class UnitsBlocked:
+    """A GPU's units are being drained for a new MIG geometry: nothing is placed on them,
+    and replicas there are leaving (not capacity), so replacements start elsewhere."""
+
+    host_id: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class UnitsUnblocked:
+    """The units are back in service (the reconfiguration finished or failed)."""
+
+    host_id: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReplicasRetired:
+    """The reconfigurator retired these replicas (a drained GPU's): they take no new work
+    and stop once idle, as any retired replica."""
+
+    replica_ids: tuple[str, ...]
+
+
 Event = (HostRegistered | HostHeartbeat | HostDraining | FunctionUpserted | FunctionDeleted
          | ReplicaWarmed | ReplicaFailed | ReplicaStopped | StageReady | GroupLinked
-         | GroupAnswered | Tick)
+         | GroupAnswered | Tick | UnitsBlocked | UnitsUnblocked | ReplicasRetired)
 
 
 # Commands ----------------------------------------------------------------------------------

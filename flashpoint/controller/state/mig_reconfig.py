@@ -48,7 +48,7 @@ from flashpoint.policy.protean import (
     reconfigure,
 )
 
-# The phases of a replica as the controller tracks them (controller_state.ReplicaPhase).
+# The phases of a replica as the controller tracks them (controller/state/records.py ReplicaPhase).
 STARTING, WARM = "starting", "warm"
 
 
