@@ -61,8 +61,8 @@ class InferRequest(Message, kw_only=True):
     request_class: str = msgspec.field(name="class", default="")  # RequestClass value
     stream: bool = False  # answer through gen_chunk notifications as tokens come
     # a streamed generation another replica handed off: go on from there (live migration,
-    # messages/migration.py)
-    resume: SequenceHandOff | None = None
+    # messages/migration.py); left off the wire when unset
+    resume: SequenceHandOff | msgspec.UnsetType = msgspec.UNSET
 
 
 class InferReply(Message, kw_only=True):

@@ -44,6 +44,7 @@ import sys
 import time
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from flashpoint.errors import BadRequest, FlashpointError, InvalidInput, Unavailable
@@ -444,7 +445,8 @@ class Worker:
 
         rid = msg.request_id
         started = time.perf_counter()
-        request, index = resumed_request(request, msg.resume)
+        request, index = resumed_request(
+            request, None if isinstance(msg.resume, msgspec.UnsetType) else msg.resume)
         stream = self.batcher.stream(request, key=rid)
         ids: list[int] = list(request.progress.generated_ids) if request.progress else []
         text = request.progress.emitted_text if request.progress else ""
