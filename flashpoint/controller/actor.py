@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import prometheus_client
 from aiohttp import web
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 
-from flashpoint import heap
+from flashpoint import heap, tracing
 from flashpoint.audit import AuditLog
 from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.controller.cold_timings import ColdStartMarks
@@ -29,6 +29,7 @@ from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.controller.gateway_service import GatewayService
 from flashpoint.controller.handles import HostHandle, WorkerHandle
 from flashpoint.controller.kaas_pool import KaasPool
+from flashpoint.controller.metrics import ControllerMetrics, state_registry
 from flashpoint.controller.migration import Migrator
 from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.persist import FunctionTable
@@ -74,8 +75,6 @@ from flashpoint.transfer.plan import Endpoint
 
 log = get_logger("flashpoint.controller")
 
-COLD_STARTS = Histogram("flashpoint_cold_start_seconds", "Cold-start phase durations", ["phase"],
-                        buckets=(.001, .01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60))
 WORKERS_SILENT = Counter("flashpoint_workers_silent_total",
                          "Workers dropped for missing a ping on their connection")
 
@@ -122,6 +121,7 @@ class Controller:
         self._started_s = time.monotonic()
         self._wake = asyncio.Event()
         self.ui = UiJournal()  # recent history for the dashboard (/ui)
+        self.metrics = ControllerMetrics()  # cold starts, failed starts, hosts lost (Prometheus)
         # "name@version" -> its manifest (immutable): parsed once, its JSON text made once
         # (Manifest.to_json is memoised) and sent as is with every deploy.
         self._manifests: dict[str, Manifest] = {}
@@ -147,7 +147,7 @@ class Controller:
         self.requests = RequestPath(self.cc, self.state, self.dispatcher, self.workers,
                                     self.streams, self._cold_marks, self.mig, self._spawn,
                                     self._wake.set, self._started_s, self.ui,
-                                    self.tokens, self._manifests)
+                                    self.tokens, self._manifests, self.metrics)
         # live migration of streamed generations off leaving replicas (controller/migration.py)
         self.requests.migration = self.migration = Migrator(
             self.state, self.dispatcher, self.streams, self.workers, self._spawn,
@@ -158,6 +158,11 @@ class Controller:
         from flashpoint.gateway.app import RUNNER_KWARGS, add_routes
         from flashpoint.rpc import RpcServer
 
+        # With tracing on, each invoke runs in its own span (off: the plain method, no cost).
+        # (RequestPath's: its streamed requests go through it too)
+        tracing.trace_method(self.requests, "invoke", "flashpoint.controller.invoke",
+                             lambda name, *_, **kw: {"flashpoint.function": name,
+                                                     "flashpoint.request_id": kw.get("request_id", "")})
         check_secret(self.config.secret, self.cc.listen_host, "the controller")
         check_http_auth(self.config.gateway.api_keys, self.cc.listen_host, self.config.insecure,
                         "the controller's HTTP API")
@@ -173,7 +178,8 @@ class Controller:
         gw = self.config.gateway
         app = web.Application(client_max_size=gw.max_body_bytes)
         add_routes(app, self, gw, kaas=self.kaas,
-                   process_registry=prometheus_client.REGISTRY)
+                   process_registry=prometheus_client.REGISTRY).metrics.also += (state_registry(
+                       self.state, self.dispatcher.queued, self.dispatcher.inflight),)
         # Each peer proves its own key and may call only what its role needs (rpc/roles.py).
         self._rpc = RpcServer(
             roles.guard({"register_host": handler(ch.RegisterHost, self._register_host),
@@ -250,10 +256,12 @@ class Controller:
 
     def _apply(self, event: cs.Event) -> None:
         self._step_s = time.monotonic()
+        self.metrics.event(event)
         self._execute(self.state.handle(event))
 
     def _execute(self, cmds: list[cs.Command]) -> None:
         self.ui.observe(cmds, self.state, time.monotonic())
+        self.metrics.commands(cmds, self.state)
         for cmd in cmds:
             match cmd:
                 case cs.DeployReplica() | cs.DeployKaas():
@@ -512,9 +520,9 @@ class Controller:
             self._spawn(self._watch_worker(rid, conn), f"watch:{rid}")
         self._conn_replica[id(conn)] = rid
         known = self.state.replicas.get(rid)
-        if known is not None and known.phase == ReplicaPhase.STARTING:
-            for phase, secs in timings.items():
-                COLD_STARTS.labels(phase).observe(secs)
+        self.metrics.replica_ready(rid, known.function if known is not None else "",
+                                   msg.source, timings,
+                                   known is not None and known.phase == ReplicaPhase.STARTING)
         self._apply(cs.ReplicaWarmed(rid, timings, time.monotonic()))
         log.info("replica_warm", replica_id=rid, timings=timings)
         return cw.Ok()

@@ -20,10 +20,12 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter, Histogram
 
+from flashpoint import tracing
 from flashpoint.config import ControllerConfig
 from flashpoint.controller.cold_timings import ColdStartMarks, cold_start_phases
 from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.controller.handles import Pending, WorkerHandle
+from flashpoint.controller.metrics import ControllerMetrics
 from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.migration import MIGRATION_GAP, Migrator
 from flashpoint.controller.state.core import ControllerState
@@ -88,7 +90,8 @@ class RequestPath:
                  cold_marks: Mapping[str, ColdStartMarks], mig: MigDriver | None,
                  spawn: Callable[[Coroutine[Any, Any, None], str], Any],
                  wake: Callable[[], None], started_s: float, ui: UiJournal,
-                 tokens: TokenLedger, manifests: Mapping[str, Manifest]) -> None:
+                 tokens: TokenLedger, manifests: Mapping[str, Manifest],
+                 metrics: ControllerMetrics | None = None) -> None:
         self.cc = cc
         self.state = state
         self.dispatcher = dispatcher
@@ -104,6 +107,7 @@ class RequestPath:
         self.ui = ui  # the dashboard's journal: cold starts and latencies (ui_journal.py)
         self.tokens = tokens  # generation load and metrics in tokens (token_metrics.py)
         self._manifests = manifests  # "name@version" -> manifest, the controller's cache
+        self.metrics = metrics or ControllerMetrics()  # cold starts by tier (metrics.py)
         self._last_request: dict[str, float] = {}
         self._arrivals = RateMeter()
         self._completions = RateMeter()
@@ -339,6 +343,7 @@ class RequestPath:
             payload["class"] = RequestClass.BEST_EFFORT  # the worker's queue serves strict first
         if stream:
             payload["stream"] = True
+        tracing.inject(payload)  # the worker's span joins this request's trace
         loop = asyncio.get_running_loop()
         p = Pending(request_id, name, payload, loop.create_future(), t0, t0 + timeout, cold,
                     best_effort, stream=stream)
@@ -406,6 +411,7 @@ class RequestPath:
                 timings.update(cold_start_phases(marks, handle.timings_s, arrived_s=t0,
                                                  sent_s=p.sent_s, done_s=t0 + total))
             self.ui.cold_start(rid, name, handle.source, timings, t0 + total)
+            self.metrics.cold_request(rid, name, handle.source, timings)
         ok = self._ok_metrics.get(name)
         if ok is None:  # label lookups cost more than the increments on this path
             ok = self._ok_metrics[name] = (REQUESTS.labels(name, "ok"), LATENCY.labels(name))

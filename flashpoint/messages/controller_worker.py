@@ -60,6 +60,7 @@ class InferRequest(Message, kw_only=True):
     inputs: Any = None
     request_class: str = msgspec.field(name="class", default="")  # RequestClass value
     stream: bool = False  # answer through gen_chunk notifications as tokens come
+    traceparent: str = ""  # W3C trace context of the controller's span, when traced
     # a streamed generation another replica handed off: go on from there (live migration,
     # messages/migration.py); left off the wire when unset
     resume: SequenceHandOff | msgspec.UnsetType = msgspec.UNSET

@@ -47,6 +47,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from flashpoint import tracing
 from flashpoint.errors import BadRequest, FlashpointError, InvalidInput, Unavailable
 from flashpoint.gpu.worker_env import apply_env
 from flashpoint.log import bind_ids, configure, get_logger
@@ -420,6 +421,7 @@ class Worker:
         if msg.stream and hasattr(self.batcher, "stream"):
             return await self._infer_stream(conn, msg, inputs)
         outputs, timings = await self.batcher.submit(inputs, best_effort=best_effort)
+        tracing.worker_span(msg.traceparent, msg.request_id, timings)
         if not self.state.served:  # the hot path pays one attribute read after the first
             await self._execute(self._apply(ws.RequestAnswered()))
         return cw.InferReply(outputs=encode_tensors(self._finish(outputs)), timings_s=timings)
@@ -514,12 +516,15 @@ class Worker:
         # Each reply in wire form as it comes (InferManyReply carries wire values).
         replies: list[dict[str, Any]] = []
         try:
-            for w in waits:
+            for req, w in zip(msg.requests, waits, strict=True):
                 if isinstance(w, dict):
                     replies.append(w)
                     continue
                 try:
                     outputs, timings = await w
+                    if isinstance(req, dict) and req.get("traceparent"):
+                        tracing.worker_span(str(req["traceparent"]),
+                                            str(req.get("request_id", "")), timings)
                     replies.append(to_payload(cw.InferReply(
                         outputs=encode_tensors(self._finish(outputs)), timings_s=timings)))
                 except asyncio.CancelledError:
@@ -543,7 +548,8 @@ class Worker:
         if rep is None or batcher is None:
             return hw.ReplicaStatsReply()
         return hw.ReplicaStatsReply(replica_id=rep.replica_id, function=rep.spec.name,
-                                    stats=batcher.stats.snapshot())
+                                    stats={**batcher.stats.snapshot(),
+                                                                     "queued": batcher.depth})
 
     async def _hand_off(self, conn: Any, msg: HandOffSequences) -> HandOffAccepted:
         """Live migration: the controller takes these streamed sequences elsewhere; each
@@ -577,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload-transformers", action="store_true")
     args = parser.parse_args(argv)
     configure(os.environ.get("FLASHPOINT_WORKER_LOG_LEVEL", "WARNING"))
+    tracing.setup_from_env("flashpoint-worker")  # OpenTelemetry, when the host's env has it
     secret = os.environ.get("FLASHPOINT_SECRET", "").encode()
     bind_ids(worker_id=args.worker_id)
     token = os.environ.get(CREDENTIAL_ENV)

@@ -36,8 +36,10 @@ def test_shallow_messages_keep_their_field_names(cls):
 def test_infer_request_travels_under_its_wire_names_and_keeps_the_tensor_bytes():
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     enc = encode_tensors({"x": x})
-    # What the controller's request path builds for one request.
-    sent = {"request_id": "req-1", "inputs": enc, "class": "best_effort", "stream": True}
+    # What the controller's request path builds for one request (traced: with its span's
+    # W3C traceparent, flashpoint/tracing.py).
+    sent = {"request_id": "req-1", "inputs": enc, "class": "best_effort", "stream": True,
+            "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     msg = from_payload(cw.InferRequest, sent, method="infer")
     assert msg.inputs["x"]["data"] is enc["x"]["data"]  # validated, not copied
     assert (msg.request_id, msg.request_class, msg.stream) == ("req-1", "best_effort", True)
