@@ -135,7 +135,7 @@ async def _trial(model_dir: Path, streams_n: int, after: int, max_tokens: int,
         if not t.get("migrations"):
             continue
         gap = t["migration_gap"]
-        tpot = statistics.median(b - a for a, b in zip(s.arrived_s, s.arrived_s[1:]))
+        tpot = statistics.median(b - a for a, b in zip(s.arrived_s, s.arrived_s[1:], strict=False))
         moved_at = int(t["migrated_at"])
         prompt_ids = tok(s.prompt).input_ids
         # the destination's own prefill of this sequence (its reply's timings), and the

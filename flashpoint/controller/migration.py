@@ -129,7 +129,7 @@ class Migrator:
     def snapshot(self, now_s: float) -> MigrationSnapshot:
         """Leaving replicas that run streams not yet asked to move, and where they may go."""
         on: dict[str, list[StreamInFlight]] = {}
-        for request_id, (p, rid) in self._where.items():
+        for request_id, (_, rid) in self._where.items():
             if request_id not in self._asked:
                 on.setdefault(rid, []).append(StreamInFlight(
                     request_id, rid, self.streams.chunks(request_id)))

@@ -22,7 +22,6 @@ from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from flashpoint.worker.replica_stats import ReplicaStats
 from flashpoint.errors import FlashpointError, KvCacheFull, ModelFailed, Unavailable
 from flashpoint.log import get_logger
 from flashpoint.messages.migration import SequenceHandOff
@@ -34,6 +33,7 @@ from flashpoint.models.generate import (
     SequenceProgress,
     TokenEvent,
 )
+from flashpoint.worker.replica_stats import ReplicaStats
 
 log = get_logger("flashpoint.generation")
 
