@@ -94,9 +94,14 @@ class Migrator:
 
     def soon(self) -> None:
         """A replica left: plan at the end of this loop iteration, not at the next tick."""
-        if not self._soon:
-            self._soon = True
-            asyncio.get_running_loop().call_soon(self._step_soon)
+        if self._soon:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a state driven synchronously): the next tick plans
+            return
+        self._soon = True
+        loop.call_soon(self._step_soon)
 
     def _step_soon(self) -> None:
         self._soon = False
