@@ -30,6 +30,7 @@ from flashpoint.controller.gateway_service import GatewayService
 from flashpoint.controller.handles import HostHandle, WorkerHandle
 from flashpoint.controller.kaas_pool import KaasPool
 from flashpoint.controller.metrics import ControllerMetrics, state_registry
+from flashpoint.controller.migration import Migrator
 from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
@@ -147,6 +148,10 @@ class Controller:
                                     self.streams, self._cold_marks, self.mig, self._spawn,
                                     self._wake.set, self._started_s, self.ui,
                                     self.tokens, self._manifests, self.metrics)
+        # live migration of streamed generations off leaving replicas (controller/migration.py)
+        self.requests.migration = self.migration = Migrator(
+            self.state, self.dispatcher, self.streams, self.workers, self._spawn,
+            self.requests.send, self.requests.pump)
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -241,6 +246,7 @@ class Controller:
             if g.phase == GroupPhase.STOPPING and self.dispatcher.inflight_of(g.group_id) == 0
         )
         self._execute(self.state.handle(cs.Tick(now, loads, idle)))
+        self.migration.step(now)
         if self.mig is not None:
             self.mig.step(now)
         for h in self.state.hosts.values():
@@ -266,6 +272,7 @@ class Controller:
                     self._spawn(self._start_chain(cmd), f"chain:{cmd.transfer_id}")
                 case cs.StopAccepting():
                     self.dispatcher.stop_accepting(cmd.replica_id)
+                    self.migration.soon()  # its streams move (controller/migration.py)
                 case cs.StopReplica():
                     host = self.hosts.get(cmd.host_id)
                     if host is not None:

@@ -44,6 +44,7 @@ import sys
 import time
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from flashpoint import tracing
@@ -53,6 +54,7 @@ from flashpoint.log import bind_ids, configure, get_logger
 from flashpoint.messages import controller_worker as cw
 from flashpoint.messages import host_worker as hw
 from flashpoint.messages.base import from_payload, handler, to_payload
+from flashpoint.messages.migration import HandOffAccepted, HandOffSequences, InferHandedOff
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.rpc.roles import CREDENTIAL_ENV, Credential
 from flashpoint.spec import FunctionSpec
@@ -193,7 +195,8 @@ class Worker:
                        "kaas_reset": handler(cw.KaasReset, self._kaas_reset, "kaas_reset")}
         else:
             methods = {"infer": handler(cw.InferRequest, self._infer, "infer"),
-                       "infer_many": handler(cw.InferMany, self._infer_many, "infer_many")}
+                       "infer_many": handler(cw.InferMany, self._infer_many, "infer_many"),
+                       "hand_off": handler(HandOffSequences, self._hand_off, "hand_off")}
         self._controller = ReconnectingClient(
             self._controller_url, {**methods, **common}, secret=self.credential.key,
             name=self.credential.principal, on_connected=self._announce)
@@ -408,8 +411,8 @@ class Worker:
         rep = self.replica
         return bool(rep is not None and getattr(rep.served, "prepare_in_thread", False))
 
-    async def _infer(self, conn: Any,
-                     msg: cw.InferRequest) -> cw.InferReply | cw.InferStreamReply:
+    async def _infer(self, conn: Any, msg: cw.InferRequest
+                     ) -> cw.InferReply | cw.InferStreamReply | InferHandedOff:
         if self._prepares_in_thread():
             inputs, best_effort = await asyncio.to_thread(self._request, msg)
         else:
@@ -432,18 +435,24 @@ class Worker:
             log.warning("replica_served_report_failed", error=exc.code)
 
     async def _infer_stream(self, conn: Any, msg: cw.InferRequest,
-                            request: Any) -> cw.InferStreamReply:
+                            request: Any) -> cw.InferStreamReply | InferHandedOff:
         """A generation request whose tokens go back as they come: one ``gen_chunk``
         notification per token boundary to the caller (``index`` from 0), then the reply:
         the whole answer and ``chunks``, how many were sent. The caller cancelling the call
-        (a client gone) cancels the sequence and frees its cache."""
+        (a client gone) cancels the sequence and frees its cache. Live migration: a request
+        with ``resume`` goes on from another replica's tokens (its chunks numbered on); one
+        handed off here (``hand_off``) answers :class:`InferHandedOff`."""
         from flashpoint.models.generate import FinishReason, GenerationResult
+        from flashpoint.worker.generation import hand_off_message, resumed_request
 
         rid = msg.request_id
         started = time.perf_counter()
-        stream = self.batcher.stream(request)
-        ids: list[int] = []
-        text, finish, index = "", FinishReason.LENGTH, 0
+        request, index = resumed_request(
+            request, None if isinstance(msg.resume, msgspec.UnsetType) else msg.resume)
+        stream = self.batcher.stream(request, key=rid)
+        ids: list[int] = list(request.progress.generated_ids) if request.progress else []
+        text = request.progress.emitted_text if request.progress else ""
+        finish = FinishReason.LENGTH
         try:
             async for event in stream:
                 if event.token_id is not None:
@@ -457,9 +466,15 @@ class Worker:
                 index += 1
         finally:
             await stream.aclose()
+        if stream.handed_off is not None:  # left for another replica (hand_off)
+            return InferHandedOff(handed_off=hand_off_message(request, stream.handed_off, index),
+                                  chunks=index)
         result = GenerationResult(len(request.prompt_ids), tuple(ids), text, finish)
+        timings = {"inference": time.perf_counter() - started}
+        if request.progress is not None:  # resumed here: its prefill is part of the gap
+            timings["resume_prefill"] = stream.prefill_s
         return cw.InferStreamReply(outputs=encode_tensors(self._finish(result)), chunks=index,
-                                   timings_s={"inference": time.perf_counter() - started})
+                                   timings_s=timings)
 
     def _finish(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request's module outputs as its answer (the serving task's ``finish``)."""
@@ -535,6 +550,12 @@ class Worker:
         return hw.ReplicaStatsReply(replica_id=rep.replica_id, function=rep.spec.name,
                                     stats={**batcher.stats.snapshot(),
                                                                      "queued": batcher.depth})
+
+    async def _hand_off(self, conn: Any, msg: HandOffSequences) -> HandOffAccepted:
+        """Live migration: the controller takes these streamed sequences elsewhere; each
+        leaves at the next token boundary and its ``infer`` call answers InferHandedOff."""
+        hand_off = getattr(self.batcher, "hand_off", None)  # a generation loop's only
+        return HandOffAccepted(handing_off=hand_off(msg.request_ids) if hand_off else 0)
 
     async def _ping(self, conn: Any, msg: cw.Ping) -> cw.Pong:
         """The controller's liveness probe on this connection (answered by the event loop,

@@ -111,3 +111,20 @@ def test_an_empty_request_or_reply_is_an_empty_map():
         assert to_payload(cls()) == {}
     with pytest.raises(ProtocolError, match="surprise"):
         from_payload(cw.Ping, {"surprise": 1}, method="ping")
+
+
+def test_a_resumed_infer_request_carries_its_hand_off():
+    """Live migration: ``resume`` travels only when set (messages/migration.py)."""
+    import msgspec
+
+    from flashpoint.messages.migration import SequenceHandOff
+
+    sent = {"request_id": "r", "inputs": {}, "stream": True,
+            "resume": {"prompt_ids": [1, 2], "generated_ids": [3], "emitted_text": "x",
+                       "rng_state": b"\x01\x02", "chunks": 1}}
+    msg = from_payload(cw.InferRequest, _through_frames("infer", sent), method="infer")
+    assert msg.resume == SequenceHandOff(prompt_ids=(1, 2), generated_ids=(3,),
+                                         emitted_text="x", rng_state=b"\x01\x02", chunks=1)
+    assert to_payload(msg)["resume"]["rng_state"] == b"\x01\x02"
+    plain = from_payload(cw.InferRequest, {"request_id": "r"}, method="infer")
+    assert plain.resume is msgspec.UNSET and "resume" not in to_payload(plain)
