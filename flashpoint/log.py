@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from contextlib import AbstractContextManager
 from typing import Any
 
 import structlog
@@ -80,6 +81,12 @@ def get_logger(name: str, **bound: Any) -> Any:
 def bind_ids(**ids: Any) -> None:
     """Bind causality ids (request_id, transfer_id, replica_id) to the current context."""
     structlog.contextvars.bind_contextvars(**ids)
+
+
+def bound_ids(**ids: Any) -> AbstractContextManager[None]:
+    """``with bound_ids(request_id=...)``: the ids on every log line of this context inside
+    the block, and unbound after it (what was bound before is restored)."""
+    return structlog.contextvars.bound_contextvars(**ids)
 
 
 def clear_ids(*names: str) -> None:

@@ -371,9 +371,11 @@ class RequestPath:
             self.dispatcher.remove(name, p)
             REQUESTS.labels(name, "deadline").inc()
             self._slo_failed(fn.spec, best_effort)
+            log.info("request_failed", function=name, request_id=request_id, error="deadline")
             raise DeadlineExceeded(f"request {request_id} exceeded {timeout:.3f}s") from None
         except FlashpointError as exc:
             REQUESTS.labels(name, exc.code).inc()
+            log.info("request_failed", function=name, request_id=request_id, error=exc.code)
             if exc.http_status >= 500:  # the platform failed it, not the caller's input
                 self._slo_failed(fn.spec, best_effort)
             raise
@@ -405,6 +407,9 @@ class RequestPath:
             ok = self._ok_metrics[name] = (REQUESTS.labels(name, "ok"), LATENCY.labels(name))
         ok[0].inc()
         ok[1].observe(total)
+        # The gateway's request id beside the replica that answered (a no-op above DEBUG).
+        log.debug("request_done", function=name, request_id=request_id, replica=rid,
+                  total_s=round(total, 6))
         self.ui.request_done(name, total, t0 + total)
         if fn.spec.slo_ms > 0 and not best_effort:
             before = self.slo.get(name, SloCompliance())

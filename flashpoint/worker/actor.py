@@ -49,7 +49,7 @@ import numpy as np
 from flashpoint import tracing
 from flashpoint.errors import BadRequest, FlashpointError, InvalidInput, Unavailable
 from flashpoint.gpu.worker_env import apply_env
-from flashpoint.log import bind_ids, configure, get_logger
+from flashpoint.log import bind_ids, bound_ids, configure, get_logger
 from flashpoint.messages import controller_worker as cw
 from flashpoint.messages import host_worker as hw
 from flashpoint.messages.base import from_payload, handler, to_payload
@@ -410,6 +410,18 @@ class Worker:
 
     async def _infer(self, conn: Any,
                      msg: cw.InferRequest) -> cw.InferReply | cw.InferStreamReply:
+        # The gateway's request id on every log line of this request's handling (issue 23).
+        with bound_ids(request_id=msg.request_id):
+            try:
+                reply = await self._infer_one(conn, msg)
+            except FlashpointError as exc:
+                log.info("request_failed", error=exc.code)
+                raise
+            log.debug("request_served")
+            return reply
+
+    async def _infer_one(self, conn: Any,
+                         msg: cw.InferRequest) -> cw.InferReply | cw.InferStreamReply:
         if self._prepares_in_thread():
             inputs, best_effort = await asyncio.to_thread(self._request, msg)
         else:
@@ -512,10 +524,13 @@ class Worker:
                                             str(req.get("request_id", "")), timings)
                     replies.append(to_payload(cw.InferReply(
                         outputs=encode_tensors(self._finish(outputs)), timings_s=timings)))
+                    log.debug("request_served", request_id=_rid(req))
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     replies.append(to_payload(_failed(exc)))
+                    log.info("request_failed", request_id=_rid(req),
+                             error=getattr(exc, "code", type(exc).__name__))
         except BaseException:
             for w in waits:  # cancelled (the caller gave up): nobody waits on the rest
                 if not isinstance(w, dict):
@@ -545,6 +560,11 @@ class Worker:
         b = self.batcher
         return cw.ReplicaStatusReply(depth=b.depth if b else 0, batches=b.batches_run if b else 0,
                                      running=getattr(b, "running", 0) if b else 0)
+
+
+def _rid(req: Any) -> str:
+    """The request id of one wire request of an ``infer_many`` frame ("" if it has none)."""
+    return str(req.get("request_id", "")) if isinstance(req, dict) else ""
 
 
 def _failed(exc: Exception) -> cw.InferFailed:
