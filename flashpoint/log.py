@@ -89,5 +89,11 @@ def bound_ids(**ids: Any) -> AbstractContextManager[None]:
     return structlog.contextvars.bound_contextvars(**ids)
 
 
+def logs_debug(name: str) -> bool:
+    """Whether logger ``name`` writes DEBUG lines. A hot path asks (~0.05 us) before it
+    binds ids or builds a line: a structlog call costs microseconds even when filtered."""
+    return logging.getLogger(name).isEnabledFor(logging.DEBUG)
+
+
 def clear_ids(*names: str) -> None:
     structlog.contextvars.unbind_contextvars(*names)

@@ -46,13 +46,14 @@ from flashpoint.errors import (
 )
 from flashpoint.gateway.backend import InvokeResult, StreamChunk
 from flashpoint.gateway.streams import StreamRegistry, stream_invocation
-from flashpoint.log import get_logger
+from flashpoint.log import get_logger, logs_debug
 from flashpoint.policy.request_class import RequestClass, SloCompliance
 from flashpoint.registry.manifest import Manifest
 from flashpoint.spec import FunctionSpec
 from flashpoint.tensors import DECODED_DTYPE, decode_tensors, encode_tensors
 
-log = get_logger("flashpoint.controller")
+LOGGER = "flashpoint.controller"
+log = get_logger(LOGGER)
 
 REQUESTS = Counter("flashpoint_requests_total", "Invocations by outcome", ["function", "outcome"])
 SLO = Counter("flashpoint_slo_requests_total",
@@ -407,9 +408,9 @@ class RequestPath:
             ok = self._ok_metrics[name] = (REQUESTS.labels(name, "ok"), LATENCY.labels(name))
         ok[0].inc()
         ok[1].observe(total)
-        # The gateway's request id beside the replica that answered (a no-op above DEBUG).
-        log.debug("request_done", function=name, request_id=request_id, replica=rid,
-                  total_s=round(total, 6))
+        if logs_debug(LOGGER):  # the gateway's request id beside the replica that answered
+            log.debug("request_done", function=name, request_id=request_id, replica=rid,
+                      total_s=round(total, 6))
         self.ui.request_done(name, total, t0 + total)
         if fn.spec.slo_ms > 0 and not best_effort:
             before = self.slo.get(name, SloCompliance())
