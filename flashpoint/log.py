@@ -10,6 +10,7 @@ context carries them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -89,10 +90,14 @@ def bound_ids(**ids: Any) -> AbstractContextManager[None]:
     return structlog.contextvars.bound_contextvars(**ids)
 
 
+# Loggers are singletons per name; getLogger itself takes the logging module's lock.
+_stdlib_logger = functools.lru_cache(maxsize=256)(logging.getLogger)
+
+
 def logs_debug(name: str) -> bool:
-    """Whether logger ``name`` writes DEBUG lines. A hot path asks (~0.05 us) before it
+    """Whether logger ``name`` writes DEBUG lines. A hot path asks (~0.1 us) before it
     binds ids or builds a line: a structlog call costs microseconds even when filtered."""
-    return logging.getLogger(name).isEnabledFor(logging.DEBUG)
+    return _stdlib_logger(name).isEnabledFor(logging.DEBUG)
 
 
 def clear_ids(*names: str) -> None:
