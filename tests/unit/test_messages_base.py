@@ -56,3 +56,39 @@ def test_handler_validates_in_and_encodes_out():
     assert asyncio.run(wrapped(None, {"replica_id": "r", "count": 4})) == {"offset_bytes": 8}
     with pytest.raises(ProtocolError):
         asyncio.run(wrapped(None, {"count": 4}))
+
+
+class Hop(Message, frozen=True, tag="hop", tag_field="kind"):
+    endpoint: tuple[str, str, int]
+    via: tuple[str, ...] | None = None
+
+
+class Route(Message, frozen=True):
+    route_id: str
+    hops: tuple[Hop, ...] = ()
+    chain: tuple[tuple[str, str, int], ...] = ()
+    names: tuple[str, ...] = ()
+    weights: dict[str, float] = {}
+    note: str | None = None
+
+
+def test_a_plain_message_is_the_map_a_peer_decodes_lists_not_tuples():
+    msg = Route(route_id="r", hops=(Hop(endpoint=("h1", "10.0.0.1", 7001), via=("a",)),),
+                chain=(("h2", "10.0.0.2", 7002),), names=("x", "y"), weights={"h1": 0.5})
+    expected = {"route_id": "r",
+                "hops": [{"endpoint": ["h1", "10.0.0.1", 7001], "via": ["a"], "kind": "hop"}],
+                "chain": [["h2", "10.0.0.2", 7002]], "names": ["x", "y"],
+                "weights": {"h1": 0.5}, "note": None}
+    got = to_payload(msg)
+    assert got == expected
+    # Lists, as msgpack decodes them (== alone would not tell a tuple from a list).
+    assert type(got["hops"]) is list and type(got["chain"][0]) is list
+    assert frames.encode(frames.Request(id=1, method="m", payload=got, timeout_s=1.0)) == \
+        frames.encode(frames.Request(id=1, method="m", payload=expected, timeout_s=1.0))
+
+
+def test_a_set_given_to_a_tuple_field_still_goes_out_sorted():
+    names = frozenset(f"m{i}@1" for i in range(40))  # enough that iteration order is not sorted
+    got = to_payload(Route(route_id="r", names=names))  # type: ignore[arg-type]
+    assert got["names"] == sorted(names)
+    assert to_payload(Sample(replica_id="r", cached=names))["cached"] == sorted(names)
