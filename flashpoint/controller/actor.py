@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from flashpoint import heap
+from flashpoint.actor import PROCESS_LOOP_LAG_INTERVAL_S, Actor
 from flashpoint.audit import AuditLog
 from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.controller.cold_timings import ColdStartMarks
@@ -78,14 +79,16 @@ COLD_STARTS = Histogram("flashpoint_cold_start_seconds", "Cold-start phase durat
 WORKERS_SILENT = Counter("flashpoint_workers_silent_total",
                          "Workers dropped for missing a ping on their connection")
 
-class Controller:
-    """The controller actor."""
+class Controller(Actor):
+    """The controller actor. Its background tasks (the control loop, deploys, chains, request
+    sends, worker watches) are owned by the :class:`~flashpoint.actor.Actor` base."""
 
     # invoke() fails a request at its deadline (RequestPath's call_later expiry, never later
     # than the timeout_s it was given), so the gateway needs no backstop timer around it.
     enforces_deadline = True
 
     def __init__(self, config: ClusterConfig, store: Any) -> None:
+        super().__init__("controller", loop_lag_interval_s=PROCESS_LOOP_LAG_INTERVAL_S)
         self.config = config
         self.cc = config.controller
         self.store = store
@@ -113,7 +116,6 @@ class Controller:
         self.hosts: dict[str, HostHandle] = {}
         self.workers: dict[str, WorkerHandle] = {}
         self._conn_replica: dict[int, str] = {}
-        self._tasks: set[asyncio.Task] = set()
         self._runner: web.AppRunner | None = None
         self._rpc: Any = None
         self.url = ""
@@ -140,16 +142,17 @@ class Controller:
         self.cost = CostMeter(prices)
         self.replacements: list[dict[str, Any]] = []  # what the provider gave, per eviction
         # PROTEAN's MIG reconfigurator (controller/state/mig_reconfig.py), when opted in
-        self.mig = MigDriver(self.cc, self.state, self.hosts, self._execute, self._spawn,
+        self.mig = MigDriver(self.cc, self.state, self.hosts, self._execute, self.spawn,
                              time.monotonic, AuditLog(config.gateway.audit_log_path),
                              ) if self.cc.mig_reconfigure else None
         self.requests = RequestPath(self.cc, self.state, self.dispatcher, self.workers,
-                                    self.streams, self._cold_marks, self.mig, self._spawn,
+                                    self.streams, self._cold_marks, self.mig, self.spawn,
                                     self._wake.set, self._started_s, self.ui,
                                     self.tokens, self._manifests)
 
     # lifecycle ---------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def on_start(self) -> None:
+        """Restore the function table, listen (HTTP API and RPC), start the control loop."""
         from flashpoint.gateway.app import RUNNER_KWARGS, add_routes
         from flashpoint.rpc import RpcServer
 
@@ -192,13 +195,11 @@ class Controller:
         self.url = f"{'https' if tls else 'http'}://{self.cc.listen_host}:{port}"
         self.rpc_url = f"{'wss' if tls else 'ws'}://{self.cc.listen_host}:{port}/rpc"
         heap.settle()  # start-up objects out of the collector's scans (flashpoint/heap.py)
-        self._spawn(self._control_loop(), "control-loop")
+        self.spawn(self._control_loop(), "control-loop")
         log.info("controller_started", url=self.url, functions=len(self.state.functions))
 
-    async def stop(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+    async def on_stop(self, timeout_s: float) -> None:
+        """After the base cancelled every task: fail what is queued, close the listeners."""
         for name in list(self.state.functions):
             self.requests.fail_queue(name, FlashpointError("controller shutting down"))
         await self.kaas.close()
@@ -206,12 +207,6 @@ class Controller:
             await self._rpc.stop(timeout_s=2.0)
         if self._runner is not None:
             await self._runner.cleanup()
-
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     # control loop ------------------------------------------------------------------------
     async def _control_loop(self) -> None:
@@ -248,20 +243,22 @@ class Controller:
 
     def _execute(self, cmds: list[cs.Command]) -> None:
         self.ui.observe(cmds, self.state, time.monotonic())
+        if self.stopping:  # shutting down (connections closing): start nothing new
+            return
         for cmd in cmds:
             match cmd:
                 case cs.DeployReplica() | cs.DeployKaas():
                     self._cold_marks[cmd.replica_id] = ColdStartMarks(self._step_s,
                                                                       time.monotonic())
-                    self._spawn(self._deploy(cmd), f"deploy:{cmd.replica_id}")
+                    self.spawn(self._deploy(cmd), f"deploy:{cmd.replica_id}")
                 case cs.StartChain():
-                    self._spawn(self._start_chain(cmd), f"chain:{cmd.transfer_id}")
+                    self.spawn(self._start_chain(cmd), f"chain:{cmd.transfer_id}")
                 case cs.StopAccepting():
                     self.dispatcher.stop_accepting(cmd.replica_id)
                 case cs.StopReplica():
                     host = self.hosts.get(cmd.host_id)
                     if host is not None:
-                        self._spawn(self._stop_on_host(host, cmd.replica_id), f"stop:{cmd.replica_id}")
+                        self.spawn(self._stop_on_host(host, cmd.replica_id), f"stop:{cmd.replica_id}")
                 case cs.ForgetReplica():
                     self.dispatcher.remove_replica(cmd.replica_id)
                     self.kaas.replica_gone(cmd.replica_id)
@@ -271,21 +268,21 @@ class Controller:
                     handle = self.workers.pop(cmd.replica_id, None)
                     if handle is not None:
                         self._conn_replica.pop(id(handle.conn), None)
-                        self._spawn(handle.conn.close(), f"close:{cmd.replica_id}")
+                        self.spawn(handle.conn.close(), f"close:{cmd.replica_id}")
                 case cs.FailFunction():
                     self.requests.fail_function(cmd)
                 case cs.LinkGroup():
-                    self._spawn(self._link_group(cmd), f"link:{cmd.group_id}")
+                    self.spawn(self._link_group(cmd), f"link:{cmd.group_id}")
                 case cs.ServeGroup():
                     if cmd.group_id in self.workers:
                         self.dispatcher.add_replica(cmd.group_id, cmd.function, cmd.credits)
                         log.info("group_serving", group_id=cmd.group_id, function=cmd.function)
                 case cs.DissolveStages():
-                    self._spawn(self._dissolve_stages(cmd), f"dissolve:{cmd.group_id}")
+                    self.spawn(self._dissolve_stages(cmd), f"dissolve:{cmd.group_id}")
                 case cs.BeginCompletion():
-                    self._spawn(self._begin_completion(cmd), f"complete:{cmd.group_id}")
+                    self.spawn(self._begin_completion(cmd), f"complete:{cmd.group_id}")
                 case cs.RequestHost():
-                    self._spawn(self._replace_host(cmd.replacing), f"replace:{cmd.replacing}")
+                    self.spawn(self._replace_host(cmd.replacing), f"replace:{cmd.replacing}")
                 case cs.RouteCanary():
                     self.dispatcher.set_canary(cmd.function, cmd.model_key, cmd.pct)
                     log.info("canary_routed", function=cmd.function, model=cmd.model_key,
@@ -502,7 +499,7 @@ class Controller:
             marks.ready_s = time.monotonic()
         self.workers[rid] = WorkerHandle(conn, host_id, timings, msg.source)
         if id(conn) not in self._conn_replica:  # a new connection: watch it until it closes
-            self._spawn(self._watch_worker(rid, conn), f"watch:{rid}")
+            self.spawn(self._watch_worker(rid, conn), f"watch:{rid}")
         self._conn_replica[id(conn)] = rid
         known = self.state.replicas.get(rid)
         if known is not None and known.phase == ReplicaPhase.STARTING:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from flashpoint import heap
+from flashpoint.actor import PROCESS_LOOP_LAG_INTERVAL_S, Actor
 from flashpoint.config import ClusterConfig, HostConfig, check_secret
 from flashpoint.errors import BadRequest, FlashpointError, NotFound
 from flashpoint.exposition import MetricsEndpoint
@@ -88,14 +89,16 @@ class ReplicaTask:
     weight_slot: dict[str, Any] | None = None  # where its weights are shared (CUDA IPC)
 
 
-class HostManager:
-    """The per-host actor."""
+class HostManager(Actor):
+    """The per-host actor. Its background tasks (refill, heartbeat, cold starts, worker
+    watches, transfers) are owned by the :class:`~flashpoint.actor.Actor` base."""
 
     def __init__(self, config: ClusterConfig, store: Any, *, host_id: str | None = None) -> None:
         self.config = config
         self.hc = config.host
         self.store = store
         self.host_id = host_id or self.hc.host_id or socket.gethostname()
+        super().__init__(f"host:{self.host_id}", loop_lag_interval_s=PROCESS_LOOP_LAG_INTERVAL_S)
         # Its own credential for the controller (rpc/roles.py); with one from the environment
         # the configured secret is the data plane's key, else the cluster secret to derive from.
         self.credential, given = roles.credential_from_env(
@@ -121,17 +124,18 @@ class HostManager:
         self.metrics: MetricsEndpoint | None = None  # [host] metrics_listen
         self._local_url = ""
         self._controller: ControllerLink | None = None
-        self._tasks: set[asyncio.Task] = set()
         self._refill_lock = asyncio.Lock()
         # A stage's completion fill and pool refill wait for its group's first answer.
         self.stage_holds = StageHolds(self.hc.completion_hold_s)
-        self._stopping = False
+        self._stop_timeout_s = 10.0
         self._stop_task: asyncio.Future | None = None
         self.notice: Any = None  # the EvictionNotice once one arrived
         self.evicted = asyncio.Event()  # set when this host has left (its deadline passed)
 
     # lifecycle ---------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def on_start(self) -> None:
+        """Inventory the devices, open the cache and data plane, listen for workers, fill
+        the warm pool, register with the controller and start heartbeats."""
         from flashpoint.rpc import RpcServer
 
         bind_ids(host_id=self.host_id)
@@ -150,7 +154,7 @@ class HostManager:
         self.bytes = ModelObtainer(
             self.cache, self.store, self._registry_source, secret=self.secret,
             host_id=self.host_id, admission=self.admission, holds=self.stage_holds,
-            spawn=self._spawn_task, options=ObtainOptions(
+            spawn=self.spawn, options=ObtainOptions(
                 deploy_timeout_s=self.config.controller.deploy_timeout_s,
                 chain_wait_s=self.hc.chain_wait_s,
                 chain_stall_timeout_s=self.hc.chain_stall_timeout_s,
@@ -165,7 +169,7 @@ class HostManager:
                                  secret=roles.host_keyring(self.host_id, self.credential.key))
         host, port = await self._server.start(self.hc.listen_host, 0)
         self._local_url = f"ws://{host}:{port}/rpc"
-        self._spawn_task(self._refill(), "refill")
+        self.spawn(self._refill(), "refill")
         self._controller = ControllerLink(
             self.hc.controller_url,
             {"deploy_replica": self._deploy,
@@ -181,12 +185,12 @@ class HostManager:
             credential=self.credential, registration=self._registration,
             heartbeat=self._heartbeat, heartbeat_interval_s=self.hc.heartbeat_interval_s)
         await self._controller.start()
-        self._spawn_task(self._controller.heartbeat_loop(), "heartbeat")
+        self.spawn(self._controller.heartbeat_loop(), "heartbeat")
         from flashpoint.spot.notice import watch, watchers_from
 
         watchers = watchers_from(self.hc.spot_notice, self.hc.imds_endpoint)
         if watchers:
-            self._spawn_task(watch(watchers, self.on_eviction_notice,
+            self.spawn(watch(watchers, self.on_eviction_notice,
                                    interval_s=self.hc.spot_poll_interval_s), "spot-watch")
         if self.hc.metrics_listen:
             gw = self.config.gateway  # the cluster's API keys, when scrapes must carry one
@@ -213,18 +217,20 @@ class HostManager:
         return self.state.pool_full()
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop workers, servers and the cache (idempotent: later calls wait for the first)."""
+        """Stop workers, servers and the cache (idempotent: later calls wait for the first,
+        unlike the base's, because an eviction and the test harness may both stop a host)."""
         if self._stop_task is None:
-            self._stop_task = asyncio.ensure_future(self._stop(timeout_s))
+            self._stop_timeout_s = timeout_s
+            self.state.handle(hs.Stopping())  # before the refill task sees its cancellation
+            self._stop_task = asyncio.ensure_future(super().stop(timeout_s))
         await asyncio.shield(self._stop_task)
 
-    async def _stop(self, timeout_s: float) -> None:
-        self._stopping = True
-        self.state.handle(hs.Stopping())
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(self._stop_worker(w, timeout_s / 2) for w in list(self.workers.values())),
+    async def on_stop(self, timeout_s: float) -> None:
+        """After the base cancelled every task: stop the workers (each within half the stop
+        timeout, as before the base), the listeners, the GPU side and the cache."""
+        worker_timeout_s = self._stop_timeout_s / 2
+        await asyncio.gather(*(self._stop_worker(w, worker_timeout_s)
+                               for w in list(self.workers.values())),
                              return_exceptions=True)
         if self._controller is not None:
             await self._controller.stop()
@@ -236,12 +242,6 @@ class HostManager:
             await self.dataplane.stop()
         await self.gpu.stop()  # after the workers: MPS clients are gone before their daemon
         self.cache.close()
-
-    def _spawn_task(self, coro: Any, name: str) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro, name=f"{self.host_id}:{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     # state -------------------------------------------------------------------------------
     def _set_devices(self, devices: list[Device]) -> None:
@@ -279,7 +279,7 @@ class HostManager:
 
     def _leave(self) -> None:
         """The deadline: the VM is gone. Stop everything (outside our own task set)."""
-        if self._stopping:
+        if self.stopping:
             return
         log.warning("host_evicted")
         task = asyncio.get_running_loop().create_task(self.stop())
@@ -328,7 +328,7 @@ class HostManager:
             msg.replica_id, spec.name, device.device_id, need, self.hc.worker_memory_bytes,
             model_key=spec.model_key, stage=msg.stage, pipeline=msg.pipeline is not None,
             share=msg.share))
-        rt.task = self._spawn_task(self._cold_start(rt, spec, msg.source, manifest, pinned),
+        rt.task = self.spawn(self._cold_start(rt, spec, msg.source, manifest, pinned),
                                    f"coldstart:{msg.replica_id}")
         return to_payload(ch.Accepted())
 
@@ -363,7 +363,7 @@ class HostManager:
         self._admit(rt, device, hs.ReplicaRequested(
             msg.replica_id, KAAS_FUNCTION, device.device_id, msg.device_bytes,
             self.hc.worker_memory_bytes))
-        rt.task = self._spawn_task(self._start_kaas(rt, msg.cache_bytes), f"kaas:{msg.replica_id}")
+        rt.task = self.spawn(self._start_kaas(rt, msg.cache_bytes), f"kaas:{msg.replica_id}")
         return ch.Accepted()
 
     async def _start_kaas(self, rt: ReplicaTask, cache_bytes: int) -> None:
@@ -410,7 +410,7 @@ class HostManager:
     def _cold_start_ended(self, rt: ReplicaTask) -> None:
         for cmd in self.state.handle(hs.ColdStartEnded(rt.replica_id)):
             assert isinstance(cmd, hs.RefillPool)
-            self._spawn_task(self._refill(
+            self.spawn(self._refill(
                 after=cmd.after_hold,
                 served=rt.worker if cmd.after_first_answer else None), "refill")
 
@@ -489,7 +489,7 @@ class HostManager:
                         pipeline_endpoint=tuple(rt.pipeline_endpoint.to_wire()), source=label,
                         timings_s=reply.timings_s))
                 if rt.stage is not None:
-                    self._spawn_task(self._complete_stage(rt, entry.segment),
+                    self.spawn(self._complete_stage(rt, entry.segment),
                                      f"complete:{rt.replica_id}")
                 log.info("replica_started", source=label, timings=reply.timings_s)
             finally:
@@ -564,7 +564,7 @@ class HostManager:
             rt.task.cancel()
         if rt.worker is not None:
             rt.worker.replica_id = None
-            self._spawn_task(self._stop_worker(rt.worker, 5.0), f"stop:{rt.replica_id}")
+            self.spawn(self._stop_worker(rt.worker, 5.0), f"stop:{rt.replica_id}")
         return ch.Stopped(stopped=True)
 
     async def _status(self, conn: Any, msg: ch.HostStatusRequest) -> ch.HostStatus:
@@ -626,7 +626,7 @@ class HostManager:
         )
         w = WorkerProcess(worker_id, proc, asyncio.get_running_loop().create_future())
         self.workers[worker_id] = w
-        self._spawn_task(self._watch(w), f"watch:{worker_id}")
+        self.spawn(self._watch(w), f"watch:{worker_id}")
         try:
             await asyncio.wait_for(asyncio.shield(w.hello), self.hc.worker_start_timeout_s)
         except BaseException:
@@ -669,7 +669,7 @@ class HostManager:
         if not w.hello.done():
             w.hello.set_exception(FlashpointError(f"worker exited with {rc} before hello"))
             w.hello.exception()
-        if w.replica_id is not None and not w.stopping and not self._stopping:
+        if w.replica_id is not None and not w.stopping and not self.stopping:
             rid, during_start = w.replica_id, not w.warm
             if self.replicas.pop(rid, None) is not None:
                 self._release(rid)
