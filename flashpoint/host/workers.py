@@ -32,6 +32,9 @@ log = get_logger("flashpoint.host")
 
 @dataclass
 class WorkerProcess:
+    """One worker process of this host: its PID handle, its RPC connection once it said
+    hello, and the replica it holds (None while it waits in the warm pool)."""
+
     worker_id: str
     proc: asyncio.subprocess.Process
     hello: asyncio.Future
