@@ -4,6 +4,7 @@ fit its type is a ProtocolError naming the field (never a KeyError deep in a han
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -92,3 +93,31 @@ def test_a_set_given_to_a_tuple_field_still_goes_out_sorted():
     got = to_payload(Route(route_id="r", names=names))  # type: ignore[arg-type]
     assert got["names"] == sorted(names)
     assert to_payload(Sample(replica_id="r", cached=names))["cached"] == sorted(names)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Where:  # a domain value with its own wire form, like transfer/plan.Endpoint
+    host: str
+    port: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.host, self.port]
+
+
+class Chain(Message, frozen=True):
+    hops: tuple[tuple[str, int] | str, ...] = ()
+    key: str = ""
+
+
+def test_a_domain_value_where_its_wire_form_is_declared_still_travels_as_its_wire_form():
+    class Key(str):  # like ids.ModelKey
+        pass
+
+    msg = Chain(hops=(_Where("h1", 7001), "registry"), key=Key("bert@1"))  # type: ignore[arg-type]
+    expected = {"hops": [["h1", 7001], "registry"], "key": "bert@1"}
+    assert to_payload(msg) == expected
+    assert frames.encode(frames.Request(id=1, method="m", payload=to_payload(msg),
+                                        timeout_s=1.0)) == \
+        frames.encode(frames.Request(id=1, method="m", payload=expected, timeout_s=1.0))
+    assert to_payload(Chain(hops=(("h1", 7001),), key=Key("m@2"))) == {
+        "hops": [["h1", 7001]], "key": "m@2"}
