@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import prometheus_client
 from aiohttp import web
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 
-from flashpoint import heap
+from flashpoint import heap, tracing
 from flashpoint.actor import PROCESS_LOOP_LAG_INTERVAL_S, Actor
 from flashpoint.audit import AuditLog
 from flashpoint.config import ClusterConfig, check_http_auth, check_secret
@@ -31,6 +31,8 @@ from flashpoint.controller.functions import FunctionCatalog
 from flashpoint.controller.gateway_service import GatewayService
 from flashpoint.controller.handles import HostHandle, WorkerHandle
 from flashpoint.controller.kaas_pool import KaasPool
+from flashpoint.controller.metrics import ControllerMetrics, state_registry
+from flashpoint.controller.migration import Migrator
 from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
@@ -70,8 +72,6 @@ from flashpoint.transfer.plan import Endpoint
 
 log = get_logger("flashpoint.controller")
 
-COLD_STARTS = Histogram("flashpoint_cold_start_seconds", "Cold-start phase durations", ["phase"],
-                        buckets=(.001, .01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60))
 WORKERS_SILENT = Counter("flashpoint_workers_silent_total",
                          "Workers dropped for missing a ping on their connection")
 
@@ -118,6 +118,7 @@ class Controller(Actor):
         self._started_s = time.monotonic()
         self._wake = asyncio.Event()
         self.ui = UiJournal()  # recent history for the dashboard (/ui)
+        self.metrics = ControllerMetrics()  # cold starts, failed starts, hosts lost (Prometheus)
         self._stage_endpoints: dict[str, Any] = {}  # stage replica id -> pipeline endpoint
         self._stage_timings: dict[str, dict[str, float]] = {}  # stage replica id -> cold start
         # replica id -> when its start was decided, placed, acknowledged, announced
@@ -144,7 +145,11 @@ class Controller(Actor):
         self.requests = RequestPath(self.cc, self.state, self.dispatcher, self.workers,
                                     self.streams, self._cold_marks, self.mig, self.spawn,
                                     self._wake.set, self._started_s, self.ui,
-                                    self.tokens, self.functions.manifests)
+                                    self.tokens, self.functions.manifests, self.metrics)
+        # live migration of streamed generations off leaving replicas (controller/migration.py)
+        self.requests.migration = self.migration = Migrator(
+            self.state, self.dispatcher, self.streams, self.workers, self.spawn,
+            self.requests.send, self.requests.pump)
 
     # lifecycle ---------------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -152,6 +157,11 @@ class Controller(Actor):
         from flashpoint.gateway.app import RUNNER_KWARGS, add_routes
         from flashpoint.rpc import RpcServer
 
+        # With tracing on, each invoke runs in its own span (off: the plain method, no cost).
+        # (RequestPath's: its streamed requests go through it too)
+        tracing.trace_method(self.requests, "invoke", "flashpoint.controller.invoke",
+                             lambda name, *_, **kw: {"flashpoint.function": name,
+                                                     "flashpoint.request_id": kw.get("request_id", "")})
         check_secret(self.config.secret, self.cc.listen_host, "the controller")
         check_http_auth(self.config.gateway.api_keys, self.cc.listen_host, self.config.insecure,
                         "the controller's HTTP API")
@@ -167,7 +177,8 @@ class Controller(Actor):
         gw = self.config.gateway
         app = web.Application(client_max_size=gw.max_body_bytes)
         add_routes(app, self, gw, kaas=self.kaas,
-                   process_registry=prometheus_client.REGISTRY)
+                   process_registry=prometheus_client.REGISTRY).metrics.also += (state_registry(
+                       self.state, self.dispatcher.queued, self.dispatcher.inflight),)
         # Each peer proves its own key and may call only what its role needs (rpc/roles.py).
         self._rpc = RpcServer(
             roles.guard({"register_host": handler(ch.RegisterHost, self._register_host),
@@ -226,6 +237,7 @@ class Controller(Actor):
             if g.phase == GroupPhase.STOPPING and self.dispatcher.inflight_of(g.group_id) == 0
         )
         self._execute(self.state.handle(cs.Tick(now, loads, idle)))
+        self.migration.step(now)
         if self.mig is not None:
             self.mig.step(now)
         for h in self.state.hosts.values():
@@ -235,10 +247,12 @@ class Controller(Actor):
 
     def _apply(self, event: cs.Event) -> None:
         self._step_s = time.monotonic()
+        self.metrics.event(event)
         self._execute(self.state.handle(event))
 
     def _execute(self, cmds: list[cs.Command]) -> None:
         self.ui.observe(cmds, self.state, time.monotonic())
+        self.metrics.commands(cmds, self.state)
         if self.stopping:  # shutting down (connections closing): start nothing new
             return
         for cmd in cmds:
@@ -251,6 +265,7 @@ class Controller(Actor):
                     self.spawn(self._start_chain(cmd), f"chain:{cmd.transfer_id}")
                 case cs.StopAccepting():
                     self.dispatcher.stop_accepting(cmd.replica_id)
+                    self.migration.soon()  # its streams move (controller/migration.py)
                 case cs.StopReplica():
                     host = self.hosts.get(cmd.host_id)
                     if host is not None:
@@ -498,9 +513,9 @@ class Controller(Actor):
             self.spawn(self._watch_worker(rid, conn), f"watch:{rid}")
         self._conn_replica[id(conn)] = rid
         known = self.state.replicas.get(rid)
-        if known is not None and known.phase == ReplicaPhase.STARTING:
-            for phase, secs in timings.items():
-                COLD_STARTS.labels(phase).observe(secs)
+        self.metrics.replica_ready(rid, known.function if known is not None else "",
+                                   msg.source, timings,
+                                   known is not None and known.phase == ReplicaPhase.STARTING)
         self._apply(cs.ReplicaWarmed(rid, timings, time.monotonic()))
         log.info("replica_warm", replica_id=rid, timings=timings)
         return cw.Ok()

@@ -34,6 +34,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
+from flashpoint import tracing
 from flashpoint.errors import BadRequest, KaasUnavailable, PayloadTooLarge
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult, StreamChunk
 from flashpoint.gateway.remote import info_to_wire, result_to_wire
@@ -101,9 +102,10 @@ class GatewayService:
                                            "gw_object_delete")}
 
     async def _invoke(self, conn: Any, msg: InvokeRequest) -> InvokeReply:
-        result = await self._backend.invoke(
-            msg.name, check_encoded_tensors(msg.inputs), request_id=msg.request_id,
-            timeout_s=msg.timeout_s, request_class=msg.request_class)
+        with tracing.remote_parent(msg.traceparent):  # a stand-alone gateway's trace
+            result = await self._backend.invoke(
+                msg.name, check_encoded_tensors(msg.inputs), request_id=msg.request_id,
+                timeout_s=msg.timeout_s, request_class=msg.request_class)
         return result_to_wire(result)
 
     async def _stream(self, conn: Any, msg: InvokeRequest) -> InvokeReply:

@@ -136,3 +136,12 @@ class WorkerHandle:
                                      to_payload(InferMany(requests=[p.payload for p in ps])),
                                      timeout_s=timeout_s)
         return from_payload(InferManyReply, reply, method="infer_many").replies
+
+    async def hand_off(self, request_ids: tuple[str, ...], timeout_s: float = 5.0) -> int:
+        """Live migration: these streamed sequences leave at the worker's next token
+        boundary (each one's ``infer`` then answers ``handed_off``); how many will."""
+        from flashpoint.messages.migration import HandOffAccepted, HandOffSequences
+
+        reply = await self.conn.call("hand_off", to_payload(HandOffSequences(
+            request_ids=request_ids)), timeout_s=timeout_s)
+        return from_payload(HandOffAccepted, reply, method="hand_off").handing_off

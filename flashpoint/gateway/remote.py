@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import msgspec
 import numpy as np
 
+from flashpoint import tracing
 from flashpoint.actor import Actor
 from flashpoint.errors import (
     ConnectFailed,
@@ -213,7 +214,8 @@ class RemoteBackend(Actor):
                      request_class: str = "strict") -> InvokeResult:
         timeout = timeout_s if timeout_s is not None else 60.0
         msg = InvokeRequest(name=name, inputs=encode_tensors(inputs), request_id=request_id,
-                            timeout_s=timeout, request_class=request_class)
+                            timeout_s=timeout, request_class=request_class,
+                            traceparent=tracing.traceparent())
         return result_from_wire(await self.call_retrying("gw_invoke", msg, InvokeReply, timeout,
                                                          connection_lost, trace=request_id))
 

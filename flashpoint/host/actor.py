@@ -38,7 +38,7 @@ from flashpoint.host import reports
 from flashpoint.host import state as hs
 from flashpoint.host.controller_link import ControllerLink
 from flashpoint.host.gpu import HostGpu
-from flashpoint.host.replica_metrics import replica_collectors
+from flashpoint.host.metrics import host_collectors
 from flashpoint.host.stage_hold import StageHolds
 from flashpoint.host.workers import WorkerPool, WorkerProcess
 from flashpoint.log import bind_ids, get_logger
@@ -181,7 +181,7 @@ class HostManager(Actor):
             gw = self.config.gateway  # the cluster's API keys, when scrapes must carry one
             self.metrics = MetricsEndpoint(  # + its replicas' counters, asked at each scrape
                 self.hc.metrics_listen,
-                extra=lambda: replica_collectors(self.workers.values(), self.host_id),
+                extra=lambda: host_collectors(self.workers.values(), self.host_id),
                 keys=list(gw.api_keys) if gw.metrics_require_key else None)
             await self.metrics.start()
         log.info("host_started", devices=[d.device_id for d in self.devices], url=self._local_url,

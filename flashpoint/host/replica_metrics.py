@@ -15,7 +15,12 @@ import asyncio
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.utils import floatToGoString
 
 from flashpoint.log import get_logger
@@ -64,6 +69,8 @@ class ReplicaStatsCollector:
     def collect(self) -> Iterator[Metric]:
         counters = [CounterMetricFamily(name, doc, labels=LABELS) for name, _, doc in _COUNTERS]
         hists = [HistogramMetricFamily(name, doc, labels=LABELS) for name, _, doc in _HISTOGRAMS]
+        queued = GaugeMetricFamily("flashpoint_replica_queued_requests",
+                                   "Requests waiting in this replica's batcher now", labels=LABELS)
         for reply in self._replies:
             try:
                 stats = reply.stats
@@ -71,6 +78,7 @@ class ReplicaStatsCollector:
                 # everything parsed before anything is added: a bad reply adds nothing
                 values = [float(stats[key]) for _, key, _ in _COUNTERS]
                 parsed = [_buckets(stats[key]) for _, key, _ in _HISTOGRAMS]
+                depth = float(stats["queued"]) if "queued" in stats else None  # newer workers
             except (KeyError, TypeError, ValueError) as exc:
                 log.debug("replica_stats_malformed", replica_id=reply.replica_id,
                           error=f"{type(exc).__name__}: {exc}"[:200])
@@ -79,8 +87,11 @@ class ReplicaStatsCollector:
                 fam.add_metric(labels, value)
             for fam, (buckets, sum_value) in zip(hists, parsed, strict=True):
                 fam.add_metric(labels, buckets, sum_value)
+            if depth is not None:
+                queued.add_metric(labels, depth)
         yield from counters
         yield from hists
+        yield queued
 
 
 async def _ask(worker_id: str, conn: Any, timeout_s: float) -> ReplicaStatsReply | None:

@@ -148,9 +148,12 @@ def _plain_type(t: msgspec.inspect.Type, seen: set[type]) -> bool:
 
 def _plain(obj: Any) -> Any:
     if isinstance(obj, msgspec.Struct):
-        out = {wire: _plain(getattr(obj, f))
+        # an UNSET field is left out, as msgspec's own encoder does (an optional field
+        # added to a hot message costs its senders nothing while unused)
+        out = {wire: _plain(v)
                for f, wire in zip(obj.__struct_fields__, obj.__struct_encode_fields__,
-                                  strict=True)}
+                                  strict=True)
+               if (v := getattr(obj, f)) is not msgspec.UNSET}
         cfg = obj.__struct_config__
         if cfg.tag_field is not None:  # a tagged union member names its type on the wire
             out[cfg.tag_field] = cfg.tag

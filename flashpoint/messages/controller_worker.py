@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from flashpoint.messages.base import Message
+from flashpoint.messages.migration import SequenceHandOff
 
 
 class Ok(Message, kw_only=True):
@@ -59,6 +60,10 @@ class InferRequest(Message, kw_only=True):
     inputs: Any = None
     request_class: str = msgspec.field(name="class", default="")  # RequestClass value
     stream: bool = False  # answer through gen_chunk notifications as tokens come
+    traceparent: str = ""  # W3C trace context of the controller's span, when traced
+    # a streamed generation another replica handed off: go on from there (live migration,
+    # messages/migration.py); left off the wire when unset
+    resume: SequenceHandOff | msgspec.UnsetType = msgspec.UNSET
 
 
 class InferReply(Message, kw_only=True):

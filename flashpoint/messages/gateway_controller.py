@@ -79,6 +79,7 @@ class InvokeRequest(GatewayMessage):
     request_id: NonEmpty
     timeout_s: PositiveS | None = None
     request_class: RequestClass = RequestClass.STRICT
+    traceparent: str = ""  # W3C trace context of the gateway's span, when traced
 
 
 class InvokeReply(GatewayMessage):

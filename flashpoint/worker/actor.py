@@ -44,8 +44,10 @@ import sys
 import time
 from typing import Any
 
+import msgspec
 import numpy as np
 
+from flashpoint import tracing
 from flashpoint.actor import PROCESS_LOOP_LAG_INTERVAL_S, Actor
 from flashpoint.errors import BadRequest, FlashpointError, InvalidInput, Unavailable
 from flashpoint.gpu.worker_env import apply_env
@@ -53,6 +55,7 @@ from flashpoint.log import bind_ids, configure, get_logger
 from flashpoint.messages import controller_worker as cw
 from flashpoint.messages import host_worker as hw
 from flashpoint.messages.base import from_payload, handler, to_payload
+from flashpoint.messages.migration import HandOffAccepted, HandOffSequences, InferHandedOff
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.rpc.roles import CREDENTIAL_ENV, Credential
 from flashpoint.spec import FunctionSpec
@@ -203,7 +206,8 @@ class Worker(Actor):
                        "kaas_reset": handler(cw.KaasReset, self._kaas_reset, "kaas_reset")}
         else:
             methods = {"infer": handler(cw.InferRequest, self._infer, "infer"),
-                       "infer_many": handler(cw.InferMany, self._infer_many, "infer_many")}
+                       "infer_many": handler(cw.InferMany, self._infer_many, "infer_many"),
+                       "hand_off": handler(HandOffSequences, self._hand_off, "hand_off")}
         self._controller = ReconnectingClient(
             self._controller_url, {**methods, **common}, secret=self.credential.key,
             name=self.credential.principal, on_connected=self._announce)
@@ -417,8 +421,8 @@ class Worker(Actor):
         rep = self.replica
         return bool(rep is not None and getattr(rep.served, "prepare_in_thread", False))
 
-    async def _infer(self, conn: Any,
-                     msg: cw.InferRequest) -> cw.InferReply | cw.InferStreamReply:
+    async def _infer(self, conn: Any, msg: cw.InferRequest
+                     ) -> cw.InferReply | cw.InferStreamReply | InferHandedOff:
         if self._prepares_in_thread():
             inputs, best_effort = await asyncio.to_thread(self._request, msg)
         else:
@@ -427,6 +431,7 @@ class Worker(Actor):
         if msg.stream and hasattr(self.batcher, "stream"):
             return await self._infer_stream(conn, msg, inputs)
         outputs, timings = await self.batcher.submit(inputs, best_effort=best_effort)
+        tracing.worker_span(msg.traceparent, msg.request_id, timings)
         if not self.state.served:  # the hot path pays one attribute read after the first
             await self._execute(self._apply(ws.RequestAnswered()))
         return cw.InferReply(outputs=encode_tensors(self._finish(outputs)), timings_s=timings)
@@ -440,18 +445,24 @@ class Worker(Actor):
             log.warning("replica_served_report_failed", error=exc.code)
 
     async def _infer_stream(self, conn: Any, msg: cw.InferRequest,
-                            request: Any) -> cw.InferStreamReply:
+                            request: Any) -> cw.InferStreamReply | InferHandedOff:
         """A generation request whose tokens go back as they come: one ``gen_chunk``
         notification per token boundary to the caller (``index`` from 0), then the reply:
         the whole answer and ``chunks``, how many were sent. The caller cancelling the call
-        (a client gone) cancels the sequence and frees its cache."""
+        (a client gone) cancels the sequence and frees its cache. Live migration: a request
+        with ``resume`` goes on from another replica's tokens (its chunks numbered on); one
+        handed off here (``hand_off``) answers :class:`InferHandedOff`."""
         from flashpoint.models.generate import FinishReason, GenerationResult
+        from flashpoint.worker.generation import hand_off_message, resumed_request
 
         rid = msg.request_id
         started = time.perf_counter()
-        stream = self.batcher.stream(request)
-        ids: list[int] = []
-        text, finish, index = "", FinishReason.LENGTH, 0
+        request, index = resumed_request(
+            request, None if isinstance(msg.resume, msgspec.UnsetType) else msg.resume)
+        stream = self.batcher.stream(request, key=rid)
+        ids: list[int] = list(request.progress.generated_ids) if request.progress else []
+        text = request.progress.emitted_text if request.progress else ""
+        finish = FinishReason.LENGTH
         try:
             async for event in stream:
                 if event.token_id is not None:
@@ -465,9 +476,15 @@ class Worker(Actor):
                 index += 1
         finally:
             await stream.aclose()
+        if stream.handed_off is not None:  # left for another replica (hand_off)
+            return InferHandedOff(handed_off=hand_off_message(request, stream.handed_off, index),
+                                  chunks=index)
         result = GenerationResult(len(request.prompt_ids), tuple(ids), text, finish)
+        timings = {"inference": time.perf_counter() - started}
+        if request.progress is not None:  # resumed here: its prefill is part of the gap
+            timings["resume_prefill"] = stream.prefill_s
         return cw.InferStreamReply(outputs=encode_tensors(self._finish(result)), chunks=index,
-                                   timings_s={"inference": time.perf_counter() - started})
+                                   timings_s=timings)
 
     def _finish(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request's module outputs as its answer (the serving task's ``finish``)."""
@@ -509,12 +526,15 @@ class Worker(Actor):
         # Each reply in wire form as it comes (InferManyReply carries wire values).
         replies: list[dict[str, Any]] = []
         try:
-            for w in waits:
+            for req, w in zip(msg.requests, waits, strict=True):
                 if isinstance(w, dict):
                     replies.append(w)
                     continue
                 try:
                     outputs, timings = await w
+                    if isinstance(req, dict) and req.get("traceparent"):
+                        tracing.worker_span(str(req["traceparent"]),
+                                            str(req.get("request_id", "")), timings)
                     replies.append(to_payload(cw.InferReply(
                         outputs=encode_tensors(self._finish(outputs)), timings_s=timings)))
                 except asyncio.CancelledError:
@@ -538,7 +558,14 @@ class Worker(Actor):
         if rep is None or batcher is None:
             return hw.ReplicaStatsReply()
         return hw.ReplicaStatsReply(replica_id=rep.replica_id, function=rep.spec.name,
-                                    stats=batcher.stats.snapshot())
+                                    stats={**batcher.stats.snapshot(),
+                                                                     "queued": batcher.depth})
+
+    async def _hand_off(self, conn: Any, msg: HandOffSequences) -> HandOffAccepted:
+        """Live migration: the controller takes these streamed sequences elsewhere; each
+        leaves at the next token boundary and its ``infer`` call answers InferHandedOff."""
+        hand_off = getattr(self.batcher, "hand_off", None)  # a generation loop's only
+        return HandOffAccepted(handing_off=hand_off(msg.request_ids) if hand_off else 0)
 
     async def _ping(self, conn: Any, msg: cw.Ping) -> cw.Pong:
         """The controller's liveness probe on this connection (answered by the event loop,
@@ -566,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload-transformers", action="store_true")
     args = parser.parse_args(argv)
     configure(os.environ.get("FLASHPOINT_WORKER_LOG_LEVEL", "WARNING"))
+    tracing.setup_from_env("flashpoint-worker")  # OpenTelemetry, when the host's env has it
     secret = os.environ.get("FLASHPOINT_SECRET", "").encode()
     bind_ids(worker_id=args.worker_id)
     token = os.environ.get(CREDENTIAL_ENV)

@@ -104,6 +104,7 @@ async def test_keyless_loopback_admin_actions_are_audited_as_anonymous(tmp_path:
 async def test_mig_changes_are_audited(tmp_path: Path, fail: bool):
     from flashpoint.audit import AuditLog
     from flashpoint.config import load_config
+    from flashpoint.controller.handles import HostHandle
     from flashpoint.controller.mig_driver import MigDriver
     from flashpoint.controller.state.core import ControllerState
     from flashpoint.controller.state.events import (
@@ -120,9 +121,6 @@ async def test_mig_changes_are_audited(tmp_path: Path, fail: bool):
                 raise GpuBusy("runs replicas", gpu=0, replicas=["x"])
             return {"gpu_index": 0, "slices": []}
 
-    class Handle:
-        conn = Conn()
-
     st = ControllerState(heartbeat_timeout_s=5.0, replica_overhead_bytes=0)
     st.handle(HostRegistered("h0", (DeviceRecord("cuda:0/gi0ci0", "cuda", 40 * GB, 0,
                                                  "7g.40gb"),), 64 * GB, frozenset(), (), 0.0,
@@ -133,7 +131,7 @@ async def test_mig_changes_are_audited(tmp_path: Path, fail: bool):
     now = [0.0]
     path = tmp_path / "audit.jsonl"
     cc = load_config(overrides={"controller": {"mig_interval_s": 1.0}}).controller
-    driver = MigDriver(cc, st, {"h0": Handle()}, lambda cmds: None,
+    driver = MigDriver(cc, st, {"h0": HostHandle(Conn())}, lambda cmds: None,
                        lambda coro, name: spawned.append(coro), lambda: now[0],
                        AuditLog(str(path)))
     for _ in range(4):

@@ -36,8 +36,10 @@ def test_shallow_messages_keep_their_field_names(cls):
 def test_infer_request_travels_under_its_wire_names_and_keeps_the_tensor_bytes():
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     enc = encode_tensors({"x": x})
-    # What the controller's request path builds for one request.
-    sent = {"request_id": "req-1", "inputs": enc, "class": "best_effort", "stream": True}
+    # What the controller's request path builds for one request (traced: with its span's
+    # W3C traceparent, flashpoint/tracing.py).
+    sent = {"request_id": "req-1", "inputs": enc, "class": "best_effort", "stream": True,
+            "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     msg = from_payload(cw.InferRequest, sent, method="infer")
     assert msg.inputs["x"]["data"] is enc["x"]["data"]  # validated, not copied
     assert (msg.request_id, msg.request_class, msg.stream) == ("req-1", "best_effort", True)
@@ -109,3 +111,20 @@ def test_an_empty_request_or_reply_is_an_empty_map():
         assert to_payload(cls()) == {}
     with pytest.raises(ProtocolError, match="surprise"):
         from_payload(cw.Ping, {"surprise": 1}, method="ping")
+
+
+def test_a_resumed_infer_request_carries_its_hand_off():
+    """Live migration: ``resume`` travels only when set (messages/migration.py)."""
+    import msgspec
+
+    from flashpoint.messages.migration import SequenceHandOff
+
+    sent = {"request_id": "r", "inputs": {}, "stream": True,
+            "resume": {"prompt_ids": [1, 2], "generated_ids": [3], "emitted_text": "x",
+                       "rng_state": b"\x01\x02", "chunks": 1}}
+    msg = from_payload(cw.InferRequest, _through_frames("infer", sent), method="infer")
+    assert msg.resume == SequenceHandOff(prompt_ids=(1, 2), generated_ids=(3,),
+                                         emitted_text="x", rng_state=b"\x01\x02", chunks=1)
+    assert to_payload(msg)["resume"]["rng_state"] == b"\x01\x02"
+    plain = from_payload(cw.InferRequest, {"request_id": "r"}, method="infer")
+    assert plain.resume is msgspec.UNSET and "resume" not in to_payload(plain)
