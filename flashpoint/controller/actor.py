@@ -32,8 +32,8 @@ from flashpoint.controller.gateway_service import GatewayService
 from flashpoint.controller.handles import HostHandle, WorkerHandle
 from flashpoint.controller.kaas_pool import KaasPool
 from flashpoint.controller.metrics import ControllerMetrics, state_registry
-from flashpoint.controller.migration import Migrator
 from flashpoint.controller.mig_driver import MigDriver
+from flashpoint.controller.migration import Migrator
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
 from flashpoint.controller.requests import RequestPath
