@@ -37,6 +37,9 @@ LOOP_LAG = Histogram(
     buckets=(1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
 )
 DEFAULT_STOP_TIMEOUT_S = 5.0
+# How often a process's own actor (controller, host manager, worker, stand-alone gateway)
+# samples its loop's lag: often enough to see a stall, cheap enough to be free.
+PROCESS_LOOP_LAG_INTERVAL_S = 0.5
 # A task that ignored a cancellation is cancelled again this often until stop's deadline.
 _RECANCEL_S = 0.02
 

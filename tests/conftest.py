@@ -19,7 +19,7 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 # Worker processes of the suite's clusters do not import transformers while idle (a host
-# setting, flashpoint/host/actor.py _preload): most never serve a Hugging Face model, and
+# setting, flashpoint/host/workers.py _preload): most never serve a Hugging Face model, and
 # two cores spend ~2 s of CPU per import. A test that measures a warm HF cold start sets it.
 os.environ.setdefault("FLASHPOINT_PRELOAD_TRANSFORMERS", "0")
 

@@ -22,22 +22,25 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from flashpoint import heap, tracing
+from flashpoint.actor import PROCESS_LOOP_LAG_INTERVAL_S, Actor
 from flashpoint.audit import AuditLog
 from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.controller.cold_timings import ColdStartMarks
 from flashpoint.controller.dispatch import Dispatcher
+from flashpoint.controller.functions import FunctionCatalog
 from flashpoint.controller.gateway_service import GatewayService
 from flashpoint.controller.handles import HostHandle, WorkerHandle
 from flashpoint.controller.kaas_pool import KaasPool
 from flashpoint.controller.metrics import ControllerMetrics, state_registry
-from flashpoint.controller.migration import Migrator
 from flashpoint.controller.mig_driver import MigDriver
+from flashpoint.controller.migration import Migrator
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
 from flashpoint.controller.requests import RequestPath
 from flashpoint.controller.state import events as cs  # the state's events and commands
 from flashpoint.controller.state.core import ControllerState
-from flashpoint.controller.state.records import FunctionRecord, GroupPhase, ReplicaPhase
+from flashpoint.controller.state.records import GroupPhase, ReplicaPhase
+from flashpoint.controller.status import cluster_status
 from flashpoint.controller.token_metrics import TokenLedger
 from flashpoint.controller.ui_journal import UiJournal
 from flashpoint.errors import (
@@ -46,26 +49,20 @@ from flashpoint.errors import (
     FlashpointError,
     Forbidden,
     FunctionNotFound,
-    ModelLoadFailed,
     PeerLost,
 )
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult, StreamChunk
 from flashpoint.gateway.streams import StreamRegistry
-from flashpoint.ids import ModelKey
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
 from flashpoint.messages import controller_host as ch
 from flashpoint.messages import controller_worker as cw
 from flashpoint.messages.base import handler, to_payload
-from flashpoint.partition.cache import PlanCache
-from flashpoint.partition.model import CostModel, LayerProfile
-from flashpoint.partition.stageable import why_not_staged
 from flashpoint.pipeline.client import PipelineClient
 from flashpoint.policy.autoscale import make_autoscaler
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.policy.share_placement import ReplicaShare
 from flashpoint.policy.sourcing import REGISTRY
-from flashpoint.registry.manifest import IoSignature, Manifest
 from flashpoint.rpc import roles
 from flashpoint.rpc.tls import server_context
 from flashpoint.spec import FunctionSpec
@@ -78,14 +75,16 @@ log = get_logger("flashpoint.controller")
 WORKERS_SILENT = Counter("flashpoint_workers_silent_total",
                          "Workers dropped for missing a ping on their connection")
 
-class Controller:
-    """The controller actor."""
+class Controller(Actor):
+    """The controller actor. Its background tasks (the control loop, deploys, chains, request
+    sends, worker watches) are owned by the :class:`~flashpoint.actor.Actor` base."""
 
     # invoke() fails a request at its deadline (RequestPath's call_later expiry, never later
     # than the timeout_s it was given), so the gateway needs no backstop timer around it.
     enforces_deadline = True
 
     def __init__(self, config: ClusterConfig, store: Any) -> None:
+        super().__init__("controller", loop_lag_interval_s=PROCESS_LOOP_LAG_INTERVAL_S)
         self.config = config
         self.cc = config.controller
         self.store = store
@@ -109,11 +108,9 @@ class Controller:
         self.streams = StreamRegistry()  # streamed generation requests (gateway/streams.py)
         self.tokens = TokenLedger()  # generation load and metrics in tokens (token_metrics.py)
         self.kaas = KaasPool(self.cc, lambda: self.state.kaas_broken)
-        self.table = FunctionTable(Path(self.cc.state_path).expanduser())
         self.hosts: dict[str, HostHandle] = {}
         self.workers: dict[str, WorkerHandle] = {}
         self._conn_replica: dict[int, str] = {}
-        self._tasks: set[asyncio.Task] = set()
         self._runner: web.AppRunner | None = None
         self._rpc: Any = None
         self.url = ""
@@ -122,16 +119,12 @@ class Controller:
         self._wake = asyncio.Event()
         self.ui = UiJournal()  # recent history for the dashboard (/ui)
         self.metrics = ControllerMetrics()  # cold starts, failed starts, hosts lost (Prometheus)
-        # "name@version" -> its manifest (immutable): parsed once, its JSON text made once
-        # (Manifest.to_json is memoised) and sent as is with every deploy.
-        self._manifests: dict[str, Manifest] = {}
         self._stage_endpoints: dict[str, Any] = {}  # stage replica id -> pipeline endpoint
         self._stage_timings: dict[str, dict[str, float]] = {}  # stage replica id -> cold start
         # replica id -> when its start was decided, placed, acknowledged, announced
         # (controller/cold_timings.py); dropped when the replica is forgotten
         self._cold_marks: dict[str, ColdStartMarks] = {}
         self._step_s = 0.0  # when the control step (tick or event) now running began
-        self._plans = PlanCache()
         self.provider: HostProvider | None = None  # replacement hosts on eviction, if any
         prices = dict(TABLE3_PRICES.get(self.cc.cloud, TABLE3_PRICES["aws"]))
         if self.cc.spot_price_usd_per_hour > 0:
@@ -141,20 +134,26 @@ class Controller:
         self.cost = CostMeter(prices)
         self.replacements: list[dict[str, Any]] = []  # what the provider gave, per eviction
         # PROTEAN's MIG reconfigurator (controller/state/mig_reconfig.py), when opted in
-        self.mig = MigDriver(self.cc, self.state, self.hosts, self._execute, self._spawn,
+        self.mig = MigDriver(self.cc, self.state, self.hosts, self._execute, self.spawn,
                              time.monotonic, AuditLog(config.gateway.audit_log_path),
                              ) if self.cc.mig_reconfigure else None
+        # The function table, its manifests and plan tables (controller/functions.py).
+        self.functions = FunctionCatalog(
+            self.cc, store, self.state, self.dispatcher,
+            FunctionTable(Path(self.cc.state_path).expanduser()), self._apply, self._wake.set,
+            lambda name: self.requests.forget(name))
         self.requests = RequestPath(self.cc, self.state, self.dispatcher, self.workers,
-                                    self.streams, self._cold_marks, self.mig, self._spawn,
+                                    self.streams, self._cold_marks, self.mig, self.spawn,
                                     self._wake.set, self._started_s, self.ui,
-                                    self.tokens, self._manifests, self.metrics)
+                                    self.tokens, self.functions.manifests, self.metrics)
         # live migration of streamed generations off leaving replicas (controller/migration.py)
         self.requests.migration = self.migration = Migrator(
-            self.state, self.dispatcher, self.streams, self.workers, self._spawn,
+            self.state, self.dispatcher, self.streams, self.workers, self.spawn,
             self.requests.send, self.requests.pump)
 
     # lifecycle ---------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def on_start(self) -> None:
+        """Restore the function table, listen (HTTP API and RPC), start the control loop."""
         from flashpoint.gateway.app import RUNNER_KWARGS, add_routes
         from flashpoint.rpc import RpcServer
 
@@ -166,10 +165,10 @@ class Controller:
         check_secret(self.config.secret, self.cc.listen_host, "the controller")
         check_http_auth(self.config.gateway.api_keys, self.cc.listen_host, self.config.insecure,
                         "the controller's HTTP API")
-        await self.table.open()
-        for spec in await self.table.load():
+        await self.functions.table.open()
+        for spec in await self.functions.table.load():
             try:
-                await self._apply_function(spec, persist=False)
+                await self.functions.apply_function(spec, persist=False)
             except FlashpointError as exc:
                 log.error("function_restore_failed", function=spec.name, error=exc.to_wire())
             except Exception as exc:  # one bad function must not stop the controller starting
@@ -203,13 +202,11 @@ class Controller:
         self.url = f"{'https' if tls else 'http'}://{self.cc.listen_host}:{port}"
         self.rpc_url = f"{'wss' if tls else 'ws'}://{self.cc.listen_host}:{port}/rpc"
         heap.settle()  # start-up objects out of the collector's scans (flashpoint/heap.py)
-        self._spawn(self._control_loop(), "control-loop")
+        self.spawn(self._control_loop(), "control-loop")
         log.info("controller_started", url=self.url, functions=len(self.state.functions))
 
-    async def stop(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+    async def on_stop(self, timeout_s: float) -> None:
+        """After the base cancelled every task: fail what is queued, close the listeners."""
         for name in list(self.state.functions):
             self.requests.fail_queue(name, FlashpointError("controller shutting down"))
         await self.kaas.close()
@@ -217,12 +214,6 @@ class Controller:
             await self._rpc.stop(timeout_s=2.0)
         if self._runner is not None:
             await self._runner.cleanup()
-
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     # control loop ------------------------------------------------------------------------
     async def _control_loop(self) -> None:
@@ -262,21 +253,23 @@ class Controller:
     def _execute(self, cmds: list[cs.Command]) -> None:
         self.ui.observe(cmds, self.state, time.monotonic())
         self.metrics.commands(cmds, self.state)
+        if self.stopping:  # shutting down (connections closing): start nothing new
+            return
         for cmd in cmds:
             match cmd:
                 case cs.DeployReplica() | cs.DeployKaas():
                     self._cold_marks[cmd.replica_id] = ColdStartMarks(self._step_s,
                                                                       time.monotonic())
-                    self._spawn(self._deploy(cmd), f"deploy:{cmd.replica_id}")
+                    self.spawn(self._deploy(cmd), f"deploy:{cmd.replica_id}")
                 case cs.StartChain():
-                    self._spawn(self._start_chain(cmd), f"chain:{cmd.transfer_id}")
+                    self.spawn(self._start_chain(cmd), f"chain:{cmd.transfer_id}")
                 case cs.StopAccepting():
                     self.dispatcher.stop_accepting(cmd.replica_id)
                     self.migration.soon()  # its streams move (controller/migration.py)
                 case cs.StopReplica():
                     host = self.hosts.get(cmd.host_id)
                     if host is not None:
-                        self._spawn(self._stop_on_host(host, cmd.replica_id), f"stop:{cmd.replica_id}")
+                        self.spawn(self._stop_on_host(host, cmd.replica_id), f"stop:{cmd.replica_id}")
                 case cs.ForgetReplica():
                     self.dispatcher.remove_replica(cmd.replica_id)
                     self.kaas.replica_gone(cmd.replica_id)
@@ -286,21 +279,21 @@ class Controller:
                     handle = self.workers.pop(cmd.replica_id, None)
                     if handle is not None:
                         self._conn_replica.pop(id(handle.conn), None)
-                        self._spawn(handle.conn.close(), f"close:{cmd.replica_id}")
+                        self.spawn(handle.conn.close(), f"close:{cmd.replica_id}")
                 case cs.FailFunction():
                     self.requests.fail_function(cmd)
                 case cs.LinkGroup():
-                    self._spawn(self._link_group(cmd), f"link:{cmd.group_id}")
+                    self.spawn(self._link_group(cmd), f"link:{cmd.group_id}")
                 case cs.ServeGroup():
                     if cmd.group_id in self.workers:
                         self.dispatcher.add_replica(cmd.group_id, cmd.function, cmd.credits)
                         log.info("group_serving", group_id=cmd.group_id, function=cmd.function)
                 case cs.DissolveStages():
-                    self._spawn(self._dissolve_stages(cmd), f"dissolve:{cmd.group_id}")
+                    self.spawn(self._dissolve_stages(cmd), f"dissolve:{cmd.group_id}")
                 case cs.BeginCompletion():
-                    self._spawn(self._begin_completion(cmd), f"complete:{cmd.group_id}")
+                    self.spawn(self._begin_completion(cmd), f"complete:{cmd.group_id}")
                 case cs.RequestHost():
-                    self._spawn(self._replace_host(cmd.replacing), f"replace:{cmd.replacing}")
+                    self.spawn(self._replace_host(cmd.replacing), f"replace:{cmd.replacing}")
                 case cs.RouteCanary():
                     self.dispatcher.set_canary(cmd.function, cmd.model_key, cmd.pct)
                     log.info("canary_routed", function=cmd.function, model=cmd.model_key,
@@ -331,7 +324,7 @@ class Controller:
             if isinstance(cmd, cs.DeployKaas):
                 await host.deploy_kaas(cmd)
                 return
-            manifest = await self._manifest(cmd.spec.model, cmd.spec.model_version)
+            manifest = await self.functions.manifest(cmd.spec.model, cmd.spec.model_version)
             await host.deploy(cmd, self._resolve_source(cmd.source), manifest)
             if (marks := self._cold_marks.get(cmd.replica_id)) is not None:
                 marks.deployed_s = time.monotonic()
@@ -369,7 +362,7 @@ class Controller:
             # The registry's manifest is pinned: every receiver is told to expect this
             # transfer with this digest before the sender starts (a receiver refuses a chain
             # it was not told of), and the sender sends only a copy with this digest.
-            digest = (await self._manifest(cmd.model, cmd.version)).digest
+            digest = (await self.functions.manifest(cmd.model, cmd.version)).digest
             receivers = [h for h in cmd.receivers if h in self.hosts]
             announced = await asyncio.gather(
                 *(self.hosts[h].expect_transfer(cmd.transfer_id, digest) for h in receivers),
@@ -399,7 +392,7 @@ class Controller:
             fn = self.state.functions.get(cmd.function)
             if fn is None:
                 raise FunctionNotFound(f"function {cmd.function!r} is gone")
-            manifest = self._manifests[fn.model_key]
+            manifest = self.functions.manifests[fn.model_key]
             io = manifest.io.to_dict()
             client = PipelineClient(
                 Endpoint.from_wire(eps[0]), roles.data_key(self.config.secret.encode()),
@@ -517,7 +510,7 @@ class Controller:
             marks.ready_s = time.monotonic()
         self.workers[rid] = WorkerHandle(conn, host_id, timings, msg.source)
         if id(conn) not in self._conn_replica:  # a new connection: watch it until it closes
-            self._spawn(self._watch_worker(rid, conn), f"watch:{rid}")
+            self.spawn(self._watch_worker(rid, conn), f"watch:{rid}")
         self._conn_replica[id(conn)] = rid
         known = self.state.replicas.get(rid)
         self.metrics.replica_ready(rid, known.function if known is not None else "",
@@ -617,147 +610,37 @@ class Controller:
         return self.requests.invoke_stream(name, inputs, request_id=request_id,
                                            timeout_s=timeout_s, request_class=request_class)
 
-    # functions ---------------------------------------------------------------------------
-    async def _manifest(self, model: str, version: str) -> Manifest:
-        """The registry's manifest of ``model@version``: what every deploy and transfer of
-        it pins (versions are immutable: one registry round trip per version)."""
-        key = ModelKey.of(model, version)
-        manifest = self._manifests.get(key)
-        if manifest is None:
-            manifest = await self.store.get_manifest(model, version)
-            self._manifests[key] = manifest
-        return manifest
-
-    async def _apply_function(self, spec: FunctionSpec, persist: bool) -> FunctionSpec:
-        manifest = await self._manifest(spec.model, spec.model_version)
-        if not spec.inputs and manifest.io.inputs:
-            spec = _replace_io(spec, manifest.io)
-        plans, whole_cold_s = None, 0.0
-        if spec.max_stages > 1:
-            plans, whole_cold_s = await self._plan_table(spec, manifest)
-        if persist:
-            await self.table.upsert(spec)
-        self._apply(cs.FunctionUpserted(spec, int(manifest.blob_size), plans, whole_cold_s))
-        return spec
-
-    async def _plan_table(self, spec: FunctionSpec, manifest: Manifest) -> tuple[Any, float]:
-        """The model version's partition plan table (cached) and C(1) for Eq 4.14."""
-        why = why_not_staged(manifest.entry_point, manifest.config)
-        if why is not None:
-            raise BadRequest(f"model {spec.model_key} cannot run in stages "
-                             f"(max_stages > 1): {why}")
-        keys = ("bytes", "exec_time_s", "output_bytes")
-        if not manifest.layers or any(not all(k in layer.profile for k in keys)
-                                      for layer in manifest.layers):
-            raise BadRequest(f"model {spec.model_key} has no per-layer profile; "
-                             "publish it with profiling (flashpoint model push --profile) "
-                             "to allow max_stages > 1")
-        cc = self.cc
-        cost = CostModel(cc.partition_bandwidth_bps, cc.partition_link_bps,
-                         cc.partition_overhead_s, cc.partition_link_latency_s)
-        profiles = [LayerProfile.from_manifest(layer.name, layer.profile)
-                    for layer in manifest.layers]
-        table = await asyncio.to_thread(self._plans.get, spec.model, spec.model_version,
-                                        profiles, cost, p_max=64, x_max=3000)
-        return table, cost.cold_s(sum(p.bytes for p in profiles))
-
+    # functions (controller/functions.py) -------------------------------------------------
     async def register_function(self, spec: FunctionSpec) -> FunctionInfo:
-        spec = await self._apply_function(spec, persist=True)
-        log.info("function_registered", function=spec.name, model=spec.model)
-        self._wake.set()
-        return self.get_function(spec.name)
+        """Register (or update) ``spec``: :meth:`FunctionCatalog.register`."""
+        return await self.functions.register(spec)
 
     async def delete_function(self, name: str) -> None:
-        if name not in self.state.functions:
-            raise FunctionNotFound(f"function {name!r} is not registered")
-        await self.table.delete(name)
-        self._apply(cs.FunctionDeleted(name))
-        self.requests.forget(name)
-
-    def _info(self, fn: FunctionRecord) -> FunctionInfo:
-        reps = self.state.replicas_of(fn.spec.name)
-        failure = self.state.not_ready(fn.spec.name)
-        return FunctionInfo(
-            fn.spec, ready=failure is None,
-            replicas_warm=sum(r.phase == ReplicaPhase.WARM for r in reps),
-            replicas_starting=sum(r.phase == ReplicaPhase.STARTING for r in reps),
-            queued=self.dispatcher.queued(fn.spec.name),
-            reason=None if failure is None else _not_ready_reason(failure, time.monotonic()),
-            rollout=self.state.rollout(fn.spec.name),
-        )
+        """Delete function ``name``: :meth:`FunctionCatalog.delete`."""
+        await self.functions.delete(name)
 
     def list_functions(self) -> list[FunctionInfo]:
-        return [self._info(fn) for fn in self.state.functions.values()]
+        """Every registered function's info."""
+        return self.functions.infos()
 
     def function_spec(self, name: str) -> FunctionSpec:
-        fn = self.state.functions.get(name)
-        if fn is None:
-            raise FunctionNotFound(f"function {name!r} is not registered")
-        return fn.spec
+        """Function ``name``'s spec (FunctionNotFound when it is not registered)."""
+        return self.functions.spec(name)
 
     def get_function(self, name: str) -> FunctionInfo:
-        fn = self.state.functions.get(name)
-        if fn is None:
-            raise FunctionNotFound(f"function {name!r} is not registered")
-        return self._info(fn)
+        """Function ``name``'s info (FunctionNotFound when it is not registered)."""
+        return self.functions.get(name)
 
     def cluster_status(self) -> dict[str, Any]:
+        """The cluster as ``/v1/cluster`` and the dashboard show it (controller/status.py)."""
         now = time.monotonic()
-        return {
-            "uptime_s": round(now - self._started_s, 3),
-            "hosts": [
-                {"host_id": h.host_id, "alive": h.alive, "draining": h.draining,
-                 "last_seen_s_ago": round(now - h.last_seen_s, 3),
-                 "cached_models": sorted(h.cached_models),
-                 "transfers": (hh.transfers if (hh := self.hosts.get(h.host_id)) else {}),
-                 "devices": [{"device_id": d.device_id, "kind": d.kind, "memory_bytes": d.memory_bytes}
-                             for d in h.devices.values()]}
-                for h in self.state.hosts.values()
-            ],
-            "replicas": [
-                {"replica_id": r.replica_id, "function": r.function, "host_id": r.host_id,
-                 "device_id": r.device_id, "phase": str(r.phase),
-                 "inflight": self.dispatcher.inflight_of(r.replica_id),
-                 "timings_s": r.timings_s,
-                 "stage": list(r.stage) if r.stage is not None else None,
-                 "group_id": r.group_id,
-                 "source": w.source if (w := self.workers.get(r.replica_id)) is not None else ""}
-                for r in self.state.replicas.values()
-            ],
-            "groups": [
-                {"group_id": g.group_id, "function": g.function, "stages": list(g.stages),
-                 "phase": str(g.phase), "reason": g.reason,
-                 "inflight": self.dispatcher.inflight_of(g.group_id)}
-                for g in self.state.groups.values()
-            ],
-            "functions": [i.to_dict() for i in self.list_functions()],
-            "scaling": [{"function": name, **self.state.counts(name)}
-                        for name in self.state.functions],
-            "slo": [{"function": name, "met": c.met, "missed": c.missed,
-                     "compliance": c.compliance} for name, c in self.requests.slo.items()
-                    if name in self.state.functions],
-            "cost": self.cost.report(now),
-            "replacements": list(self.replacements),
-            "mig": self.mig.status() if self.mig is not None else None,
-            "kaas": {"executors_wanted": self.cc.kaas_workers,
-                     "executors": len(self.kaas.pool.handles),
-                     "broken": self.state.kaas_broken, "unplaced": self.state.kaas_unplaced,
-                     "max_buffer_bytes": self.kaas.max_buffer_bytes},
-            "ui": self.ui.view(self.state, now),
-        }
+        return cluster_status(self, now_s=now, uptime_s=now - self._started_s)
 
     def is_live(self) -> bool:
         return True
 
     def is_ready(self) -> bool:
         return any(h.alive for h in self.state.hosts.values())
-
-
-def _replace_io(spec: FunctionSpec, io: IoSignature) -> FunctionSpec:
-    """``spec`` with the model's own inputs and outputs (typed values, no dict round trip)."""
-    import dataclasses
-
-    return dataclasses.replace(spec, inputs=io.inputs, outputs=io.outputs)
 
 
 def _shares(wire: dict[str, Any]) -> dict[str, ReplicaShare]:
@@ -768,17 +651,3 @@ def _shares(wire: dict[str, Any]) -> dict[str, ReplicaShare]:
         with contextlib.suppress(BadRequest):
             out[rid] = ReplicaShare.from_wire(share)
     return out
-
-
-def _not_ready_reason(failure: cs.StartFailure, now_s: float) -> dict[str, Any]:
-    """``reason`` of a function that cannot serve (``/v1/functions``, the OIP ready route):
-    the state's monotonic times as wall-clock seconds since the epoch."""
-    wall = time.time() - now_s
-    reason: dict[str, Any] = {
-        "code": ModelLoadFailed.code, "message": failure.message, "error_code": failure.code,
-        "failed_starts": failure.failed_starts, "since": round(wall + failure.since_s, 3),
-        "last_failure": round(wall + failure.last_s, 3)}
-    if failure.retry_at_s is not None:
-        reason["retry_in_s"] = round(max(0.0, failure.retry_at_s - now_s), 3)
-    return reason
-

@@ -21,17 +21,16 @@ pipeline request in flight fails because of completion) until ``dissolve_stage``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flashpoint import heap
-from flashpoint.config import ClusterConfig, HostConfig, check_secret
+from flashpoint.actor import PROCESS_LOOP_LAG_INTERVAL_S, Actor
+from flashpoint.config import ClusterConfig, check_secret
 from flashpoint.errors import BadRequest, FlashpointError, NotFound
 from flashpoint.exposition import MetricsEndpoint
 from flashpoint.gpu.inventory import Device
@@ -41,7 +40,7 @@ from flashpoint.host.controller_link import ControllerLink
 from flashpoint.host.gpu import HostGpu
 from flashpoint.host.metrics import host_collectors
 from flashpoint.host.stage_hold import StageHolds
-from flashpoint.ids import new_id
+from flashpoint.host.workers import WorkerPool, WorkerProcess
 from flashpoint.log import bind_ids, get_logger
 from flashpoint.messages import controller_host as ch
 from flashpoint.messages import host_worker as hw
@@ -55,22 +54,6 @@ from flashpoint.transfer.obtain import ModelObtainer, ObtainOptions, pinned_dige
 from flashpoint.transfer.plan import Endpoint
 
 log = get_logger("flashpoint.host")
-
-@dataclass
-class WorkerProcess:
-    worker_id: str
-    proc: asyncio.subprocess.Process
-    hello: asyncio.Future
-    conn: Any = None
-    replica_id: str | None = None
-    device_id: str | None = None
-    function: str | None = None
-    model_key: str | None = None
-    warm: bool = False
-    stopping: bool = False
-    # Set when its replica has answered its first request (the worker's replica_served).
-    served: asyncio.Event = field(default_factory=asyncio.Event)
-
 
 @dataclass
 class ReplicaTask:
@@ -88,14 +71,16 @@ class ReplicaTask:
     weight_slot: dict[str, Any] | None = None  # where its weights are shared (CUDA IPC)
 
 
-class HostManager:
-    """The per-host actor."""
+class HostManager(Actor):
+    """The per-host actor. Its background tasks (refill, heartbeat, cold starts, worker
+    watches, transfers) are owned by the :class:`~flashpoint.actor.Actor` base."""
 
     def __init__(self, config: ClusterConfig, store: Any, *, host_id: str | None = None) -> None:
         self.config = config
         self.hc = config.host
         self.store = store
         self.host_id = host_id or self.hc.host_id or socket.gethostname()
+        super().__init__(f"host:{self.host_id}", loop_lag_interval_s=PROCESS_LOOP_LAG_INTERVAL_S)
         # Its own credential for the controller (rpc/roles.py); with one from the environment
         # the configured secret is the data plane's key, else the cluster secret to derive from.
         self.credential, given = roles.credential_from_env(
@@ -115,23 +100,27 @@ class HostManager:
         self.devices: list[Device] = []
         self.gpu = HostGpu(self.hc, self.host_id)  # inventory, MPS/tokens, MIG (host/gpu.py)
         self.state = hs.HostState(self.host_id, self.hc.warm_pool_size)
-        self.workers: dict[str, WorkerProcess] = {}
         self.replicas: dict[str, ReplicaTask] = {}
         self._server: Any = None
         self.metrics: MetricsEndpoint | None = None  # [host] metrics_listen
         self._local_url = ""
         self._controller: ControllerLink | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self._refill_lock = asyncio.Lock()
         # A stage's completion fill and pool refill wait for its group's first answer.
         self.stage_holds = StageHolds(self.hc.completion_hold_s)
-        self._stopping = False
+        # The worker processes and the warm pool (host/workers.py); ``workers`` is its map.
+        self.pool = WorkerPool(self.hc, self.host_id, self.state, credential=self.credential,
+                               secret=self.secret, holds=self.stage_holds, spawn=self.spawn,
+                               spawn_env=self.gpu.spawn_env, on_exit=self._worker_exited)
+        self.workers = self.pool.workers
+        self._stop_timeout_s = 10.0
         self._stop_task: asyncio.Future | None = None
         self.notice: Any = None  # the EvictionNotice once one arrived
         self.evicted = asyncio.Event()  # set when this host has left (its deadline passed)
 
     # lifecycle ---------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def on_start(self) -> None:
+        """Inventory the devices, open the cache and data plane, listen for workers, fill
+        the warm pool, register with the controller and start heartbeats."""
         from flashpoint.rpc import RpcServer
 
         bind_ids(host_id=self.host_id)
@@ -150,22 +139,22 @@ class HostManager:
         self.bytes = ModelObtainer(
             self.cache, self.store, self._registry_source, secret=self.secret,
             host_id=self.host_id, admission=self.admission, holds=self.stage_holds,
-            spawn=self._spawn_task, options=ObtainOptions(
+            spawn=self.spawn, options=ObtainOptions(
                 deploy_timeout_s=self.config.controller.deploy_timeout_s,
                 chain_wait_s=self.hc.chain_wait_s,
                 chain_stall_timeout_s=self.hc.chain_stall_timeout_s,
                 orphan_grace_s=self.hc.orphan_grace_s))
         self.dataplane, self.data_endpoint = await self.bytes.start_data_plane(
             self.hc.data_listen_host, self.hc.data_port, self.hc.data_advertise_host)
-        self._server = RpcServer({"worker_hello": handler(hw.WorkerHello, self._worker_hello,
+        self._server = RpcServer({"worker_hello": handler(hw.WorkerHello, self.pool.hello,
                                                           "worker_hello"),
                                   "replica_served": handler(hw.ReplicaServed,
-                                                            self._replica_served,
+                                                            self.pool.served,
                                                             "replica_served")},
                                  secret=roles.host_keyring(self.host_id, self.credential.key))
         host, port = await self._server.start(self.hc.listen_host, 0)
-        self._local_url = f"ws://{host}:{port}/rpc"
-        self._spawn_task(self._refill(), "refill")
+        self._local_url = self.pool.local_url = f"ws://{host}:{port}/rpc"
+        self.spawn(self.pool.refill(), "refill")
         self._controller = ControllerLink(
             self.hc.controller_url,
             {"deploy_replica": self._deploy,
@@ -181,12 +170,12 @@ class HostManager:
             credential=self.credential, registration=self._registration,
             heartbeat=self._heartbeat, heartbeat_interval_s=self.hc.heartbeat_interval_s)
         await self._controller.start()
-        self._spawn_task(self._controller.heartbeat_loop(), "heartbeat")
+        self.spawn(self._controller.heartbeat_loop(), "heartbeat")
         from flashpoint.spot.notice import watch, watchers_from
 
         watchers = watchers_from(self.hc.spot_notice, self.hc.imds_endpoint)
         if watchers:
-            self._spawn_task(watch(watchers, self.on_eviction_notice,
+            self.spawn(watch(watchers, self.on_eviction_notice,
                                    interval_s=self.hc.spot_poll_interval_s), "spot-watch")
         if self.hc.metrics_listen:
             gw = self.config.gateway  # the cluster's API keys, when scrapes must carry one
@@ -203,7 +192,7 @@ class HostManager:
     @property
     def idle(self) -> list[WorkerProcess]:
         """The warm pool's workers, in the order the next cold starts take them."""
-        return [self.workers[w] for w in self.state.idle if w in self.workers]
+        return self.pool.idle
 
     async def wait_pool_ready(self, timeout_s: float) -> bool:
         """Wait until the warm pool is full (a cold start then pays only for model bytes)."""
@@ -213,18 +202,20 @@ class HostManager:
         return self.state.pool_full()
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop workers, servers and the cache (idempotent: later calls wait for the first)."""
+        """Stop workers, servers and the cache (idempotent: later calls wait for the first,
+        unlike the base's, because an eviction and the test harness may both stop a host)."""
         if self._stop_task is None:
-            self._stop_task = asyncio.ensure_future(self._stop(timeout_s))
+            self._stop_timeout_s = timeout_s
+            self.state.handle(hs.Stopping())  # before the refill task sees its cancellation
+            self._stop_task = asyncio.ensure_future(super().stop(timeout_s))
         await asyncio.shield(self._stop_task)
 
-    async def _stop(self, timeout_s: float) -> None:
-        self._stopping = True
-        self.state.handle(hs.Stopping())
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(self._stop_worker(w, timeout_s / 2) for w in list(self.workers.values())),
+    async def on_stop(self, timeout_s: float) -> None:
+        """After the base cancelled every task: stop the workers (each within half the stop
+        timeout, as before the base), the listeners, the GPU side and the cache."""
+        worker_timeout_s = self._stop_timeout_s / 2
+        await asyncio.gather(*(self.pool.stop_worker(w, worker_timeout_s)
+                               for w in list(self.workers.values())),
                              return_exceptions=True)
         if self._controller is not None:
             await self._controller.stop()
@@ -236,12 +227,6 @@ class HostManager:
             await self.dataplane.stop()
         await self.gpu.stop()  # after the workers: MPS clients are gone before their daemon
         self.cache.close()
-
-    def _spawn_task(self, coro: Any, name: str) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro, name=f"{self.host_id}:{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     # state -------------------------------------------------------------------------------
     def _set_devices(self, devices: list[Device]) -> None:
@@ -279,7 +264,7 @@ class HostManager:
 
     def _leave(self) -> None:
         """The deadline: the VM is gone. Stop everything (outside our own task set)."""
-        if self._stopping:
+        if self.stopping:
             return
         log.warning("host_evicted")
         task = asyncio.get_running_loop().create_task(self.stop())
@@ -328,7 +313,7 @@ class HostManager:
             msg.replica_id, spec.name, device.device_id, need, self.hc.worker_memory_bytes,
             model_key=spec.model_key, stage=msg.stage, pipeline=msg.pipeline is not None,
             share=msg.share))
-        rt.task = self._spawn_task(self._cold_start(rt, spec, msg.source, manifest, pinned),
+        rt.task = self.spawn(self._cold_start(rt, spec, msg.source, manifest, pinned),
                                    f"coldstart:{msg.replica_id}")
         return to_payload(ch.Accepted())
 
@@ -363,7 +348,7 @@ class HostManager:
         self._admit(rt, device, hs.ReplicaRequested(
             msg.replica_id, KAAS_FUNCTION, device.device_id, msg.device_bytes,
             self.hc.worker_memory_bytes))
-        rt.task = self._spawn_task(self._start_kaas(rt, msg.cache_bytes), f"kaas:{msg.replica_id}")
+        rt.task = self.spawn(self._start_kaas(rt, msg.cache_bytes), f"kaas:{msg.replica_id}")
         return ch.Accepted()
 
     async def _start_kaas(self, rt: ReplicaTask, cache_bytes: int) -> None:
@@ -410,7 +395,7 @@ class HostManager:
     def _cold_start_ended(self, rt: ReplicaTask) -> None:
         for cmd in self.state.handle(hs.ColdStartEnded(rt.replica_id)):
             assert isinstance(cmd, hs.RefillPool)
-            self._spawn_task(self._refill(
+            self.spawn(self.pool.refill(
                 after=cmd.after_hold,
                 served=rt.worker if cmd.after_first_answer else None), "refill")
 
@@ -421,7 +406,7 @@ class HostManager:
         self._release(rt.replica_id)
         if rt.worker is not None:
             rt.worker.replica_id = None  # the watcher must not report it twice
-            await self._stop_worker(rt.worker, 2.0)
+            await self.pool.stop_worker(rt.worker, 2.0)
         code = exc.code if isinstance(exc, FlashpointError) else "start_failed"
         await self._report("replica_failed", ch.ReplicaFailed(
             replica_id=rt.replica_id, reason=reason[:500], during_start=True, code=code))
@@ -489,7 +474,7 @@ class HostManager:
                         pipeline_endpoint=tuple(rt.pipeline_endpoint.to_wire()), source=label,
                         timings_s=reply.timings_s))
                 if rt.stage is not None:
-                    self._spawn_task(self._complete_stage(rt, entry.segment),
+                    self.spawn(self._complete_stage(rt, entry.segment),
                                      f"complete:{rt.replica_id}")
                 log.info("replica_started", source=label, timings=reply.timings_s)
             finally:
@@ -564,7 +549,7 @@ class HostManager:
             rt.task.cancel()
         if rt.worker is not None:
             rt.worker.replica_id = None
-            self._spawn_task(self._stop_worker(rt.worker, 5.0), f"stop:{rt.replica_id}")
+            self.spawn(self.pool.stop_worker(rt.worker, 5.0), f"stop:{rt.replica_id}")
         return ch.Stopped(stopped=True)
 
     async def _status(self, conn: Any, msg: ch.HostStatusRequest) -> ch.HostStatus:
@@ -592,108 +577,19 @@ class HostManager:
         await self._report("register_host", self._registration())
         return ch.MigApplied(**reply)
 
-    # workers ----------------------------------------------------------------------------
-    async def _worker_hello(self, conn: Any, msg: hw.WorkerHello) -> hw.Ok:
-        w = self.workers.get(msg.worker_id)
-        if w is None:
-            raise BadRequest("unknown worker")
-        w.conn = conn
-        if not w.hello.done():
-            w.hello.set_result(True)
-        return hw.Ok()
-
-    async def _replica_served(self, conn: Any, msg: hw.ReplicaServed) -> hw.Ok:
-        """A worker's replica answered its first request: the warm pool may refill now."""
-        w = self.workers.get(msg.worker_id)
-        if w is None or w.conn is not conn:
-            raise BadRequest("unknown worker")
-        w.served.set()
-        return hw.Ok()
-
-    async def _spawn_worker(self) -> WorkerProcess:
-        worker_id = new_id(f"w-{self.host_id}")
-        env = dict(os.environ)
-        # Workers get the data plane's key and their own credential, never the host's.
-        env["FLASHPOINT_SECRET"] = self.secret.decode()
-        env[roles.CREDENTIAL_ENV] = roles.Credential(
-            roles.worker_principal(self.host_id), roles.worker_key(self.credential.key)).token()
-        env.update(self.gpu.spawn_env())  # LD_PRELOAD of the hook on a tokens host
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "flashpoint.worker.actor", "--host-url", self._local_url,
-            "--worker-id", worker_id, "--torch-threads", str(self.hc.torch_threads),
-            *(["--preload-transformers"] if _preload(self.hc) else []),
-            env=env, stdin=asyncio.subprocess.DEVNULL,
-        )
-        w = WorkerProcess(worker_id, proc, asyncio.get_running_loop().create_future())
-        self.workers[worker_id] = w
-        self._spawn_task(self._watch(w), f"watch:{worker_id}")
-        try:
-            await asyncio.wait_for(asyncio.shield(w.hello), self.hc.worker_start_timeout_s)
-        except BaseException:
-            await self._stop_worker(w, 1.0)
-            raise
-        return w
-
+    # workers (host/workers.py) --------------------------------------------------------------
     async def _take_worker(self) -> WorkerProcess:
-        """The oldest idle worker of the pool (HostState decides), else a new one."""
-        for _ in range(len(self.state.idle) + 1):  # each round takes one id out of the pool
-            cmd = self.state.handle(hs.WorkerWanted(""))[0]
-            if isinstance(cmd, hs.SpawnWorker):
-                break
-            assert isinstance(cmd, hs.UseWorker)
-            if (w := self.workers.get(cmd.worker_id)) is not None:
-                return w
-        return await self._spawn_worker()
+        """The oldest idle worker of the pool, else a new one: :meth:`WorkerPool.take`."""
+        return await self.pool.take()
 
-    async def _refill(self, after: str | None = None,
-                      served: WorkerProcess | None = None) -> None:
-        if after is not None:
-            await self.stage_holds.wait(after)
-        if served is not None and served.warm:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(served.served.wait(), self.hc.refill_hold_s)
-        async with self._refill_lock:
-            while self.state.handle(hs.PoolRefillDue()):  # one spawn at a time, until full
-                try:
-                    w = await self._spawn_worker()
-                except Exception as exc:  # keep serving; the next deploy spawns on demand
-                    self.state.handle(hs.PoolSpawnEnded())
-                    log.warning("warm_pool_spawn_failed", error=repr(exc))
-                    return
-                self.state.handle(hs.PoolSpawnEnded(w.worker_id))
-
-    async def _watch(self, w: WorkerProcess) -> None:
-        rc = await w.proc.wait()
-        self.workers.pop(w.worker_id, None)
-        self.state.handle(hs.WorkerExited(w.worker_id))
-        if not w.hello.done():
-            w.hello.set_exception(FlashpointError(f"worker exited with {rc} before hello"))
-            w.hello.exception()
-        if w.replica_id is not None and not w.stopping and not self._stopping:
-            rid, during_start = w.replica_id, not w.warm
-            if self.replicas.pop(rid, None) is not None:
-                self._release(rid)
-            log.warning("worker_died", worker_id=w.worker_id, rc=rc, replica_id=rid)
-            await self._report("replica_failed", ch.ReplicaFailed(
-                replica_id=rid, reason=f"worker process exited with status {rc}",
-                during_start=during_start, code="worker_exited"))
-
-    async def _stop_worker(self, w: WorkerProcess, timeout_s: float) -> None:
-        w.stopping = True
-        if w.proc.returncode is None and w.conn is not None and not w.conn.closed:
-            with contextlib.suppress(Exception):
-                await w.conn.call("shutdown", to_payload(hw.Shutdown()),
-                                  timeout_s=min(1.0, timeout_s))
-        try:
-            await asyncio.wait_for(w.proc.wait(), timeout_s)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                w.proc.kill()  # by PID, through the process handle we started
-            await w.proc.wait()
-
-
-def _preload(hc: HostConfig) -> bool:
-    """Whether idle workers import transformers: the config, unless the environment says
-    ``FLASHPOINT_PRELOAD_TRANSFORMERS=0`` (the test suite does: its clusters start hundreds
-    of workers, few of which serve a Hugging Face model)."""
-    return hc.preload_transformers and os.environ.get("FLASHPOINT_PRELOAD_TRANSFORMERS") != "0"
+    async def _worker_exited(self, w: WorkerProcess, rc: int) -> None:
+        """A worker that held a replica exited unasked: its replica failed."""
+        if self.stopping or w.replica_id is None:
+            return
+        rid, during_start = w.replica_id, not w.warm
+        if self.replicas.pop(rid, None) is not None:
+            self._release(rid)
+        log.warning("worker_died", worker_id=w.worker_id, rc=rc, replica_id=rid)
+        await self._report("replica_failed", ch.ReplicaFailed(
+            replica_id=rid, reason=f"worker process exited with status {rc}",
+            during_start=during_start, code="worker_exited"))

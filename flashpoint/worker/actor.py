@@ -48,6 +48,7 @@ import msgspec
 import numpy as np
 
 from flashpoint import tracing
+from flashpoint.actor import PROCESS_LOOP_LAG_INTERVAL_S, Actor
 from flashpoint.errors import BadRequest, FlashpointError, InvalidInput, Unavailable
 from flashpoint.gpu.worker_env import apply_env
 from flashpoint.log import bind_ids, bound_ids, configure, get_logger, logs_debug
@@ -67,11 +68,14 @@ LOGGER = "flashpoint.worker"
 log = get_logger(LOGGER)
 
 
-class Worker:
-    """The worker process's actor: the I/O around its :class:`WorkerState`."""
+class Worker(Actor):
+    """The worker process's actor: the I/O around its :class:`WorkerState`. Its background
+    tasks (the served report, a completion build) are owned by the
+    :class:`~flashpoint.actor.Actor` base."""
 
     def __init__(self, worker_id: str, host_url: str, secret: bytes, torch_threads: int,
                  *, preload_transformers: bool = False, credential: Credential | None = None) -> None:
+        super().__init__(f"worker:{worker_id}", loop_lag_interval_s=PROCESS_LOOP_LAG_INTERVAL_S)
         self.preload_transformers = preload_transformers
         self.worker_id = worker_id
         self.host_url = host_url
@@ -96,6 +100,15 @@ class Worker:
         self._served_task: asyncio.Task | None = None  # tells the host of the first answer
 
     async def run(self) -> None:
+        """The worker process's life: start, serve until the host connection closes or the
+        host asks it to shut down, stop."""
+        await self.start()
+        await self._done.wait()
+        await self.stop()
+
+    async def on_start(self) -> None:
+        """Import torch and the model code (the warm pool's whole point), then say hello to
+        the host."""
         import torch  # imported before any replica is assigned: the warm pool's whole point
 
         torch.set_num_threads(self.torch_threads)
@@ -130,10 +143,9 @@ class Worker:
         await self._host_conn.call(
             "worker_hello", to_payload(hw.WorkerHello(worker_id=self.worker_id, pid=os.getpid())),
             timeout_s=10.0)
-        await self._done.wait()
-        await self._teardown()
 
-    async def _teardown(self) -> None:
+    async def on_stop(self, timeout_s: float) -> None:
+        """After the base cancelled every task: stop serving, close the connections."""
         if self.stage_server is not None:
             await self.stage_server.stop()
         if self.batcher is not None:
@@ -172,8 +184,7 @@ class Worker:
                                             timeout_s=10.0)
             elif isinstance(cmd, ws.ReportServed):
                 if self._host_conn is not None:
-                    self._served_task = asyncio.get_running_loop().create_task(
-                        self._report_served(), name="replica-served")
+                    self._served_task = self.spawn(self._report_served(), "replica-served")
             else:  # a command for the handler that applied the event
                 raise AssertionError(f"unexpected worker command {cmd!r}")
 
@@ -340,8 +351,7 @@ class Worker:
         if isinstance(commands[0], ws.ReplyCompleted):
             return hw.CompleteReplicaReply(completed=True, timings_s=commands[0].timings_s)
         if isinstance(commands[0], ws.BuildWhole):
-            self._completing = asyncio.get_running_loop().create_task(
-                self._complete(), name="complete-replica")
+            self._completing = self.spawn(self._complete(), "complete-replica")
         task = self._completing  # AwaitCompletion: the one already under way
         assert task is not None
         try:

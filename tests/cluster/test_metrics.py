@@ -59,9 +59,13 @@ async def test_controller_and_host_metrics_are_scrapeable(tmp_path) -> None:
             # ... and the controller's counters, which were invisible before
             assert 'flashpoint_requests_total{function="counted",outcome="ok"} 3.0' in text
             assert "flashpoint_rpc_calls_total" in text
+            # each process's actor samples its event-loop lag (flashpoint/actor.py)
+            assert "loop-lag" in ctl.task_names() and "loop-lag" in host.task_names()
+            assert 'flashpoint_event_loop_lag_seconds_count{actor="controller"}' in text
             host_text = await _scrape(s, host.metrics.url)
         assert "flashpoint_cache_misses_total" in host_text  # the deploy filled the cache
         assert "flashpoint_rpc_" in host_text
+        assert f'flashpoint_event_loop_lag_seconds_count{{actor="host:{host.host_id}"}}' in host_text
     finally:
         await asyncio.wait_for(cluster.stop(), 60)
     # stopped with the host: nothing listens there any more
