@@ -37,8 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flashpoint.controller.cold_timings import COLD_PHASES, phases_sum_s  # noqa: E402
 from flashpoint.config import load_config  # noqa: E402
+from flashpoint.controller.cold_timings import COLD_PHASES, phases_sum_s  # noqa: E402
 
 
 async def _until(cond, timeout_s: float, what: str) -> None:

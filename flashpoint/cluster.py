@@ -11,11 +11,11 @@ import dataclasses
 import time
 from typing import Any
 
+from flashpoint.config import ClusterConfig
 from flashpoint.controller.actor import Controller
+from flashpoint.errors import Unavailable
 from flashpoint.host.actor import HostManager
 from flashpoint.host.metrics import host_listen
-from flashpoint.config import ClusterConfig
-from flashpoint.errors import Unavailable
 from flashpoint.log import configure
 from flashpoint.registry import make_store
 from flashpoint.spot.provider import LocalProvider

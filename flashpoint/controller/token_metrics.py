@@ -36,13 +36,13 @@ from prometheus_client import Counter, Gauge, Histogram
 from flashpoint.controller.cold_timings import COLD_PHASES
 from flashpoint.controller.state.rates import RateMeter
 from flashpoint.policy.snapshot import TokenLoad
-from flashpoint.tensors import EncodedTensor
 from flashpoint.policy.token_load import (
     DEFAULT_MAX_TOKENS,
     estimate_prompt_tokens,
     outstanding_tokens,
     tpot_s,
 )
+from flashpoint.tensors import EncodedTensor
 
 TTFT = Histogram("flashpoint_ttft_seconds",
                  "Time to first token of a generation request from its arrival (cold starts in)",

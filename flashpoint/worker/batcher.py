@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flashpoint.worker.replica_stats import ReplicaStats
 from flashpoint.errors import FlashpointError, ModelFailed, Unavailable
+from flashpoint.worker.replica_stats import ReplicaStats
 
 INLINE_BELOW_S = 0.0005
 
