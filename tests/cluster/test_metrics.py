@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flashpoint.cluster import LocalCluster
 from flashpoint.config import load_config
 from flashpoint.errors import BadRequest
 from flashpoint.spec import FunctionSpec
-
-from .conftest import cluster_config, start_noop_cluster, wait_for
+from flashpoint.testing.harness import ClusterFactory, InProcessCluster, cluster_config, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -27,21 +25,17 @@ async def _scrape(session: aiohttp.ClientSession, url: str) -> str:
         return await r.text()
 
 
-async def _started(tmp_path, spec: FunctionSpec) -> LocalCluster:
+async def _started(make_cluster: ClusterFactory, tmp_path, spec: FunctionSpec) -> InProcessCluster:
     """One host with its metrics endpoint, ``spec`` registered on the no-op model and warm."""
-    cluster = await start_noop_cluster(cluster_config(tmp_path, metrics_listen="127.0.0.1:0"))
-    try:
-        ctl = cluster.controller
-        await ctl.register_function(spec)
-        await wait_for("a warm replica", lambda: ctl.get_function(spec.name).replicas_warm == 1)
-    except BaseException:
-        await asyncio.wait_for(cluster.stop(), 60)
-        raise
+    cluster = await make_cluster(config=cluster_config(tmp_path, metrics_listen="127.0.0.1:0"))
+    ctl = cluster.controller
+    await ctl.register_function(spec)
+    await wait_for("a warm replica", lambda: ctl.get_function(spec.name).replicas_warm == 1)
     return cluster
 
 
-async def test_controller_and_host_metrics_are_scrapeable(tmp_path) -> None:
-    cluster = await _started(tmp_path, FunctionSpec(name="counted", model="noop",
+async def test_controller_and_host_metrics_are_scrapeable(make_cluster: ClusterFactory, tmp_path) -> None:
+    cluster = await _started(make_cluster, tmp_path, FunctionSpec(name="counted", model="noop",
                                                     min_replicas=1))
     try:
         ctl = cluster.controller
@@ -79,41 +73,39 @@ def _replica_samples(text: str, host_id: str) -> dict[str, dict[tuple[str, str],
     return out
 
 
-async def test_host_metrics_show_each_replicas_inference_counters(tmp_path) -> None:
-    cluster = await _started(tmp_path, FunctionSpec(
+async def test_host_metrics_show_each_replicas_inference_counters(make_cluster: ClusterFactory,
+        tmp_path) -> None:
+    cluster = await _started(make_cluster, tmp_path, FunctionSpec(
         name="served", model="noop", min_replicas=1, max_replicas=1, batch_wait_ms=5.0))
-    try:
-        ctl = cluster.controller
-        host = cluster.hosts[0]
-        assert host.metrics is not None
-        (replica_id,) = [r.replica_id for r in host.state.replicas.values()
-                         if r.function == "served"]
-        x = {"x": np.ones((1, 2), np.float32)}
-        n = 0
-        for i in range(8):  # one by one ...
-            await asyncio.wait_for(ctl.invoke("served", x, request_id=f"s{i}"), 10)
-            n += 1
-        # ... and twelve at once, which the worker may batch
-        await asyncio.wait_for(asyncio.gather(
-            *(ctl.invoke("served", x, request_id=f"c{i}") for i in range(12))), 20)
-        n += 12
-        async with aiohttp.ClientSession() as s:
-            by_replica = _replica_samples(await _scrape(s, host.metrics.url), host.host_id)
-        # only the worker holding the replica shows up (not the warm pool's idle one)
-        assert list(by_replica) == [replica_id]
-        got = by_replica[replica_id]
-        assert got[("flashpoint_replica_requests_total", "")] == n == 20
-        assert got[("flashpoint_replica_failed_requests_total", "")] == 0
-        batches = got[("flashpoint_replica_batches_total", "")]
-        assert 1 <= batches <= n
-        assert got[("flashpoint_replica_batch_size_sum", "")] == n  # one row per request
-        assert got[("flashpoint_replica_batch_size_count", "")] == batches
-        assert got[("flashpoint_replica_batch_size_bucket", "+Inf")] == batches
-        assert got[("flashpoint_replica_run_seconds_count", "")] == batches
-        assert got[("flashpoint_replica_run_seconds_sum", "")] > 0
-        assert got[("flashpoint_replica_queue_seconds_count", "")] == n
-    finally:
-        await asyncio.wait_for(cluster.stop(), 60)
+    ctl = cluster.controller
+    host = cluster.hosts[0]
+    assert host.metrics is not None
+    (replica_id,) = [r.replica_id for r in host.state.replicas.values()
+                     if r.function == "served"]
+    x = {"x": np.ones((1, 2), np.float32)}
+    n = 0
+    for i in range(8):  # one by one ...
+        await asyncio.wait_for(ctl.invoke("served", x, request_id=f"s{i}"), 10)
+        n += 1
+    # ... and twelve at once, which the worker may batch
+    await asyncio.wait_for(asyncio.gather(
+        *(ctl.invoke("served", x, request_id=f"c{i}") for i in range(12))), 20)
+    n += 12
+    async with aiohttp.ClientSession() as s:
+        by_replica = _replica_samples(await _scrape(s, host.metrics.url), host.host_id)
+    # only the worker holding the replica shows up (not the warm pool's idle one)
+    assert list(by_replica) == [replica_id]
+    got = by_replica[replica_id]
+    assert got[("flashpoint_replica_requests_total", "")] == n == 20
+    assert got[("flashpoint_replica_failed_requests_total", "")] == 0
+    batches = got[("flashpoint_replica_batches_total", "")]
+    assert 1 <= batches <= n
+    assert got[("flashpoint_replica_batch_size_sum", "")] == n  # one row per request
+    assert got[("flashpoint_replica_batch_size_count", "")] == batches
+    assert got[("flashpoint_replica_batch_size_bucket", "+Inf")] == batches
+    assert got[("flashpoint_replica_run_seconds_count", "")] == batches
+    assert got[("flashpoint_replica_run_seconds_sum", "")] > 0
+    assert got[("flashpoint_replica_queue_seconds_count", "")] == n
 
 
 @pytest.mark.parametrize("value", ["9101", "host:", ":9101", "h:99999", "h:port"])
