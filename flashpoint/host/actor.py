@@ -32,7 +32,7 @@ from typing import Any
 
 from flashpoint import heap
 from flashpoint.config import ClusterConfig, HostConfig, check_secret
-from flashpoint.errors import BadRequest, FlashpointError, NotFound
+from flashpoint.errors import BadRequest, FlashpointError, NotFound, Unavailable
 from flashpoint.exposition import MetricsEndpoint
 from flashpoint.gpu.inventory import Device
 from flashpoint.host import reports
@@ -301,6 +301,11 @@ class HostManager:
         """``deploy_replica``: idempotent by replica id, acknowledged at once; the cold start
         runs in the background (it ends with ``replica_ready`` or ``replica_failed``)."""
         msg = ch.decode_deploy(payload)
+        if self._stopping:
+            # A deploy that raced stop() (the controller link closes late in it) would start a
+            # cold start and a worker after the sweep of tasks and workers: refuse it, the
+            # controller places the replica elsewhere (the cluster harness's leak check).
+            raise Unavailable(f"host {self.host_id} is stopping")
         if msg.replica_id in self.replicas:
             return to_payload(ch.Accepted(duplicate=True))
         if isinstance(msg, ch.DeployKaas):
