@@ -13,15 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashpoint.testing.harness import ClusterFactory, InProcessCluster, wait_for
+from flashpoint.errors import Unauthorized
+from flashpoint.testing.harness import ClusterFactory, InProcessCluster, NetnsCluster, wait_for
 from flashpoint.testing.leaks import alive
 
 pytestmark = pytest.mark.timeout(180)
 
 
-async def test_the_api_deploys_invokes_and_reports_status(make_cluster: ClusterFactory) -> None:
-    c = await make_cluster(hosts=2, models=("noop",))
-    assert isinstance(c, InProcessCluster) and len(c.hosts) == 2
+@pytest.mark.parametrize("netns", [False, True], ids=["in-process", "netns"])
+async def test_one_api_in_process_and_over_network_namespaces(make_cluster: ClusterFactory,
+                                                             netns: bool) -> None:
+    c = await make_cluster(hosts=2, models=("noop",), netns=netns)
+    assert isinstance(c, NetnsCluster if netns else InProcessCluster)
     await c.deploy("hf", "noop", min_replicas=1)
     warm = await c.wait_warm("hf", count=1)
     assert len(warm) == 1
@@ -35,6 +38,17 @@ async def test_the_api_deploys_invokes_and_reports_status(make_cluster: ClusterF
         np.testing.assert_array_equal(r.outputs["y"], x)
     status = await c.status()
     assert sorted(h["host_id"] for h in status["hosts"]) == ["host0", "host1"]
+
+
+async def test_an_api_key_cluster_hands_its_admin_key_to_its_clients(
+        make_cluster: ClusterFactory) -> None:
+    c = await make_cluster(api_keys={"harness-admin-key-01": "admin",
+                                     "harness-invoke-key-1": "invoke"})
+    assert c.api_key == "harness-admin-key-01"
+    await c.deploy("kf", "noop")  # an admin call, with the handle's own key
+    async with c.client(api_key=None) as anonymous:
+        with pytest.raises(Unauthorized):
+            await anonymous.status()
 
 
 async def test_a_wait_that_times_out_says_what_it_saw(make_cluster: ClusterFactory) -> None:
