@@ -29,9 +29,10 @@ UNIT = ROOT / "tests" / "unit"
 
 # file in tests/unit -> folder under tests/ (the package it tests; "core" holds the tests of
 # flashpoint's top-level modules: config, errors, ids, spec, tensors, client, progress, heap,
-# and the import rule over the whole package).
+# actor, and the import rule over the whole package).
 MAPPING: dict[str, str] = {
     # flashpoint/*.py (top level) and the package-wide import rule
+    "test_actor.py": "core",
     "test_client.py": "core",
     "test_config.py": "core",
     "test_errors.py": "core",
@@ -44,8 +45,10 @@ MAPPING: dict[str, str] = {
     # flashpoint/controller/
     "test_cold_timings.py": "controller",
     "test_controller_groups.py": "controller",
+    "test_controller_metrics.py": "controller",
     "test_controller_state.py": "controller",
     "test_dispatch.py": "controller",
+    "test_governor_state.py": "controller",
     "test_kaas_placement.py": "controller",
     "test_mig_reconfig.py": "controller",
     "test_rollout.py": "controller",
@@ -62,6 +65,7 @@ MAPPING: dict[str, str] = {
     "test_batcher.py": "worker",
     "test_replica_stats.py": "worker",
     "test_worker_infer_many.py": "worker",
+    "test_worker_state.py": "worker",
     # flashpoint/gpu/ (with its fakes and helper process)
     "fake_mps.py": "gpu",
     "fake_mps_control.py": "gpu",
@@ -77,6 +81,7 @@ MAPPING: dict[str, str] = {
     "test_dilu.py": "policy",
     "test_dilu_profile.py": "policy",
     "test_fastgshare.py": "policy",
+    "test_governor.py": "policy",
     "test_kaas_policy.py": "policy",
     "test_maxrects.py": "policy",
     "test_partitioning_policy.py": "policy",
@@ -91,6 +96,7 @@ MAPPING: dict[str, str] = {
     # flashpoint/messages/
     "test_messages_base.py": "messages",
     "test_messages_controller_host.py": "messages",
+    "test_messages_worker.py": "messages",
     # flashpoint/spot/
     "test_spot.py": "spot",
     # deploy/ (the systemd units)
