@@ -6,7 +6,11 @@ Closed-loop load at concurrency 1, 8 and 64 (load generated from a separate proc
   worker process → back), i.e. the platform's own overhead;
 - ``encoder``: a Flashpoint function over the tiny BERT-like encoder;
 - ``gateway``: the HTTP gateway alone over an echo backend (in this process), which shows how
-  much of the gap to the floor is the gateway layer rather than the controller and worker.
+  much of the gap to the floor is the gateway layer rather than the controller and worker;
+- ``standalone``: the no-op function through a stand-alone gateway (``flashpoint gateway``,
+  started in this process) that forwards over RPC to the controller, then to the worker;
+- ``standalone_64k``: the same with a 64 KiB float32 input (16384 JSON numbers), where what
+  the controller does with forwarded tensor bytes shows.
 
 Targets (issue 2): at concurrency 1, noop p50 within 0.5 ms of the floor; at concurrency 64,
 noop req/s >= 50% of the floor's. Each concurrency runs ``--rounds`` interleaved rounds of
@@ -14,7 +18,7 @@ every target; a target is compared with the floor's run of the same round, and t
 use the median over rounds (one slow spell of this shared VM cannot decide them). Prints a
 line per run and a JSON line at the end.
 
-    python bench/invoke.py [--requests 2000] [--rounds 3]
+    python bench/invoke.py [--requests 2000] [--rounds 3] [--targets floor,standalone]
 """
 
 from __future__ import annotations
@@ -133,6 +137,12 @@ async def main(args: argparse.Namespace) -> dict:
             for fn, model in (("noop", "noop"), ("encoder", "bert")):
                 await cluster.controller.register_function(
                     dataclasses.replace(_spec(fn, model), max_batch_size=16))
+            from flashpoint.gateway.standalone import StandaloneGateway
+
+            standalone = await StandaloneGateway.start(dataclasses.replace(
+                cfg, gateway=dataclasses.replace(cfg.gateway,
+                                                 controller_url=cluster.controller.rpc_url)),
+                port=0)
             targets = {
                 "floor": (floor_url, {"inputs": {"x": {"data": [1.0, 2.0, 3.0, 4.0], "shape": [1, 4],
                                                        "datatype": "FP32"}}}),
@@ -144,12 +154,21 @@ async def main(args: argparse.Namespace) -> dict:
                 "encoder": (f"{url}/v1/functions/encoder/invoke",
                             {"inputs": {"input_ids": {"data": list(range(1, 17)), "shape": [1, 16],
                                                       "datatype": "INT64"}}}),
+                "standalone": (f"{standalone.url}/v1/functions/noop/invoke",
+                               {"inputs": {"x": {"data": [1.0, 2.0, 3.0, 4.0], "shape": [1, 4],
+                                                 "datatype": "FP32"}}}),
+                "standalone_64k": (f"{standalone.url}/v1/functions/noop/invoke",
+                                   {"inputs": {"x": {"data": [0.5] * 16384, "shape": [1, 16384],
+                                                     "datatype": "FP32"}}}),
             }
+            wanted = set(args.targets.split(",")) if args.targets else set(targets)
+            targets = {k: v for k, v in targets.items() if k in wanted or k == "floor"}
             # Measure the steady state: both replicas warm (one request each) and every host's
             # warm pool refilled. The deploys took pool workers, and a refill imports torch for
             # seconds of CPU; on a 2-core VM that would land inside the first measurements.
             for name in ("noop", "encoder"):
-                target, body = targets[name]
+                target, body = targets.get(name) or (f"{url}/v1/functions/{name}/invoke",
+                                                     _WARM[name])
                 await loop.run_in_executor(pool, run_in_child, target, body, 1, 1, 1)
             for host in cluster.hosts:
                 if not await host.wait_pool_ready(120.0):
@@ -159,7 +178,8 @@ async def main(args: argparse.Namespace) -> dict:
             for conc in (1, 8, 64):
                 for rnd in range(args.rounds):
                     for name, (target, body) in targets.items():
-                        n = args.requests if name != "encoder" else max(200, args.requests // 4)
+                        n = args.requests if name not in ("encoder", "standalone_64k") \
+                            else max(200, args.requests // 4)
                         res = await loop.run_in_executor(pool, run_in_child, target, body, conc,
                                                          n, 50)
                         res["target"], res["round"] = name, rnd
@@ -167,17 +187,29 @@ async def main(args: argparse.Namespace) -> dict:
                         print(f"{name:8s} c={conc:<3d} r{rnd} ok={res['ok']:<6d} "
                               f"err={res['errors']:<3d} rps={res['rps']:9.1f} "
                               f"p50={res['p50_ms']:.3f}ms p99={res['p99_ms']:.3f}ms", flush=True)
+            await standalone.stop()
     finally:
         pool.shutdown()
         await runner.cleanup()
         await gw_runner.cleanup()
     by = {(r["target"], r["concurrency"], r["round"]): r for r in rows}
     rounds = range(args.rounds)
+    ran = sorted({r["target"] for r in rows} - {"floor"})
     # Per round, each target against the floor's run of the same round; verdicts: medians.
     deltas = {name: [by[(name, 1, i)]["p50_ms"] - by[("floor", 1, i)]["p50_ms"] for i in rounds]
-              for name in ("noop", "gateway")}
+              for name in ran}
     ratios = {name: [by[(name, 64, i)]["rps"] / by[("floor", 64, i)]["rps"] for i in rounds]
-              for name in ("noop", "gateway")}
+              for name in ran}
+    medians = {name: {"c1_p50_ms": statistics.median(by[(name, 1, i)]["p50_ms"] for i in rounds),
+                      "c64_rps": statistics.median(by[(name, 64, i)]["rps"] for i in rounds)}
+               for name in ran}
+    for name in ran:
+        print(f"{name:14s} c=1 p50 {medians[name]['c1_p50_ms']:.3f} ms "
+              f"(+{statistics.median(deltas[name]):.3f} over the floor), c=64 "
+              f"{medians[name]['c64_rps']:.1f} req/s ({statistics.median(ratios[name]):.2f}x)")
+    if not {"noop", "gateway"} <= set(ran):
+        return {"bench": "invoke", "rounds": args.rounds, "requests": args.requests,
+                "medians": medians, "rows": rows}
     summary = {
         "bench": "invoke", "machine": f"{platform.machine()} {mp.cpu_count()} cpu",
         "rounds": args.rounds, "requests": args.requests,
@@ -203,6 +235,12 @@ async def main(args: argparse.Namespace) -> dict:
     return summary
 
 
+# Warm-up bodies of the functions when their targets are not among those measured.
+_WARM = {"noop": {"inputs": {"x": {"data": [1.0], "shape": [1, 1], "datatype": "FP32"}}},
+         "encoder": {"inputs": {"input_ids": {"data": list(range(1, 17)), "shape": [1, 16],
+                                              "datatype": "INT64"}}}}
+
+
 def _spec(name: str, model: str):
     from flashpoint.spec import FunctionSpec
 
@@ -215,6 +253,9 @@ if __name__ == "__main__":
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved rounds per concurrency; ratios are per-round medians")
+    ap.add_argument("--targets", default="",
+                    help="comma-separated targets to measure (the floor always runs); "
+                         "default: all of them")
     import uvloop
 
     out = uvloop.run(main(ap.parse_args()))

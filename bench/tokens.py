@@ -22,7 +22,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flashpoint.gpu import token_protocol as proto  # noqa: E402
 from flashpoint.gpu.hookbuild import build_hook  # noqa: E402
+from flashpoint.gpu.token_client import TokenClient  # noqa: E402
 from flashpoint.gpu.tokens import TokenManager  # noqa: E402
 from flashpoint.policy.tokens import TenantQuota  # noqa: E402
 
@@ -52,26 +51,19 @@ def build_kit(d: Path) -> tuple[Path, Path]:
 
 
 def rtt_client(sock: str, n: int, deadline_s: float) -> list[float]:
-    """Blocking REQUEST -> GRANT round trips in microseconds (bounded by count and time)."""
+    """Blocking REQUEST -> GRANT round trips in microseconds (bounded by count and time).
+
+    :class:`TokenClient` matches each GRANT to its request by seq and applies the MEM cap
+    the manager sends after HELLO (reading that MEM as the first GRANT was issue 22's crash)."""
     out: list[float] = []
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(2.0)
-        s.connect(sock)
-        s.sendall(proto.pack(proto.TokenMsg(proto.MsgType.HELLO, tenant=9, pid=os.getpid())))
+    with TokenClient(sock, tenant=9, timeout_s=2.0) as client:
         end = time.monotonic() + deadline_s
-        for seq in range(1, n + 1):
+        for _ in range(n):
             if time.monotonic() > end:
                 break
             t0 = time.perf_counter_ns()
-            s.sendall(proto.pack(proto.TokenMsg(proto.MsgType.REQUEST, tenant=9, seq=seq, used_ns=1000)))
-            buf = b""
-            while len(buf) < proto.MSG_SIZE:
-                chunk = s.recv(proto.MSG_SIZE - len(buf))
-                if not chunk:
-                    raise ConnectionError("manager closed")
-                buf += chunk
+            client.request(used_ns=1000)
             out.append((time.perf_counter_ns() - t0) / 1000)
-            assert proto.unpack(buf).seq == seq
     return out
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from flashpoint.controller.actor import Controller
 from flashpoint.host.actor import HostManager
+from flashpoint.host.metrics import host_listen
 from flashpoint.config import ClusterConfig
 from flashpoint.errors import Unavailable
 from flashpoint.log import configure
@@ -52,6 +53,10 @@ class LocalCluster:
         return f"host{len(self.hosts)}"
 
     async def _start_host(self, kind: str, **host: Any) -> HostManager:
+        # Hosts here share one machine: each gets its own metrics port (the configured
+        # one plus its index), so a second host does not fail to bind the first one's.
+        host = {"metrics_listen": host_listen(self.config.host.metrics_listen, len(self.hosts)),
+                **host}
         host_cfg = dataclasses.replace(self.config.host, controller_url=self.controller.rpc_url,
                                        kind=kind, **host)
         cfg = dataclasses.replace(self.config, host=host_cfg)

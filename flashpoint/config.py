@@ -13,8 +13,10 @@ import os
 import secrets
 import string
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from flashpoint.config_check import check_section, check_value, refuse_unknown
@@ -335,15 +337,51 @@ class RegistryConfig:
     region: str = ""  # kind "s3": empty = boto3's default
 
 
+MIB = 1024 * 1024
+GATEWAY_ROLES = ("invoke", "admin")
+
+
 @dataclass(frozen=True)
-class GatewaySettings:
-    api_keys: dict[str, str] = field(default_factory=dict)  # key -> "invoke" | "admin"
-    max_body_bytes: int = 64 << 20
+class GatewayConfig:
+    """The HTTP gateway's one configuration: the ``[gateway]`` table of the cluster's TOML.
+
+    It serves the gateway the controller embeds and the stand-alone one (``flashpoint
+    gateway``), whose process-level settings (where it listens, the controller it forwards to,
+    TLS, how often it re-reads the function table) the embedded one ignores.
+    ``api_keys`` maps a secret key to its role (``"invoke"`` or ``"admin"``); an empty mapping
+    disables auth (the local embedded default: every caller is an admin).
+    """
+
+    api_keys: Mapping[str, str] = field(default_factory=dict)
+    # Raw (possibly compressed) request body.
+    max_body_bytes: int = 64 * MIB
+    # A compressed body may inflate to at most this many bytes (zip bombs stop here).
+    max_decompressed_bytes: int = 64 * MIB
+    # Decoded input tensors of one request, summed (numpy bytes, BF16 counted as float32).
+    max_tensor_bytes: int = 256 * MIB
+    max_json_depth: int = 32
+    max_inputs: int = 64
+    max_dims: int = 8
+    # Request deadline when neither the request nor the function spec names one.
     default_timeout_s: float = 60.0
-    # Per-caller token bucket (API key, or peer address without auth); 0 = off. Over it: 429.
+    # Upper bound on any request deadline, whatever the request asks for.
+    max_timeout_s: float = 3600.0
+    # The gateway's own backstop fires this long after the deadline passed to the backend.
+    deadline_grace_s: float = 1.0
+    # Reading the whole request body (slow clients) must finish within this.
+    body_read_timeout_s: float = 30.0
+    # Invocations in flight at once across all callers; 0 = unlimited. Over it: 429.
+    max_inflight_requests: int = 0
+    # Token bucket per caller (API key, or peer address without auth); 0 = off. Over it: 429.
     rate_limit_rps: float = 0.0
     rate_limit_burst: int = 0
-    max_inflight_requests: int = 0  # across all callers; 0 = unlimited
+    # Responses at least this large are gzip-compressed when the client accepts gzip.
+    response_compression_min_bytes: int = 1024
+    # /metrics answers only callers with an API key (any role) when keys are configured.
+    metrics_require_key: bool = False
+    # Admin actions (register, delete, roll-out, MIG change) are logged as "audit" events;
+    # with a path they are also appended there as JSON lines (flashpoint/audit.py).
+    audit_log_path: str = ""
     # A stand-alone gateway process (``flashpoint gateway``): where it listens, and the
     # controller's RPC URL (empty: ws://<controller.listen_host>:<controller.listen_port>/rpc).
     listen_host: str = "127.0.0.1"
@@ -355,16 +393,40 @@ class GatewaySettings:
     tls_cert_path: str = ""
     tls_key_path: str = ""
     tls_ca_path: str = ""
-    metrics_require_key: bool = False  # /metrics needs an API key (any role)
-    # Admin actions (register, delete, roll-out, MIG change) are logged as "audit" events;
-    # with a path they are also appended there as JSON lines (flashpoint/audit.py).
-    audit_log_path: str = ""
 
     def __post_init__(self) -> None:
-        bad = [key[:24] for key in self.api_keys if is_placeholder(key)]
+        keys = dict(self.api_keys)
+        # Placeholders first: their message says what to do about the shipped example config.
+        bad = [key[:24] for key in keys if isinstance(key, str) and is_placeholder(key)]
         if bad:
             raise BadRequest(f"gateway.api_keys {bad}: placeholders; generate keys with "
                              "`flashpoint secret generate`")
+        for key, role in keys.items():
+            if not isinstance(key, str) or len(key) < 8:
+                raise BadRequest("api keys must be strings of at least 8 characters")
+            if role not in GATEWAY_ROLES:
+                raise BadRequest(f"api key role must be one of {GATEWAY_ROLES}, not {role!r}")
+        object.__setattr__(self, "api_keys", MappingProxyType(keys))
+        positive = ("max_body_bytes", "max_decompressed_bytes", "max_tensor_bytes",
+                    "max_json_depth", "max_inputs", "max_dims", "default_timeout_s",
+                    "max_timeout_s", "body_read_timeout_s")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise BadRequest(f"gateway config {name} must be > 0")
+        nonneg = ("deadline_grace_s", "max_inflight_requests", "rate_limit_rps",
+                  "rate_limit_burst", "response_compression_min_bytes")
+        for name in nonneg:
+            if getattr(self, name) < 0:
+                raise BadRequest(f"gateway config {name} must be >= 0")
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GatewayConfig:
+        """Build from a TOML ``[gateway]`` table; unknown keys are an error."""
+        return _build(cls, dict(d), "gateway")  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -374,7 +436,7 @@ class ClusterConfig:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     host: HostConfig = field(default_factory=HostConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
-    gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     # HTTP without API keys beyond loopback (every caller an admin): only the CLI's
     # --insecure sets it (no config file can), and every start logs a warning.
     insecure: bool = False
@@ -423,7 +485,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         data["secret"] = secret
     apply_credentials(data)  # systemd's LoadCredential= (the units) wins over both
     sections = {"controller": ControllerConfig, "host": HostConfig,
-                "registry": RegistryConfig, "gateway": GatewaySettings}
+                "registry": RegistryConfig, "gateway": GatewayConfig}
     try:
         refuse_unknown(data, [*sections, "secret", "log_level"], "the top level")
         kw: dict[str, Any] = {}

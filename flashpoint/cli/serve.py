@@ -121,6 +121,9 @@ def serve(cfg: ClusterConfig, args: argparse.Namespace) -> None:
     which prints it as one line (flashpoint/cli/failures.py)."""
     import uvloop
 
+    from flashpoint.tracing import setup_from_env
+
+    setup_from_env(f"flashpoint-{args.cmd}")  # OpenTelemetry traces, when configured
     run: Any
     if args.cmd == "up":
         run = _run_up(cfg, args.hosts, args.config)

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import prometheus_client
 from aiohttp import web
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
 
-from flashpoint import heap
+from flashpoint import heap, tracing
 from flashpoint.audit import AuditLog
 from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.controller.cold_timings import ColdStartMarks
@@ -29,6 +29,8 @@ from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.controller.gateway_service import GatewayService
 from flashpoint.controller.handles import HostHandle, WorkerHandle
 from flashpoint.controller.kaas_pool import KaasPool
+from flashpoint.controller.metrics import ControllerMetrics, state_registry
+from flashpoint.controller.migration import Migrator
 from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
@@ -53,7 +55,8 @@ from flashpoint.ids import ModelKey
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.log import get_logger
 from flashpoint.messages import controller_host as ch
-from flashpoint.messages.base import handler
+from flashpoint.messages import controller_worker as cw
+from flashpoint.messages.base import handler, to_payload
 from flashpoint.partition.cache import PlanCache
 from flashpoint.partition.model import CostModel, LayerProfile
 from flashpoint.partition.stageable import why_not_staged
@@ -72,8 +75,6 @@ from flashpoint.transfer.plan import Endpoint
 
 log = get_logger("flashpoint.controller")
 
-COLD_STARTS = Histogram("flashpoint_cold_start_seconds", "Cold-start phase durations", ["phase"],
-                        buckets=(.001, .01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60))
 WORKERS_SILENT = Counter("flashpoint_workers_silent_total",
                          "Workers dropped for missing a ping on their connection")
 
@@ -120,6 +121,7 @@ class Controller:
         self._started_s = time.monotonic()
         self._wake = asyncio.Event()
         self.ui = UiJournal()  # recent history for the dashboard (/ui)
+        self.metrics = ControllerMetrics()  # cold starts, failed starts, hosts lost (Prometheus)
         # "name@version" -> its manifest (immutable): parsed once, its JSON text made once
         # (Manifest.to_json is memoised) and sent as is with every deploy.
         self._manifests: dict[str, Manifest] = {}
@@ -145,14 +147,22 @@ class Controller:
         self.requests = RequestPath(self.cc, self.state, self.dispatcher, self.workers,
                                     self.streams, self._cold_marks, self.mig, self._spawn,
                                     self._wake.set, self._started_s, self.ui,
-                                    self.tokens, self._manifests)
+                                    self.tokens, self._manifests, self.metrics)
+        # live migration of streamed generations off leaving replicas (controller/migration.py)
+        self.requests.migration = self.migration = Migrator(
+            self.state, self.dispatcher, self.streams, self.workers, self._spawn,
+            self.requests.send, self.requests.pump)
 
     # lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         from flashpoint.gateway.app import RUNNER_KWARGS, add_routes
-        from flashpoint.gateway.standalone import gateway_config
         from flashpoint.rpc import RpcServer
 
+        # With tracing on, each invoke runs in its own span (off: the plain method, no cost).
+        # (RequestPath's: its streamed requests go through it too)
+        tracing.trace_method(self.requests, "invoke", "flashpoint.controller.invoke",
+                             lambda name, *_, **kw: {"flashpoint.function": name,
+                                                     "flashpoint.request_id": kw.get("request_id", "")})
         check_secret(self.config.secret, self.cc.listen_host, "the controller")
         check_http_auth(self.config.gateway.api_keys, self.cc.listen_host, self.config.insecure,
                         "the controller's HTTP API")
@@ -167,13 +177,14 @@ class Controller:
         tls = server_context(self.cc.tls_cert_path, self.cc.tls_key_path, setting="controller")
         gw = self.config.gateway
         app = web.Application(client_max_size=gw.max_body_bytes)
-        add_routes(app, self, gateway_config(gw), kaas=self.kaas,
-                   process_registry=prometheus_client.REGISTRY)
+        add_routes(app, self, gw, kaas=self.kaas,
+                   process_registry=prometheus_client.REGISTRY).metrics.also += (state_registry(
+                       self.state, self.dispatcher.queued, self.dispatcher.inflight),)
         # Each peer proves its own key and may call only what its role needs (rpc/roles.py).
         self._rpc = RpcServer(
             roles.guard({"register_host": handler(ch.RegisterHost, self._register_host),
              "heartbeat": handler(ch.Heartbeat, self._heartbeat),
-             "replica_ready": self._replica_ready,
+             "replica_ready": handler(cw.ReplicaReady, self._replica_ready, "replica_ready"),
              "replica_failed": handler(ch.ReplicaFailed, self._replica_failed),
              "stage_ready": handler(ch.StageReady, self._stage_ready),
              "host_draining": handler(ch.HostDraining, self._host_draining),
@@ -235,6 +246,7 @@ class Controller:
             if g.phase == GroupPhase.STOPPING and self.dispatcher.inflight_of(g.group_id) == 0
         )
         self._execute(self.state.handle(cs.Tick(now, loads, idle)))
+        self.migration.step(now)
         if self.mig is not None:
             self.mig.step(now)
         for h in self.state.hosts.values():
@@ -244,10 +256,12 @@ class Controller:
 
     def _apply(self, event: cs.Event) -> None:
         self._step_s = time.monotonic()
+        self.metrics.event(event)
         self._execute(self.state.handle(event))
 
     def _execute(self, cmds: list[cs.Command]) -> None:
         self.ui.observe(cmds, self.state, time.monotonic())
+        self.metrics.commands(cmds, self.state)
         for cmd in cmds:
             match cmd:
                 case cs.DeployReplica() | cs.DeployKaas():
@@ -258,6 +272,7 @@ class Controller:
                     self._spawn(self._start_chain(cmd), f"chain:{cmd.transfer_id}")
                 case cs.StopAccepting():
                     self.dispatcher.stop_accepting(cmd.replica_id)
+                    self.migration.soon()  # its streams move (controller/migration.py)
                 case cs.StopReplica():
                     host = self.hosts.get(cmd.host_id)
                     if host is not None:
@@ -494,24 +509,23 @@ class Controller:
         self._apply(cs.HostHeartbeat(host_id, frozenset(msg.cached_models), time.monotonic(),
                                      frozenset(msg.replicas) if msg.replicas is not None else None))
 
-    async def _replica_ready(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
-        rid = str(p["replica_id"])
-        host_id = self._check_replica_host(conn, rid, str(p.get("host_id", "")))
-        timings = {str(k): float(v) for k, v in (p.get("timings_s") or {}).items()}
+    async def _replica_ready(self, conn: Any, msg: cw.ReplicaReady) -> cw.Ok:
+        rid = msg.replica_id
+        host_id = self._check_replica_host(conn, rid, msg.host_id)
+        timings = dict(msg.timings_s)
         if (marks := self._cold_marks.get(rid)) is not None and not marks.ready_s:
             marks.ready_s = time.monotonic()
-        self.workers[rid] = WorkerHandle(conn, host_id, timings,
-                                         str(p.get("source", "")))
+        self.workers[rid] = WorkerHandle(conn, host_id, timings, msg.source)
         if id(conn) not in self._conn_replica:  # a new connection: watch it until it closes
             self._spawn(self._watch_worker(rid, conn), f"watch:{rid}")
         self._conn_replica[id(conn)] = rid
         known = self.state.replicas.get(rid)
-        if known is not None and known.phase == ReplicaPhase.STARTING:
-            for phase, secs in timings.items():
-                COLD_STARTS.labels(phase).observe(secs)
+        self.metrics.replica_ready(rid, known.function if known is not None else "",
+                                   msg.source, timings,
+                                   known is not None and known.phase == ReplicaPhase.STARTING)
         self._apply(cs.ReplicaWarmed(rid, timings, time.monotonic()))
         log.info("replica_warm", replica_id=rid, timings=timings)
-        return {"ok": True}
+        return cw.Ok()
 
     def _check_replica_host(self, conn: Any, rid: str, host_id: str) -> str:
         """A host or worker may speak only for replicas placed on its own host (one the
@@ -562,7 +576,7 @@ class Controller:
                 await asyncio.wait_for(conn.wait_closed(), interval_s)
                 return
             try:
-                await conn.call("ping", {}, timeout_s=timeout_s)
+                await conn.call("ping", to_payload(cw.Ping()), timeout_s=timeout_s)
             except DeadlineExceeded:
                 log.warning("worker_silent", replica_id=rid, timeout_s=timeout_s)
                 WORKERS_SILENT.inc()

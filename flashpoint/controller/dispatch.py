@@ -73,6 +73,20 @@ class Dispatcher:
     def has_replica(self, replica_id: str) -> bool:
         return replica_id in self._slots
 
+    def free_credits(self, replica_id: str) -> int:
+        """Room for more requests on an accepting replica (0 when it takes none)."""
+        slot = self._slots.get(replica_id)
+        return max(0, slot.credits - slot.inflight) if slot is not None and slot.accepting else 0
+
+    def claim(self, replica_id: str) -> bool:
+        """Take one credit of ``replica_id`` for an item sent past the queue (a migrated
+        sequence going to the destination chosen for it); False when it has no room. The
+        item's end is :meth:`release`, as for an assigned one."""
+        if self.free_credits(replica_id) <= 0:
+            return False
+        self._slots[replica_id].inflight += 1
+        return True
+
     def release(self, replica_id: str) -> None:
         """A request sent to ``replica_id`` finished (either way)."""
         slot = self._slots.get(replica_id)

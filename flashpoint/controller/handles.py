@@ -16,6 +16,7 @@ from flashpoint.controller.state import events as cs
 from flashpoint.errors import DeadlineExceeded, FlashpointError
 from flashpoint.messages import controller_host as ch
 from flashpoint.messages.base import Message, from_payload, to_payload
+from flashpoint.messages.controller_worker import InferMany, InferManyReply
 from flashpoint.registry.manifest import Manifest
 
 
@@ -106,7 +107,12 @@ class HostHandle:
 
 @dataclass
 class WorkerHandle:
-    """The only code that calls a worker."""
+    """The only code that calls a worker (messages/controller_worker.py).
+
+    A :class:`Pending`'s ``payload`` is its :class:`~flashpoint.messages.controller_worker.
+    InferRequest` in wire form, built once when the request is accepted: it goes to the
+    worker as it is (its tensors' bytes are the client's, never copied here), and the reply
+    comes back as an ``InferReply`` / ``InferStreamReply`` / ``InferFailed`` wire form."""
 
     conn: Any
     host_id: str
@@ -126,6 +132,16 @@ class WorkerHandle:
                 if exc.retryable or isinstance(exc, DeadlineExceeded):
                     raise
                 return [{"error": exc.to_wire()}]
-        reply = await self.conn.call("infer_many", {"requests": [p.payload for p in ps]},
+        reply = await self.conn.call("infer_many",
+                                     to_payload(InferMany(requests=[p.payload for p in ps])),
                                      timeout_s=timeout_s)
-        return list(reply["replies"])
+        return from_payload(InferManyReply, reply, method="infer_many").replies
+
+    async def hand_off(self, request_ids: tuple[str, ...], timeout_s: float = 5.0) -> int:
+        """Live migration: these streamed sequences leave at the worker's next token
+        boundary (each one's ``infer`` then answers ``handed_off``); how many will."""
+        from flashpoint.messages.migration import HandOffAccepted, HandOffSequences
+
+        reply = await self.conn.call("hand_off", to_payload(HandOffSequences(
+            request_ids=request_ids)), timeout_s=timeout_s)
+        return from_payload(HandOffAccepted, reply, method="hand_off").handing_off

@@ -112,4 +112,4 @@ class KaasPool:
         return await self.service.get_object(key)
 
     async def close(self) -> None:
-        await self.pool.close()
+        await self.pool.stop()

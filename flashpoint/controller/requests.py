@@ -20,11 +20,14 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter, Histogram
 
+from flashpoint import tracing
 from flashpoint.config import ControllerConfig
 from flashpoint.controller.cold_timings import ColdStartMarks, cold_start_phases
 from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.controller.handles import Pending, WorkerHandle
+from flashpoint.controller.metrics import ControllerMetrics
 from flashpoint.controller.mig_driver import MigDriver
+from flashpoint.controller.migration import MIGRATION_GAP, Migrator
 from flashpoint.controller.state.core import ControllerState
 from flashpoint.controller.state.events import FailFunction, FunctionLoad, StartFailure
 from flashpoint.controller.state.rates import RateMeter
@@ -87,7 +90,8 @@ class RequestPath:
                  cold_marks: Mapping[str, ColdStartMarks], mig: MigDriver | None,
                  spawn: Callable[[Coroutine[Any, Any, None], str], Any],
                  wake: Callable[[], None], started_s: float, ui: UiJournal,
-                 tokens: TokenLedger, manifests: Mapping[str, Manifest]) -> None:
+                 tokens: TokenLedger, manifests: Mapping[str, Manifest],
+                 metrics: ControllerMetrics | None = None) -> None:
         self.cc = cc
         self.state = state
         self.dispatcher = dispatcher
@@ -103,6 +107,7 @@ class RequestPath:
         self.ui = ui  # the dashboard's journal: cold starts and latencies (ui_journal.py)
         self.tokens = tokens  # generation load and metrics in tokens (token_metrics.py)
         self._manifests = manifests  # "name@version" -> manifest, the controller's cache
+        self.metrics = metrics or ControllerMetrics()  # cold starts by tier (metrics.py)
         self._last_request: dict[str, float] = {}
         self._arrivals = RateMeter()
         self._completions = RateMeter()
@@ -112,6 +117,9 @@ class RequestPath:
         self._pump_pending: set[str] = set()
         self._ok_metrics: dict[str, tuple[Any, Any]] = {}  # function -> (ok counter, latency)
         self.slo: dict[str, SloCompliance] = {}  # strict requests within the function's SLO
+        # live migration (controller/migration.py), set by the Controller: streamed requests
+        # it tracks, and hand-off replies it sends on
+        self.migration: Migrator | None = None
 
     def loads(self, now: float) -> dict[str, FunctionLoad]:
         """What each registered function's requests look like at ``now``: the autoscaler's
@@ -196,6 +204,11 @@ class RequestPath:
                 self._backlog_wake_s = now
                 self._wake()
 
+    async def send(self, ps: list[Pending], rid: str) -> None:
+        """Send ``ps`` to ``rid``, whose credits they hold already (a migrated sequence to
+        the destination chosen for it); their replies, retries and failures as dispatch's."""
+        await self._send(ps, rid)
+
     async def _send(self, ps: list[Pending], rid: str) -> None:
         handle = self.workers.get(rid)
         live = [p for p in ps if not p.future.done()]
@@ -215,6 +228,8 @@ class RequestPath:
                 self.tokens.sent(p.request_id, rid)
                 if p.stream:  # its chunks come from this connection; its caller gone,
                     self.streams.sent(p.request_id, handle.conn)  # the call is cancelled
+                    if self.migration is not None:
+                        self.migration.sent(p, rid)
                     _cancel_with(p.future, asyncio.current_task())
             timeout = max(0.001, max(p.deadline_s for p in live) - now)
             replies = await handle.infer(live, timeout)
@@ -222,8 +237,9 @@ class RequestPath:
             prev = self._exec_s.get(live[0].function)
             self._exec_s[live[0].function] = took if prev is None else prev + 0.2 * (took - prev)
             for p, reply in zip(live, replies, strict=True):
-                if p.future.done():
-                    continue
+                if p.future.done() or (self.migration is not None
+                                       and self.migration.handled(p, reply, rid)):
+                    continue  # a hand-off goes on on another replica (live migration)
                 if "error" in reply:
                     self._retry_or_fail(p, from_wire(reply["error"]))
                 else:
@@ -299,7 +315,7 @@ class RequestPath:
         (gateway/streams.py); closing the iterator early cancels the request."""
         return stream_invocation(self.streams, request_id, lambda: self.invoke(
             name, inputs, request_id=request_id, timeout_s=timeout_s,
-            request_class=request_class, stream=True))
+            request_class=request_class, stream=True), on_gap=MIGRATION_GAP.observe)
 
     async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
                      timeout_s: float | None = None,
@@ -327,6 +343,7 @@ class RequestPath:
             payload["class"] = RequestClass.BEST_EFFORT  # the worker's queue serves strict first
         if stream:
             payload["stream"] = True
+        tracing.inject(payload)  # the worker's span joins this request's trace
         loop = asyncio.get_running_loop()
         p = Pending(request_id, name, payload, loop.create_future(), t0, t0 + timeout, cold,
                     best_effort, stream=stream)
@@ -394,6 +411,7 @@ class RequestPath:
                 timings.update(cold_start_phases(marks, handle.timings_s, arrived_s=t0,
                                                  sent_s=p.sent_s, done_s=t0 + total))
             self.ui.cold_start(rid, name, handle.source, timings, t0 + total)
+            self.metrics.cold_request(rid, name, handle.source, timings)
         ok = self._ok_metrics.get(name)
         if ok is None:  # label lookups cost more than the increments on this path
             ok = self._ok_metrics[name] = (REQUESTS.labels(name, "ok"), LATENCY.labels(name))

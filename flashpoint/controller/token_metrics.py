@@ -36,6 +36,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from flashpoint.controller.cold_timings import COLD_PHASES
 from flashpoint.controller.state.rates import RateMeter
 from flashpoint.policy.snapshot import TokenLoad
+from flashpoint.tensors import EncodedTensor
 from flashpoint.policy.token_load import (
     DEFAULT_MAX_TOKENS,
     estimate_prompt_tokens,
@@ -85,6 +86,10 @@ class _Sequence:
 
 def request_shape(inputs: Mapping[str, np.ndarray]) -> tuple[int, int]:
     """(estimated prompt tokens, max_tokens) of a generation request's inputs."""
+    # A stand-alone gateway's inputs arrive still encoded (tensors.EncodedTensor): these few
+    # small ones are decoded here, the rest go on to the worker untouched.
+    inputs = {k: (v.decode() if isinstance(v, EncodedTensor) else v) for k, v in inputs.items()
+              if k in ("text", "messages", "max_tokens")}
     size = 0
     for name in ("text", "messages"):
         arr = inputs.get(name)

@@ -8,9 +8,9 @@ Public API::
     GatewayConfig, InvokeBackend, InvokeResult, FunctionInfo
 """
 
+from flashpoint.config import GatewayConfig
 from flashpoint.gateway.app import GATEWAY, RUNNER_KWARGS, add_routes, make_app
 from flashpoint.gateway.backend import FunctionInfo, InvokeBackend, InvokeResult
-from flashpoint.gateway.config import GatewayConfig
 
 __all__ = [
     "GATEWAY", "RUNNER_KWARGS", "FunctionInfo", "GatewayConfig", "InvokeBackend", "InvokeResult",

@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from flashpoint.config import GatewayConfig
 from flashpoint.errors import DeadlineExceeded, Overloaded
 from flashpoint.gateway.backend import InvokeBackend, InvokeResult
-from flashpoint.gateway.config import GatewayConfig
 
 _MAX_BUCKETS = 10_000
 T = TypeVar("T")

@@ -12,9 +12,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from flashpoint.config import GatewayConfig
 from flashpoint.gateway.auth import Role
 from flashpoint.gateway.backend import InvokeBackend
-from flashpoint.gateway.config import GatewayConfig
 from flashpoint.gateway.context import GatewayContext
 from flashpoint.gateway.kserve import KServeRoutes
 from flashpoint.gateway.metrics import GatewayMetrics

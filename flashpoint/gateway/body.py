@@ -15,8 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
+from flashpoint.config import GatewayConfig
 from flashpoint.errors import BadRequest, FlashpointError, PayloadTooLarge
-from flashpoint.gateway.config import GatewayConfig
 
 _CHUNK_BYTES = 256 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"

@@ -11,11 +11,11 @@ from typing import Any
 from aiohttp import web
 
 from flashpoint.audit import AuditLog
+from flashpoint.config import GatewayConfig
 from flashpoint.errors import BadRequest, FunctionNotFound
 from flashpoint.gateway.admission import Admission
 from flashpoint.gateway.auth import ApiKeyAuth, Principal, Role
 from flashpoint.gateway.backend import FunctionInfo, InvokeBackend
-from flashpoint.gateway.config import GatewayConfig
 from flashpoint.gateway.metrics import GatewayMetrics
 from flashpoint.gateway.oip import CodecLimits, load_json
 from flashpoint.ids import new_id

@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from flashpoint import tracing
 from flashpoint.errors import FlashpointError, RetryableError
 from flashpoint.gateway.context import REQUEST_ID, GatewayContext, json_response
 from flashpoint.ids import new_id
@@ -92,7 +93,8 @@ def make_middleware(ctx: GatewayContext) -> Any:
         try:
             # The handler is awaited here rather than in a helper coroutine: one frame less
             # on every request. _error_response renders what it raised.
-            resp = await handler(request)
+            resp = await (handler(request) if tracing.tracer is None  # OpenTelemetry off
+                          else tracing.http_span(request, route, rid, handler(request)))
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -14,40 +14,56 @@ controller restart. It keeps no state of its own beyond a cached copy of the fun
   to the client as they are: retrying those would only hide them;
 - a function registered through another gateway is visible here after one refresh.
 
-Wire forms of the gateway's types live here too; the controller side is
+The messages are ``flashpoint.messages.gateway_controller``'s; the conversions between them and
+the gateway's own types live here, and the controller side is
 ``flashpoint.controller.gateway_service``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
+import msgspec
 import numpy as np
 
+from flashpoint import tracing
+from flashpoint.actor import Actor
 from flashpoint.errors import (
     ConnectFailed,
     DeadlineExceeded,
     FlashpointError,
     FunctionNotFound,
     PeerLost,
-    Unavailable,
 )
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult, StreamChunk
 from flashpoint.gateway.streams import StreamRegistry, stream_invocation
 from flashpoint.log import get_logger
-from flashpoint.rpc.backoff import Backoff
+from flashpoint.messages.gateway_controller import (
+    Ack,
+    DeleteRequest,
+    FunctionInfoWire,
+    FunctionsReply,
+    FunctionsRequest,
+    GatewayMessage,
+    InvokeReply,
+    InvokeRequest,
+    RegisterReply,
+    RegisterRequest,
+    decode,
+    encode,
+)
+from flashpoint.rpc.backoff import Backoff, retry
 from flashpoint.rpc.client import ReconnectingClient
 from flashpoint.spec import FunctionSpec
 from flashpoint.tensors import decode_tensors, encode_tensors
 
 log = get_logger(__name__)
 
-GATEWAY_RPC_VERSION = 1
+R = TypeVar("R", bound=GatewayMessage)
 # Reconnect quickly: a restarting controller is back within seconds and requests are waiting.
 RECONNECT = Backoff(initial_s=0.05, max_s=0.5)
 RETRY = Backoff(initial_s=0.02, max_s=0.5)
@@ -55,32 +71,28 @@ MAX_ATTEMPTS = 200  # bounds the retry loop; the request's deadline normally end
 CALL_TIMEOUT_S = 10.0  # functions/register/delete calls
 
 
-def result_to_wire(result: InvokeResult) -> dict[str, Any]:
-    return {"v": GATEWAY_RPC_VERSION, "outputs": encode_tensors(result.outputs),
-            "timings_s": result.timings_s, "replica_id": result.replica_id,
-            "cold": result.cold, "cold_start_source": result.cold_start_source}
+def result_to_wire(result: InvokeResult) -> InvokeReply:
+    return InvokeReply(outputs=encode_tensors(result.outputs), timings_s=result.timings_s,
+                       replica_id=result.replica_id, cold=result.cold,
+                       cold_start_source=result.cold_start_source)
 
 
-def result_from_wire(reply: dict[str, Any]) -> InvokeResult:
-    return InvokeResult(decode_tensors(reply.get("outputs")),
-                        {str(k): float(v) for k, v in (reply.get("timings_s") or {}).items()},
-                        str(reply.get("replica_id", "")), bool(reply.get("cold", False)),
-                        str(reply.get("cold_start_source", "")))
+def result_from_wire(reply: InvokeReply) -> InvokeResult:
+    return InvokeResult(decode_tensors(reply.outputs), dict(reply.timings_s), reply.replica_id,
+                        reply.cold, reply.cold_start_source)
 
 
-def info_from_wire(d: dict[str, Any]) -> FunctionInfo:
-    reason = d.get("reason")
-    return FunctionInfo(FunctionSpec.from_dict(d["spec"]), bool(d["ready"]),
-                        int(d["replicas_warm"]), int(d["replicas_starting"]), int(d["queued"]),
-                        dict(reason) if isinstance(reason, dict) else None,
-                        dict(d.get("rollout") or {}))
+def info_to_wire(info: FunctionInfo) -> FunctionInfoWire:
+    return FunctionInfoWire(spec=info.spec.to_dict(), ready=info.ready,
+                            replicas_warm=info.replicas_warm,
+                            replicas_starting=info.replicas_starting, queued=info.queued,
+                            rollout=info.rollout, reason=info.reason)
 
 
-def _check_reply(reply: dict[str, Any]) -> dict[str, Any]:
-    if reply.get("v") != GATEWAY_RPC_VERSION:
-        raise Unavailable(f"controller speaks gateway protocol {reply.get('v')!r}, "
-                          f"this gateway {GATEWAY_RPC_VERSION}", retry_after_s=5.0)
-    return reply
+def info_from_wire(w: FunctionInfoWire) -> FunctionInfo:
+    return FunctionInfo(FunctionSpec.from_dict(w.spec), w.ready, w.replicas_warm,
+                        w.replicas_starting, w.queued,
+                        dict(w.reason) if w.reason is not None else None, dict(w.rollout))
 
 
 def connection_lost(exc: BaseException) -> bool:
@@ -94,14 +106,18 @@ def never_reached(exc: BaseException) -> bool:
     return isinstance(exc, ConnectFailed)
 
 
-class RemoteBackend:
-    """``InvokeBackend`` over RPC to the controller at ``controller_url``."""
+class RemoteBackend(Actor):
+    """``InvokeBackend`` over RPC to the controller at ``controller_url``; an
+    :class:`~flashpoint.actor.Actor` owning the table's refresh loop."""
 
     def __init__(self, controller_url: str, *, secret: bytes, refresh_s: float = 0.5,
                  max_frame_bytes: int | None = None,
-                 ssl_context: ssl.SSLContext | None = None, name: str = "gateway-admin") -> None:
+                 ssl_context: ssl.SSLContext | None = None, name: str = "gateway-admin",
+                 loop_lag_interval_s: float | None = None) -> None:
         """``secret`` is the key of principal ``name`` (rpc/roles.py): ``"gateway"``'s, or
-        the cluster secret itself under any non-role name."""
+        the cluster secret itself under any non-role name. ``loop_lag_interval_s``: sample
+        the event loop's lag (the stand-alone gateway's process does; see flashpoint/actor.py)."""
+        super().__init__("gateway", loop_lag_interval_s=loop_lag_interval_s)
         kwargs: dict[str, Any] = {"ssl_context": ssl_context}
         if max_frame_bytes is not None:
             kwargs["max_frame_bytes"] = max_frame_bytes
@@ -114,19 +130,14 @@ class RemoteBackend:
         self._status: dict[str, Any] = {}
         self._ready = False
         self._refreshed_s = 0.0  # monotonic time of the last good refresh
-        self._task: asyncio.Task[None] | None = None
         self.retries = 0  # calls that met an unreachable controller and were re-sent
         self.held = 0  # calls that found no connection and waited for the controller
 
-    async def start(self) -> None:
+    async def on_start(self) -> None:
         await self._client.start()
-        self._task = asyncio.get_running_loop().create_task(self._refresh_loop(),
-                                                            name="gateway-refresh")
+        self.spawn(self._refresh_loop(), "refresh")
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+    async def on_stop(self, timeout_s: float) -> None:
         await self._client.stop()
 
     @property
@@ -140,11 +151,12 @@ class RemoteBackend:
 
     # -- the function table ------------------------------------------------------------------
     async def refresh(self, timeout_s: float = CALL_TIMEOUT_S) -> None:
-        reply = _check_reply(await self._client.call(
-            "gw_functions", {"v": GATEWAY_RPC_VERSION}, timeout_s=timeout_s))
-        self._functions = {i.spec.name: i for i in map(info_from_wire, reply["functions"])}
-        self._status = dict(reply.get("status") or {})
-        self._ready = bool(reply.get("ready"))
+        reply = decode(FunctionsReply, await self._client.call(
+            "gw_functions", encode(FunctionsRequest()), timeout_s=timeout_s),
+            method="gw_functions", reply=True)
+        self._functions = {i.spec.name: i for i in map(info_from_wire, reply.functions)}
+        self._status = dict(reply.status)
+        self._ready = reply.ready
         self._refreshed_s = time.monotonic()
 
     async def _refresh_loop(self) -> None:
@@ -184,28 +196,27 @@ class RemoteBackend:
 
     # -- calls ---------------------------------------------------------------------------
     async def register_function(self, spec: FunctionSpec) -> FunctionInfo:
-        reply = await self.call_retrying(
-            "gw_register", {"v": GATEWAY_RPC_VERSION, "spec": spec.to_dict()},
-            CALL_TIMEOUT_S, connection_lost)
-        info = info_from_wire(reply["info"])
+        reply = await self.call_retrying("gw_register", RegisterRequest(spec=spec.to_dict()),
+                                         RegisterReply, CALL_TIMEOUT_S, connection_lost)
+        info = info_from_wire(reply.info)
         self._functions[info.spec.name] = info
         return info
 
     async def delete_function(self, name: str) -> None:
         # Not idempotent in its answer (a second delete is a 404): retried only if it never
         # reached the controller.
-        await self.call_retrying("gw_delete", {"v": GATEWAY_RPC_VERSION, "name": name},
-                                 CALL_TIMEOUT_S, never_reached)
+        await self.call_retrying("gw_delete", DeleteRequest(name=name), Ack, CALL_TIMEOUT_S,
+                                 never_reached)
         self._functions.pop(name, None)
 
     async def invoke(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
                      timeout_s: float | None = None,
                      request_class: str = "strict") -> InvokeResult:
         timeout = timeout_s if timeout_s is not None else 60.0
-        payload = {"v": GATEWAY_RPC_VERSION, "name": name, "inputs": encode_tensors(inputs),
-                   "request_id": request_id, "timeout_s": timeout,
-                   "request_class": request_class}
-        return result_from_wire(await self.call_retrying("gw_invoke", payload, timeout,
+        msg = InvokeRequest(name=name, inputs=encode_tensors(inputs), request_id=request_id,
+                            timeout_s=timeout, request_class=request_class,
+                            traceparent=tracing.traceparent())
+        return result_from_wire(await self.call_retrying("gw_invoke", msg, InvokeReply, timeout,
                                                          connection_lost, trace=request_id))
 
     def invoke_stream(self, name: str, inputs: dict[str, np.ndarray], *, request_id: str,
@@ -214,45 +225,61 @@ class RemoteBackend:
         """The controller's ``gw_stream``: chunks as they come, then the result. Never
         re-sent (its tokens may have gone out already); closing it early cancels the call."""
         timeout = timeout_s if timeout_s is not None else 60.0
-        payload = {"v": GATEWAY_RPC_VERSION, "name": name, "inputs": encode_tensors(inputs),
-                   "request_id": request_id, "timeout_s": timeout,
-                   "request_class": request_class}
+        payload = encode(InvokeRequest(name=name, inputs=encode_tensors(inputs),
+                                           request_id=request_id, timeout_s=timeout,
+                                           request_class=request_class))
 
         async def call() -> InvokeResult:
             conn = await self._client.wait_connected(timeout)
             self._streams.sent(request_id, conn)
-            return result_from_wire(_check_reply(await conn.call(
-                "gw_stream", payload, timeout_s=timeout, trace=request_id)))
+            return result_from_wire(decode(InvokeReply, await conn.call(
+                "gw_stream", payload, timeout_s=timeout, trace=request_id),
+                method="gw_stream", reply=True))
 
         return stream_invocation(self._streams, request_id, call)
 
-    async def call_retrying(self, method: str, payload: dict[str, Any], timeout_s: float,
-                            retry_on: Any, trace: str | None = None) -> dict[str, Any]:
-        """``method`` until it answers, re-sent after the failures ``retry_on`` accepts,
-        all within ``timeout_s`` (each attempt gets what is left). Also the transport of
+    async def call_retrying(self, method: str, msg: GatewayMessage, reply: type[R],
+                            timeout_s: float, retry_on: Callable[[BaseException], bool],
+                            trace: str | None = None) -> R:
+        """``method`` until it answers ``reply``, re-sent after the failures ``retry_on``
+        accepts, all within ``timeout_s`` (each attempt gets what is left, and a message with
+        a ``timeout_s`` of its own carries that too). Also the transport of
         ``gateway/remote_kaas.py``."""
         deadline = time.monotonic() + timeout_s
-        delays = RETRY.delays()
-        last: FlashpointError | None = None
+        last: list[BaseException] = []
         if self._client.connection is None:
             self.held += 1  # the call below waits for the controller (within the deadline)
-        for _ in range(MAX_ATTEMPTS):
+
+        def out_of_time() -> DeadlineExceeded:
+            text = f"{method}: the controller did not answer within {timeout_s:g}s"
+            if last and isinstance(last[-1], FlashpointError):
+                text += f" (last: {last[-1].message})"
+            return DeadlineExceeded(text, timeout_s=timeout_s)
+
+        async def attempt() -> R:
             left = deadline - time.monotonic()
             if left <= 0:
-                break
-            if "timeout_s" in payload:
-                payload["timeout_s"] = left  # the controller's deadline is what is left
-            try:
-                return _check_reply(await self._client.call(method, payload, timeout_s=left,
-                                                            trace=trace))
-            except FlashpointError as exc:
-                if not retry_on(exc):
-                    raise
-                last = exc
-                self.retries += 1
-            with contextlib.suppress(StopIteration):
-                await asyncio.sleep(min(next(delays), max(0.0, deadline - time.monotonic())))
-        msg = f"{method}: the controller did not answer within {timeout_s:g}s"
-        if last is not None:
-            msg += f" (last: {last.message})"
-        raise DeadlineExceeded(msg, timeout_s=timeout_s)
+                raise out_of_time()
+            sent = msg
+            if "timeout_s" in msg.__struct_fields__:
+                # The controller's deadline is what is left.
+                sent = msgspec.structs.replace(msg, timeout_s=left)  # type: ignore[call-arg]
+            return decode(reply, await self._client.call(method, encode(sent), timeout_s=left,
+                                                         trace=trace),
+                          method=method, reply=True)
+
+        def retried(exc: BaseException) -> None:
+            last.append(exc)
+            self.retries += 1
+
+        try:
+            return await retry(attempt, attempts=MAX_ATTEMPTS, total_timeout_s=timeout_s,
+                               backoff=RETRY, what=method, until_deadline=True,
+                               retry_on=lambda e: isinstance(e, FlashpointError)
+                               and not isinstance(e, DeadlineExceeded) and retry_on(e),
+                               on_retry=retried)
+        except FlashpointError as exc:
+            if isinstance(exc, DeadlineExceeded) or not retry_on(exc):
+                raise
+            last.append(exc)
+            raise out_of_time() from exc  # attempts ran out while the controller was away

@@ -27,7 +27,6 @@ from typing import Any
 from flashpoint.errors import PayloadTooLarge
 from flashpoint.gateway.remote import (
     CALL_TIMEOUT_S,
-    GATEWAY_RPC_VERSION,
     RemoteBackend,
     connection_lost,
     never_reached,
@@ -37,6 +36,16 @@ from flashpoint.kaas.graph import GraphPlan, plan_graph
 from flashpoint.kaas.library import KernelLibrary, default_library
 from flashpoint.kaas.remote import FRAME_BUDGET_BYTES
 from flashpoint.kaas.spec import BufferKind, KaasRequest
+from flashpoint.messages.gateway_controller import (
+    Ack,
+    KaasInvokeReply,
+    KaasInvokeRequest,
+    KaasStatusReply,
+    KaasStatusRequest,
+    ObjectGetReply,
+    ObjectKeyRequest,
+    ObjectPutRequest,
+)
 
 OBJECT_TIMEOUT_S = 30.0  # one object of up to 15 MiB over the cluster's network
 DEFAULT_INVOKE_TIMEOUT_S = 60.0
@@ -67,36 +76,35 @@ class RemoteKaas:
         timeout = timeout_s if timeout_s is not None else DEFAULT_INVOKE_TIMEOUT_S
         stores = any(b.kind is BufferKind.OUTPUT and b.key is not None
                      for b in plan.request.buffers)
-        payload = {"v": GATEWAY_RPC_VERSION, "request": plan.request.to_dict(),
-                   "client": client, "request_id": request_id, "timeout_s": timeout}
+        msg = KaasInvokeRequest(request=plan.request.to_dict(), client=client,
+                                request_id=request_id, timeout_s=timeout)
         reply = await self._backend.call_retrying(
-            "gw_kaas_invoke", payload, timeout,
+            "gw_kaas_invoke", msg, KaasInvokeReply, timeout,
             never_reached if stores else connection_lost, trace=request_id)
-        return KaasResult.from_wire(reply["result"])
+        return KaasResult.from_wire(reply.result)
 
     async def fetch_status(self) -> dict[str, Any]:
         reply = await self._backend.call_retrying(
-            "gw_kaas_status", {"v": GATEWAY_RPC_VERSION}, CALL_TIMEOUT_S, connection_lost)
-        return dict(reply["status"])
+            "gw_kaas_status", KaasStatusRequest(), KaasStatusReply, CALL_TIMEOUT_S,
+            connection_lost)
+        return dict(reply.status)
 
     async def put_object(self, key: str, data: bytes, *, ttl_s: float | None = None) -> None:
         if len(data) > self.max_buffer_bytes:
             raise PayloadTooLarge(f"objects are at most {self.max_buffer_bytes} bytes through "
                                   "this gateway (one RPC frame to the controller)")
-        payload: dict[str, Any] = {"v": GATEWAY_RPC_VERSION, "key": key, "data": bytes(data)}
-        if ttl_s is not None:
-            payload["ttl_s"] = ttl_s
-        await self._backend.call_retrying("gw_object_put", payload, OBJECT_TIMEOUT_S,
-                                          connection_lost)
+        await self._backend.call_retrying(
+            "gw_object_put", ObjectPutRequest(key=key, data=bytes(data), ttl_s=ttl_s), Ack,
+            OBJECT_TIMEOUT_S, connection_lost)
 
     async def delete_object(self, key: str) -> None:
         # A re-sent delete whose first try landed answers 404: harmless for the caller.
         await self._backend.call_retrying(
-            "gw_object_delete", {"v": GATEWAY_RPC_VERSION, "key": key}, OBJECT_TIMEOUT_S,
+            "gw_object_delete", ObjectKeyRequest(key=key), Ack, OBJECT_TIMEOUT_S,
             connection_lost)
 
     async def get_object(self, key: str) -> bytes:
         reply = await self._backend.call_retrying(
-            "gw_object_get", {"v": GATEWAY_RPC_VERSION, "key": key}, OBJECT_TIMEOUT_S,
+            "gw_object_get", ObjectKeyRequest(key=key), ObjectGetReply, OBJECT_TIMEOUT_S,
             connection_lost)
-        return bytes(reply["data"])
+        return bytes(reply.data)

@@ -12,9 +12,8 @@ from typing import Any
 import prometheus_client
 from aiohttp import web
 
-from flashpoint.config import ClusterConfig, GatewaySettings, check_http_auth, check_secret
+from flashpoint.config import ClusterConfig, check_http_auth, check_secret
 from flashpoint.gateway.app import RUNNER_KWARGS, make_app
-from flashpoint.gateway.config import GatewayConfig
 from flashpoint.gateway.remote import RemoteBackend
 from flashpoint.gateway.remote_kaas import RemoteKaas
 from flashpoint.log import get_logger
@@ -23,17 +22,8 @@ from flashpoint.rpc.tls import client_context, server_context
 
 log = get_logger(__name__)
 
-
-def gateway_config(settings: GatewaySettings) -> GatewayConfig:
-    """The HTTP gateway's limits from the cluster configuration's ``[gateway]`` table."""
-    return GatewayConfig(api_keys=dict(settings.api_keys),
-                         max_body_bytes=settings.max_body_bytes,
-                         default_timeout_s=settings.default_timeout_s,
-                         rate_limit_rps=settings.rate_limit_rps,
-                         rate_limit_burst=settings.rate_limit_burst,
-                         max_inflight_requests=settings.max_inflight_requests,
-                         metrics_require_key=settings.metrics_require_key,
-                         audit_log_path=settings.audit_log_path)
+# The gateway process's event-loop lag is sampled this often (flashpoint/actor.py).
+LOOP_LAG_INTERVAL_S = 0.5
 
 
 def controller_rpc_url(config: ClusterConfig) -> str:
@@ -64,9 +54,10 @@ class StandaloneGateway:
                                 refresh_s=gw.refresh_s,
                                 ssl_context=client_context(gw.tls_ca_path, setting="gateway"),
                                 # inputs travel in one frame: room for the largest body
-                                max_frame_bytes=max(gw.max_body_bytes * 2, 64 << 20))
+                                max_frame_bytes=max(gw.max_body_bytes * 2, 64 << 20),
+                                loop_lag_interval_s=LOOP_LAG_INTERVAL_S)
         await backend.start()
-        runner = web.AppRunner(make_app(backend, gateway_config(gw), kaas=RemoteKaas(backend),
+        runner = web.AppRunner(make_app(backend, gw, kaas=RemoteKaas(backend),
                                         process_registry=prometheus_client.REGISTRY),
                                access_log=None, **RUNNER_KWARGS)
         try:

@@ -7,8 +7,15 @@ controller relays them (:func:`stream_invocation` over a :class:`StreamRegistry`
 stand-alone gateway, which gets them from the controller's ``gw_stream`` as ``gw_chunk``
 notifications of the same shape (``request_id``, ``index``, ``text``, ``token_id``).
 
-A chunk counts only from the connection its request was sent to (a worker cannot write into
-another's stream). Notifications are handled as tasks of their own, so the reply may
+A chunk counts only from a connection its request was sent to (a worker cannot write into
+another's stream). A sequence that moves to another replica mid-stream (live migration,
+``controller/migration.py``) was sent on two: the destination numbers its chunks on from
+where the source stopped, and the source's last chunks may still arrive after the
+destination's first, so both count and the stream orders them by index. The time between
+the source's last chunk and the destination's first is the move's **gap**, in the result's
+``timings_s`` as ``migration_gap`` (the longest, when it moved more than once) with
+``migrations``, the number of moves, and ``migrated_at``, the index of the first chunk after
+the last move. Notifications are handled as tasks of their own, so the reply may
 overtake the last few: the stream waits for every chunk up to ``completion_tokens`` before
 its final item, within ``STRAGGLER_WAIT_S``. Closing the stream early (the HTTP client went
 away) cancels the invocation, and with it the call to the next hop, which in the worker
@@ -18,12 +25,16 @@ cancels the sequence.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from flashpoint.errors import ProtocolError
 from flashpoint.gateway.backend import InvokeResult, StreamChunk
 from flashpoint.log import get_logger
+from flashpoint.messages.base import from_payload
+from flashpoint.messages.gateway_controller import StreamChunkNote
 
 log = get_logger("flashpoint.gateway.streams")
 
@@ -34,8 +45,16 @@ _END = object()
 @dataclass(eq=False)
 class _Sink:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    conn: Any = None  # the worker connection the request went to, once sent
+    conns: list[Any] = field(default_factory=list)  # the connections it was sent on
     chunks: int = 0  # received so far
+    arrived_s: dict[int, float] = field(default_factory=dict)  # chunk index -> when (monotonic)
+    moved_at: list[int] = field(default_factory=list)  # first chunk index after each move
+
+    def gaps_s(self) -> list[float]:
+        """Per move: from the last chunk before it to the first after it (both arrived; 0
+        when the source's last chunk was handled after the destination's first)."""
+        return [max(0.0, self.arrived_s[i] - self.arrived_s[i - 1]) for i in self.moved_at
+                if i in self.arrived_s and i - 1 in self.arrived_s]
 
 
 class StreamRegistry:
@@ -60,34 +79,49 @@ class StreamRegistry:
     def sent(self, request_id: str, conn: Any) -> None:
         """The request went out on ``conn``: its chunks come from there."""
         sink = self._sinks.get(request_id)
-        if sink is not None:
-            sink.conn = conn
+        if sink is not None and not any(c is conn for c in sink.conns):
+            sink.conns.append(conn)
 
-    async def on_chunk(self, conn: Any, payload: dict[str, Any]) -> None:
-        """The ``gen_chunk`` / ``gw_chunk`` notification handler."""
-        rid = str(payload.get("request_id", ""))
-        sink = self._sinks.get(rid)
+    def chunks(self, request_id: str) -> int:
+        """Chunks of ``request_id`` received so far (0 once closed)."""
+        sink = self._sinks.get(request_id)
+        return sink.chunks if sink is not None else 0
+
+    def moved(self, request_id: str, next_index: int) -> None:
+        """The request left one replica for another; its chunks go on from
+        ``next_index`` (for the gap)."""
+        sink = self._sinks.get(request_id)
+        if sink is not None:
+            sink.moved_at.append(next_index)
+
+    async def on_chunk(self, conn: Any, payload: Any) -> None:
+        """The ``gen_chunk`` / ``gw_chunk`` notification handler (a StreamChunkNote). A
+        notification has no answer to carry an error: a malformed one is logged and dropped."""
+        try:
+            note = from_payload(StreamChunkNote, payload, method="gen_chunk")
+        except ProtocolError as exc:
+            log.warning("gen_chunk_malformed", error=exc.message)
+            return
+        sink = self._sinks.get(note.request_id)
         if sink is None:
             return  # its caller already left
-        if sink.conn is not conn:
-            log.warning("gen_chunk_from_another_connection", request_id=rid)
-            return
-        text, token, index = payload.get("text"), payload.get("token_id"), payload.get("index")
-        if not isinstance(text, str) or not isinstance(index, int) or not (
-                token is None or isinstance(token, int)):
-            log.warning("gen_chunk_malformed", request_id=rid)
+        if not any(c is conn for c in sink.conns):
+            log.warning("gen_chunk_from_another_connection", request_id=note.request_id)
             return
         sink.chunks += 1
-        sink.queue.put_nowait(StreamChunk(index, text, token))
+        sink.arrived_s[note.index] = time.monotonic()
+        sink.queue.put_nowait(StreamChunk(note.index, note.text, note.token_id))
 
 
 async def stream_invocation(
     registry: StreamRegistry, request_id: str,
     invoke: Callable[[], Awaitable[InvokeResult]],
+    on_gap: Callable[[float], None] | None = None,
 ) -> AsyncIterator[StreamChunk | InvokeResult]:
     """Run ``invoke()`` (a streamed invocation of ``request_id``) and yield its chunks in
     order, then its :class:`InvokeResult`; closing the iterator early cancels it.
-    ``invoke`` calls :meth:`StreamRegistry.sent` with the connection it sends on."""
+    ``invoke`` calls :meth:`StreamRegistry.sent` with the connection it sends on.
+    ``on_gap`` gets each migration gap of the stream, in seconds (a metric)."""
     sink = registry.open(request_id)
     task = asyncio.ensure_future(invoke())
     task.add_done_callback(lambda _: sink.queue.put_nowait(_END))
@@ -113,6 +147,14 @@ async def stream_invocation(
                     continue
                 item = await sink.queue.get()
                 early[item.index] = item
+        if sink.moved_at:
+            gaps = sink.gaps_s()
+            result.timings_s["migrations"] = float(len(sink.moved_at))
+            result.timings_s["migrated_at"] = float(sink.moved_at[-1])  # a chunk index
+            if gaps:
+                result.timings_s["migration_gap"] = max(gaps)
+            for gap in gaps if on_gap is not None else ():
+                on_gap(gap)
         yield result
     finally:
         registry.close(request_id)

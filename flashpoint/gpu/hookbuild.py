@@ -19,8 +19,8 @@ from pathlib import Path
 from flashpoint.errors import HookBuildFailed
 
 HOOK_DIR = Path(__file__).parent / "hook"
-SOURCES = ("fp_hook.c", "fp_mem.c", "fp_hook_internal.h", "fp_protocol.h", "hooked_symbols.h")
-C_FILES = ("fp_hook.c", "fp_mem.c")
+SOURCES = ("fp_hook.c", "fp_sync.c", "fp_mem.c", "fp_hook_internal.h", "fp_protocol.h", "hooked_symbols.h")
+C_FILES = ("fp_hook.c", "fp_sync.c", "fp_mem.c")
 CFLAGS = ("-O2", "-Wall", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic")
 LIBS = ("-ldl", "-lpthread")
 BUILD_TIMEOUT_S = 120.0

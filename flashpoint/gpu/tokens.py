@@ -52,8 +52,9 @@ GRANTS = Counter("flashpoint_tokens_grants_total", "Time tokens granted", ["unit
 WAIT = Histogram("flashpoint_tokens_wait_seconds", "REQUEST to GRANT wait of a hooked process",
                  ["unit"], buckets=(1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
                                     0.25, 0.5, 1.0))
-HELD = Gauge("flashpoint_tokens_held_seconds", "GPU time charged to a tenant (lifetime)",
-             ["unit", "tenant"])
+# A counter (exposed as ..._total): rate() of it is a tenant's GPU seconds per second.
+HELD = Counter("flashpoint_tokens_held_seconds", "GPU time charged to a tenant (lifetime)",
+               ["unit", "tenant"])
 SHARE = Gauge("flashpoint_tokens_share", "A tenant's fraction of the GPU time charged in the "
               "last window", ["unit", "tenant"])
 MEMORY = Gauge("flashpoint_tokens_memory_bytes", "Device bytes a tenant's processes report",
@@ -82,6 +83,7 @@ class TokenManager:
         self._requested_ns: dict[ClientId, int] = {}  # when a client's pending REQUEST came
         self._share_mark: tuple[int, dict[TenantId, int]] = (clock_ns(), {})
         self._metrics_at = 0  # ns of the last metrics update (at most every METRICS_EVERY_NS)
+        self._held_ns: dict[TenantId, int] = {}  # per tenant: what HELD counts so far
         self._writers: dict[ClientId, asyncio.StreamWriter] = {}
         self._ids = itertools.count(1)
         self._server: asyncio.base_events.Server | None = None
@@ -235,7 +237,10 @@ class TokenManager:
         self._metrics_at = now
         totals = dict(self.state.tenant_total_ns)
         for t, ns in totals.items():
-            HELD.labels(self.name, str(t)).set(ns / 1e9)
+            counted = self._held_ns.get(t, 0)
+            if ns > counted:  # a counter only goes up: add what was charged since
+                HELD.labels(self.name, str(t)).inc((ns - counted) / 1e9)
+                self._held_ns[t] = ns
         for t, b in self.memory.used_by_tenant().items():
             MEMORY.labels(self.name, str(t)).set(b)
         WAITING.labels(self.name).set(len(self.state.waiting()))

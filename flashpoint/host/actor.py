@@ -39,12 +39,13 @@ from flashpoint.host import reports
 from flashpoint.host import state as hs
 from flashpoint.host.controller_link import ControllerLink
 from flashpoint.host.gpu import HostGpu
-from flashpoint.host.replica_metrics import replica_collectors
+from flashpoint.host.metrics import host_collectors
 from flashpoint.host.stage_hold import StageHolds
 from flashpoint.ids import new_id
 from flashpoint.log import bind_ids, get_logger
 from flashpoint.messages import controller_host as ch
-from flashpoint.messages.base import Message, handler, to_payload
+from flashpoint.messages import host_worker as hw
+from flashpoint.messages.base import Message, from_payload, handler, to_payload
 from flashpoint.registry.manifest import Manifest
 from flashpoint.rpc import roles
 from flashpoint.spec import FunctionSpec
@@ -156,8 +157,11 @@ class HostManager:
                 orphan_grace_s=self.hc.orphan_grace_s))
         self.dataplane, self.data_endpoint = await self.bytes.start_data_plane(
             self.hc.data_listen_host, self.hc.data_port, self.hc.data_advertise_host)
-        self._server = RpcServer({"worker_hello": self._worker_hello,
-                                  "replica_served": self._replica_served},
+        self._server = RpcServer({"worker_hello": handler(hw.WorkerHello, self._worker_hello,
+                                                          "worker_hello"),
+                                  "replica_served": handler(hw.ReplicaServed,
+                                                            self._replica_served,
+                                                            "replica_served")},
                                  secret=roles.host_keyring(self.host_id, self.credential.key))
         host, port = await self._server.start(self.hc.listen_host, 0)
         self._local_url = f"ws://{host}:{port}/rpc"
@@ -188,7 +192,7 @@ class HostManager:
             gw = self.config.gateway  # the cluster's API keys, when scrapes must carry one
             self.metrics = MetricsEndpoint(  # + its replicas' counters, asked at each scrape
                 self.hc.metrics_listen,
-                extra=lambda: replica_collectors(self.workers.values(), self.host_id),
+                extra=lambda: host_collectors(self.workers.values(), self.host_id),
                 keys=list(gw.api_keys) if gw.metrics_require_key else None)
             await self.metrics.start()
         log.info("host_started", devices=[d.device_id for d in self.devices], url=self._local_url,
@@ -374,13 +378,14 @@ class HostManager:
         try:
             try:
                 worker = await self._assign_worker(rt, KAAS_FUNCTION, None)
-                reply = await worker.conn.call("load_kaas", {
-                    "replica_id": rt.replica_id, "host_id": self.host_id,
-                    "device": self._worker_device(rt), "env": rt.env,
-                    "cache_bytes": cache_bytes, "controller_url": self.hc.controller_url,
-                }, timeout_s=self.config.controller.deploy_timeout_s)
+                reply = from_payload(hw.LoadKaasReply, await worker.conn.call(
+                    "load_kaas", to_payload(hw.LoadKaas(
+                        replica_id=rt.replica_id, host_id=self.host_id,
+                        device=self._worker_device(rt), env=rt.env, cache_bytes=cache_bytes,
+                        controller_url=self.hc.controller_url)),
+                    timeout_s=self.config.controller.deploy_timeout_s), method="load_kaas")
                 self._loaded(rt, worker, "")
-                log.info("kaas_executor_started", timings=reply.get("timings_s"))
+                log.info("kaas_executor_started", timings=reply.timings_s)
             finally:
                 self._cold_start_ended(rt)
         except asyncio.CancelledError:
@@ -459,35 +464,39 @@ class HostManager:
             try:
                 worker = await self._assign_worker(rt, spec.name, model_key)
                 device = self._worker_device(rt)
-                reply = await worker.conn.call("load_replica", {
-                    **({"weight_slot": rt.weight_slot} if rt.weight_slot else {}),
-                    "env": rt.env,  # applied by the worker before it initialises CUDA
-                    "replica_id": rt.replica_id, "host_id": self.host_id, "spec": spec.to_dict(),
-                    "cache_path": str(entry.path), "manifest_json": entry.manifest_json,
-                    "device": device, "controller_url": self.hc.controller_url,
-                    "source": label, "stage": rt.stage,
-                    "fetch_s": got.fetch_s,  # a value of obtain's, never patched into the cache
+                load = hw.LoadReplica(
+                    weight_slot=(from_payload(hw.WeightSlot, rt.weight_slot)
+                                 if rt.weight_slot else None),
+                    env=rt.env,  # applied by the worker before it initialises CUDA
+                    replica_id=rt.replica_id, host_id=self.host_id, spec=spec.to_dict(),
+                    cache_path=str(entry.path), manifest_json=entry.manifest_json,
+                    device=device, controller_url=self.hc.controller_url, source=label,
+                    stage=tuple(rt.stage) if rt.stage is not None else None,
+                    fetch_s=got.fetch_s,  # a value of obtain's, never patched into the cache
                     # This host's part of the cold start (controller/cold_timings.py); the
                     # worker returns it with its own phases.
-                    "host_timings_s": {"obtain": obtained - began,
-                                       "assign": time.perf_counter() - obtained},
-                    **({"pipeline": rt.pipeline} if rt.pipeline is not None else {}),
-                }, timeout_s=self.config.controller.deploy_timeout_s)
+                    host_timings_s={"obtain": obtained - began,
+                                    "assign": time.perf_counter() - obtained},
+                    pipeline=(from_payload(hw.PipelineOptions, rt.pipeline)
+                              if rt.pipeline is not None else None))
+                reply = from_payload(hw.LoadReplicaReply, await worker.conn.call(
+                    "load_replica", to_payload(load),
+                    timeout_s=self.config.controller.deploy_timeout_s), method="load_replica")
                 if rt.pipeline is not None:
-                    ep = Endpoint.from_wire(reply.get("pipeline_endpoint"))
+                    ep = Endpoint.from_wire(reply.pipeline_endpoint)
                     if self.hc.data_advertise_host:
                         ep = Endpoint(ep.host_id, self.hc.data_advertise_host, ep.port)
                     rt.pipeline_endpoint = ep
-                self._loaded(rt, worker, str(reply.get("weights") or ""))
+                self._loaded(rt, worker, reply.weights)
                 if rt.pipeline_endpoint is not None:
                     await self._report("stage_ready", ch.StageReady(
                         replica_id=rt.replica_id, host_id=self.host_id,
                         pipeline_endpoint=tuple(rt.pipeline_endpoint.to_wire()), source=label,
-                        timings_s=reply.get("timings_s") or {}))
+                        timings_s=reply.timings_s))
                 if rt.stage is not None:
                     self._spawn_task(self._complete_stage(rt, entry.segment),
                                      f"complete:{rt.replica_id}")
-                log.info("replica_started", source=label, timings=reply.get("timings_s"))
+                log.info("replica_started", source=label, timings=reply.timings_s)
             finally:
                 self.cache.unpin(model_key)
                 # The pool refills only now, after a hold or a first answer (HostState).
@@ -507,10 +516,11 @@ class HostManager:
             w = rt.worker
             if w is None or self.replicas.get(rt.replica_id) is not rt or w.conn is None:
                 return
-            reply = await w.conn.call("complete_replica", {"replica_id": rt.replica_id},
-                                      timeout_s=self.config.controller.deploy_timeout_s)
-            self.state.handle(hs.StageCompleted(rt.replica_id, bool(reply.get("completed"))))
-            log.info("stage_completed", replica_id=rt.replica_id, timings=reply.get("timings_s"))
+            reply = from_payload(hw.CompleteReplicaReply, await w.conn.call(
+                "complete_replica", to_payload(hw.CompleteReplica(replica_id=rt.replica_id)),
+                timeout_s=self.config.controller.deploy_timeout_s), method="complete_replica")
+            self.state.handle(hs.StageCompleted(rt.replica_id, reply.completed))
+            log.info("stage_completed", replica_id=rt.replica_id, timings=reply.timings_s)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -523,7 +533,8 @@ class HostManager:
         if rt is None or rt.worker is None or rt.worker.conn is None or rt.pipeline is None:
             raise NotFound(f"no pipeline stage {msg.replica_id!r} on {self.host_id}")
         nxt = Endpoint.from_wire(list(msg.next_hop))
-        await rt.worker.conn.call("set_next_hop", {"next_hop": nxt.to_wire()}, timeout_s=10.0)
+        await rt.worker.conn.call("set_next_hop", to_payload(hw.SetNextHop(next_hop=nxt.to_wire())),
+                                  timeout_s=10.0)
         rt.pipeline["next_hop"] = nxt.to_wire()
         return ch.Linked()
 
@@ -542,10 +553,12 @@ class HostManager:
         rt = self.replicas.get(msg.replica_id)
         if rt is None or rt.worker is None or rt.worker.conn is None:
             return ch.Dissolved(dissolved=False)
-        reply = await rt.worker.conn.call("dissolve_stage", {}, timeout_s=10.0)
+        reply = from_payload(hw.DissolveStageReply, await rt.worker.conn.call(
+            "dissolve_stage", to_payload(hw.DissolveStage(replica_id=rt.replica_id)),
+            timeout_s=10.0), method="dissolve_stage")
         rt.pipeline_endpoint = None
         self.state.handle(hs.StageDissolved(msg.replica_id))
-        return ch.Dissolved(dissolved=bool(reply.get("dissolved")))
+        return ch.Dissolved(dissolved=reply.dissolved)
 
     async def _stop_replica(self, conn: Any, msg: ch.StopReplica) -> ch.Stopped:
         rt = self.replicas.pop(msg.replica_id, None)
@@ -585,22 +598,22 @@ class HostManager:
         return ch.MigApplied(**reply)
 
     # workers ----------------------------------------------------------------------------
-    async def _worker_hello(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
-        w = self.workers.get(str(payload.get("worker_id")))
+    async def _worker_hello(self, conn: Any, msg: hw.WorkerHello) -> hw.Ok:
+        w = self.workers.get(msg.worker_id)
         if w is None:
             raise BadRequest("unknown worker")
         w.conn = conn
         if not w.hello.done():
             w.hello.set_result(True)
-        return {"ok": True}
+        return hw.Ok()
 
-    async def _replica_served(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _replica_served(self, conn: Any, msg: hw.ReplicaServed) -> hw.Ok:
         """A worker's replica answered its first request: the warm pool may refill now."""
-        w = self.workers.get(str(payload.get("worker_id")))
+        w = self.workers.get(msg.worker_id)
         if w is None or w.conn is not conn:
             raise BadRequest("unknown worker")
         w.served.set()
-        return {"ok": True}
+        return hw.Ok()
 
     async def _spawn_worker(self) -> WorkerProcess:
         worker_id = new_id(f"w-{self.host_id}")
@@ -674,7 +687,8 @@ class HostManager:
         w.stopping = True
         if w.proc.returncode is None and w.conn is not None and not w.conn.closed:
             with contextlib.suppress(Exception):
-                await w.conn.call("shutdown", {}, timeout_s=min(1.0, timeout_s))
+                await w.conn.call("shutdown", to_payload(hw.Shutdown()),
+                                  timeout_s=min(1.0, timeout_s))
         try:
             await asyncio.wait_for(w.proc.wait(), timeout_s)
         except TimeoutError:

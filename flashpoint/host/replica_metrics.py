@@ -15,10 +15,17 @@ import asyncio
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.utils import floatToGoString
 
 from flashpoint.log import get_logger
+from flashpoint.messages.base import from_payload, to_payload
+from flashpoint.messages.host_worker import ReplicaStats, ReplicaStatsReply
 
 log = get_logger("flashpoint.replica_metrics")
 
@@ -55,45 +62,52 @@ def _buckets(hist: dict[str, Any]) -> tuple[list[tuple[str, float]], float]:
 class ReplicaStatsCollector:
     """Renders replica snapshots (``replica_stats`` replies) for one scrape."""
 
-    def __init__(self, replies: Sequence[dict[str, Any]], host_id: str) -> None:
+    def __init__(self, replies: Sequence[ReplicaStatsReply], host_id: str) -> None:
         self._replies = replies
         self._host_id = host_id
 
     def collect(self) -> Iterator[Metric]:
         counters = [CounterMetricFamily(name, doc, labels=LABELS) for name, _, doc in _COUNTERS]
         hists = [HistogramMetricFamily(name, doc, labels=LABELS) for name, _, doc in _HISTOGRAMS]
+        queued = GaugeMetricFamily("flashpoint_replica_queued_requests",
+                                   "Requests waiting in this replica's batcher now", labels=LABELS)
         for reply in self._replies:
             try:
-                stats = reply["stats"]
-                labels = [str(reply["replica_id"]), str(reply["function"]), self._host_id]
+                stats = reply.stats
+                labels = [reply.replica_id, reply.function, self._host_id]
                 # everything parsed before anything is added: a bad reply adds nothing
                 values = [float(stats[key]) for _, key, _ in _COUNTERS]
                 parsed = [_buckets(stats[key]) for _, key, _ in _HISTOGRAMS]
+                depth = float(stats["queued"]) if "queued" in stats else None  # newer workers
             except (KeyError, TypeError, ValueError) as exc:
-                log.debug("replica_stats_malformed", replica_id=str(reply.get("replica_id")),
+                log.debug("replica_stats_malformed", replica_id=reply.replica_id,
                           error=f"{type(exc).__name__}: {exc}"[:200])
                 continue
             for fam, value in zip(counters, values, strict=True):
                 fam.add_metric(labels, value)
             for fam, (buckets, sum_value) in zip(hists, parsed, strict=True):
                 fam.add_metric(labels, buckets, sum_value)
+            if depth is not None:
+                queued.add_metric(labels, depth)
         yield from counters
         yield from hists
+        yield queued
 
 
-async def _ask(worker_id: str, conn: Any, timeout_s: float) -> dict[str, Any] | None:
+async def _ask(worker_id: str, conn: Any, timeout_s: float) -> ReplicaStatsReply | None:
     try:
-        reply = await asyncio.wait_for(conn.call("replica_stats", {}, timeout_s=timeout_s),
-                                       timeout_s)
-    except Exception as exc:  # a slow or dead worker costs the scrape its row, nothing more
+        reply = from_payload(ReplicaStatsReply, await asyncio.wait_for(
+            conn.call("replica_stats", to_payload(ReplicaStats()), timeout_s=timeout_s),
+            timeout_s), method="replica_stats")
+    except Exception as exc:  # a slow, dead or garbled worker costs the scrape its row only
         log.debug("replica_stats_skipped", worker_id=worker_id,
                   error=f"{type(exc).__name__}: {exc}"[:200])
         return None
-    return reply if isinstance(reply, dict) and reply.get("stats") else None
+    return reply if reply.stats else None
 
 
 async def gather_replica_stats(workers: Iterable[Any],
-                               timeout_s: float = SCRAPE_TIMEOUT_S) -> list[dict[str, Any]]:
+                               timeout_s: float = SCRAPE_TIMEOUT_S) -> list[ReplicaStatsReply]:
     """Snapshots of the workers (``WorkerProcess``) that hold a replica, asked concurrently."""
     asks = [_ask(w.worker_id, w.conn, timeout_s) for w in list(workers)
             if w.replica_id and w.conn is not None and not w.stopping]

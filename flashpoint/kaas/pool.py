@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from flashpoint.actor import Actor
 from flashpoint.errors import DeadlineExceeded, PeerLost
 from flashpoint.kaas.backend import KaasResult
 from flashpoint.kaas.graph import GraphPlan, cache_key
@@ -117,7 +118,7 @@ class _Pending:
     future: asyncio.Future[KaasResult] = field(repr=False)
 
 
-class ExecutorPool:
+class ExecutorPool(Actor):
     """Runs validated requests on ``handles`` as the named policy decides.
 
     Handles may come and go (:meth:`add`, :meth:`remove`: executors on workers that warm up
@@ -128,6 +129,7 @@ class ExecutorPool:
                  params: KaasPolicyParams | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  allow_empty: bool = False) -> None:
+        super().__init__("kaas-pool")  # each running request is one of its tasks
         if policy not in POLICY_NAMES:
             raise ValueError(f"unknown KaaS pool policy {policy!r}; known: {POLICY_NAMES}")
         if not handles and not allow_empty:
@@ -139,7 +141,6 @@ class ExecutorPool:
         self._memory = KaasPolicyMemory()
         self._pending: list[_Pending] = []
         self._busy: dict[str, str] = {}  # executor id -> client
-        self._tasks: set[asyncio.Task[None]] = set()
         self.completed = 0
 
     @property
@@ -213,13 +214,8 @@ class ExecutorPool:
         return {"policy": self.policy, "queued": len(self._pending),
                 "completed": self.completed, "executors": execs}
 
-    async def close(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
     def _pump(self) -> None:
-        if not self._pending or all(w in self._busy for w in self._handles):
+        if self.stopping or not self._pending or all(w in self._busy for w in self._handles):
             return
         snap = KaasPoolSnapshot(
             now_s=self._clock(),
@@ -236,9 +232,7 @@ class ExecutorPool:
                 continue
             self._pending.remove(item)
             self._busy[a.worker_id] = item.client
-            task = asyncio.create_task(self._run(item, a), name=f"kaas-{a.request_id}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.spawn(self._run(item, a), f"kaas-{a.request_id}")
 
     async def _run(self, item: _Pending, a: KaasAssignment) -> None:
         handle = self._handles.get(a.worker_id)

@@ -26,13 +26,14 @@ Two races are closed explicitly:
   controller) would leave the worker caching bytes the data layer does not hold: the handle
   tells the worker to ``forget`` that key with its next request.
 
-Wire messages (version 1)::
+Wire messages (version 1; their types are in messages/controller_worker.py)::
 
-    kaas_run    {version, request_id, client, request: KaasRequest dict,
-                 objects: {key: bytes}, forget: [key]}
-             -> {version, result: KaasResult wire dict, objects: {key: bytes},
-                 held: [object key], cached: [cache key], free_bytes, capacity_bytes}
-    kaas_reset  {} -> {held: [], cached: [], free_bytes, capacity_bytes}
+    kaas_run    KaasRun {version, request_id, client, request: KaasRequest dict,
+                         objects: {key: bytes}, forget: [key]}
+             -> KaasRunReply {version, result: KaasResult wire dict, objects: {key: bytes},
+                              held: [object key], cached: [cache key], free_bytes,
+                              capacity_bytes}
+    kaas_reset  KaasReset {} -> KaasState {held, cached, free_bytes, capacity_bytes}
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from flashpoint.kaas.backend import KaasResult
 from flashpoint.kaas.graph import GraphPlan
 from flashpoint.kaas.spec import BufferKind, KaasRequest
 from flashpoint.kaas.store import MemoryObjectStore, ObjectStore
+from flashpoint.messages.base import from_payload, to_payload
+from flashpoint.messages.controller_worker import KaasReset, KaasRun, KaasRunReply, KaasState
 
 if TYPE_CHECKING:  # torch: only the worker side builds an executor
     from flashpoint.kaas.executor import Executor
@@ -97,36 +100,35 @@ class WorkerKaasRuntime:
                                           capacity_bytes=self.capacity_bytes)
             return self._executor
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> KaasState:
         """What the controller's handle needs to route and ship: held objects, cache keys."""
         ex = self.executor()
-        return {"held": ex.held_objects(), "cached": sorted(ex.cached_keys()),
-                "free_bytes": ex.cache.free_bytes, "capacity_bytes": ex.cache.capacity_bytes}
+        return KaasState(held=ex.held_objects(), cached=sorted(ex.cached_keys()),
+                         free_bytes=ex.cache.free_bytes, capacity_bytes=ex.cache.capacity_bytes)
 
-    def run(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def run(self, msg: KaasRun) -> KaasRunReply:
         """One ``kaas_run``: stage the shipped objects, run, return stored outputs' bytes."""
-        if payload.get("version", WIRE_VERSION) != WIRE_VERSION:
-            raise BadRequest(f"kaas_run version {payload.get('version')!r}; this worker "
+        if msg.version != WIRE_VERSION:
+            raise BadRequest(f"kaas_run version {msg.version!r}; this worker "
                              f"speaks {WIRE_VERSION}")
-        objects = payload.get("objects") or {}
-        forget = payload.get("forget") or []
-        if not isinstance(objects, dict) or not isinstance(forget, list):
-            raise BadRequest("kaas_run objects must be a map and forget a list")
+        objects, forget = msg.objects, msg.forget
         ex = self.executor()
         with self._lock:  # one request at a time owns the staging store
-            ex.forget([str(k) for k in forget])
+            ex.forget(list(forget))
             # A fresh staging store per request: shipped inputs live only until the host
             # cache has them, stored outputs only until they are in the reply.
             staging = MemoryObjectStore()
             for key, data in objects.items():
-                staging.put(str(key), bytes(data))
+                staging.put(key, data)
             ex.store = staging
-            result = ex.run_wire({"request": payload["request"],
-                                  "client": payload.get("client", "")})
+            result = ex.run_wire({"request": msg.request, "client": msg.client})
             out = {key: staging.get(key) for key in result["stored"].values()}
-        return {"version": WIRE_VERSION, "result": result, "objects": out, **self.state()}
+        st = self.state()
+        return KaasRunReply(version=WIRE_VERSION, result=result, objects=out, held=st.held,
+                            cached=st.cached, free_bytes=st.free_bytes,
+                            capacity_bytes=st.capacity_bytes)
 
-    def reset(self) -> dict[str, Any]:
+    def reset(self) -> KaasState:
         """Drop every cached buffer (an exclusive reassignment's cold start)."""
         self.executor().reset()
         return self.state()
@@ -171,24 +173,22 @@ class WorkerExecutorHandle:
         return self._free_bytes
 
     async def run(self, plan: GraphPlan, client: str, request_id: str = "") -> KaasResult:
-        payload, shipped = self._payload(plan, client, request_id, ship_all=False)
+        msg, shipped = self._request(plan, client, request_id, ship_all=False)
         try:
-            reply = await self.conn.call("kaas_run", payload, timeout_s=self.run_timeout_s,
-                                         trace=request_id or None)
+            reply = await self._call_run(msg, request_id)
         except ObjectNotFound:
             # The worker lost an object we thought it held; nothing ran yet. Once more with
             # every store input on board.
             self.retries += 1
-            payload, more = self._payload(plan, client, request_id, ship_all=True)
+            msg, more = self._request(plan, client, request_id, ship_all=True)
             shipped += more
-            reply = await self.conn.call("kaas_run", payload, timeout_s=self.run_timeout_s,
-                                         trace=request_id or None)
-        self._forget -= set(payload["forget"])
+            reply = await self._call_run(msg, request_id)
+        self._forget -= set(msg.forget)
         self._absorb(reply)
         self.requests += 1
-        result = KaasResult.from_wire(reply["result"])
+        result = KaasResult.from_wire(reply.result)
         result.cache["shipped_bytes"] = shipped
-        for key, data in (reply.get("objects") or {}).items():
+        for key, data in reply.objects.items():
             self.returned_bytes += len(data)
             try:
                 self.store.put(key, data)
@@ -208,11 +208,18 @@ class WorkerExecutorHandle:
 
     async def restart(self) -> None:
         self.restarts += 1
-        self._absorb(await self.conn.call("kaas_reset", {}, timeout_s=self.run_timeout_s))
+        reply = await self.conn.call("kaas_reset", to_payload(KaasReset()),
+                                     timeout_s=self.run_timeout_s)
+        self._absorb(from_payload(KaasState, reply, method="kaas_reset"))
 
     # internals --------------------------------------------------------------------------
-    def _payload(self, plan: GraphPlan, client: str, request_id: str, *,
-                 ship_all: bool) -> tuple[dict[str, Any], int]:
+    async def _call_run(self, msg: KaasRun, request_id: str) -> KaasRunReply:
+        reply = await self.conn.call("kaas_run", to_payload(msg), timeout_s=self.run_timeout_s,
+                                     trace=request_id or None)
+        return from_payload(KaasRunReply, reply, method="kaas_run")
+
+    def _request(self, plan: GraphPlan, client: str, request_id: str, *,
+                 ship_all: bool) -> tuple[KaasRun, int]:
         objects: dict[str, bytes] = {}
         for b in plan.request.buffers:
             if (b.kind is BufferKind.INPUT and b.key is not None and b.key not in objects
@@ -220,15 +227,15 @@ class WorkerExecutorHandle:
                 objects[b.key] = self.store.get(b.key)
         shipped = sum(len(v) for v in objects.values())
         self.shipped_bytes += shipped
-        return ({"version": WIRE_VERSION, "request_id": request_id, "client": client,
-                 "request": plan.request.to_dict(), "objects": objects,
-                 "forget": sorted(self._forget)}, shipped)
+        return (KaasRun(version=WIRE_VERSION, request_id=request_id, client=client,
+                        request=plan.request.to_dict(), objects=objects,
+                        forget=sorted(self._forget)), shipped)
 
-    def _absorb(self, reply: dict[str, Any]) -> None:
-        self._held = frozenset(map(str, reply.get("held") or ()))
-        self._cached = frozenset(map(str, reply.get("cached") or ()))
-        self._free_bytes = int(reply.get("free_bytes", self._free_bytes))
-        self.capacity_bytes = int(reply.get("capacity_bytes", self.capacity_bytes))
+    def _absorb(self, reply: KaasRunReply | KaasState) -> None:
+        self._held = frozenset(reply.held)
+        self._cached = frozenset(reply.cached)
+        self._free_bytes = reply.free_bytes
+        self.capacity_bytes = reply.capacity_bytes
 
     def status(self) -> dict[str, Any]:
         """Counters for ``/v1/kaas/status`` (cache contents as of the last reply)."""

@@ -80,7 +80,7 @@ class KaasService:
         return self.store.get(key)
 
     async def close(self) -> None:
-        await self.pool.close()
+        await self.pool.stop()
 
 
 def local_service(n_executors: int = 4, *, policy: str = "affinity",

@@ -14,7 +14,7 @@ bytes while modules move over one at a time.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
@@ -25,18 +25,35 @@ M = TypeVar("M", bound="Message")
 
 class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Base of every RPC request and reply. Unknown fields are refused: a peer that sends
-    what this side does not understand learns it at once instead of being half-obeyed."""
+    what this side does not understand learns it at once instead of being half-obeyed.
+    msgspec does not inherit ``kw_only``: a subclass whose required fields follow defaulted
+    ones declares ``class X(Message, kw_only=True)`` itself."""
+
+    # True on a message whose field values are in wire form already (builtins, encoded
+    # tensors, other messages' payloads) and whose fields keep their names: to_payload then
+    # copies it shallowly instead of walking every value (the infer path's tensor maps and
+    # frames of requests: ~0.06 us instead of 1-100 us a message).
+    wire_values: ClassVar[bool] = False
 
 
 def to_payload(msg: Message) -> dict[str, Any]:
-    """The frame payload for ``msg``: nested messages become maps, tuples lists; every other
-    value (numbers, str, bytes, encoded tensors) passes as it is, for the frame codec to pack."""
+    """The frame payload for ``msg``: nested messages become maps (under their wire names,
+    so a field renamed with ``msgspec.field(name=...)`` travels as that name), tuples lists;
+    every other value (numbers, str, bytes, encoded tensors) passes as it is, for the frame
+    codec to pack. A ``wire_values`` message (the infer path's) is copied shallowly."""
+    if msg.wire_values:
+        return msgspec.structs.asdict(msg)
     return _plain(msg)  # type: ignore[no-any-return]
 
 
 def _plain(obj: Any) -> Any:
     if isinstance(obj, msgspec.Struct):
-        out = {f: _plain(getattr(obj, f)) for f in obj.__struct_fields__}
+        # an UNSET field is left out, as msgspec's own encoder does (an optional field
+        # added to a hot message costs its senders nothing while unused)
+        out = {wire: _plain(v)
+               for f, wire in zip(obj.__struct_fields__, obj.__struct_encode_fields__,
+                                  strict=True)
+               if (v := getattr(obj, f)) is not msgspec.UNSET}
         cfg = obj.__struct_config__
         if cfg.tag_field is not None:  # a tagged union member names its type on the wire
             out[cfg.tag_field] = cfg.tag

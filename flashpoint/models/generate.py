@@ -21,6 +21,7 @@ it from the worker's event loop (steps on the model thread, joins and cancels be
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -150,12 +151,20 @@ class GenerationEngine:
         self.running: dict[int, GenSequence] = {}
         self.reserved_bytes = 0
         self.steps = 0
+        # the last step's joins: seq id -> seconds its prefill took (a resumed sequence's
+        # share of its migration gap)
+        self.last_prefill_s: dict[int, float] = {}
         self._next_id = 0
 
     # -- joining and leaving ----------------------------------------------------------
-    def add(self, prompt_ids: list[int], params: SamplingParams) -> int:
+    def add(self, prompt_ids: list[int], params: SamplingParams,
+            progress: SequenceProgress | None = None) -> int:
         """Queue a sequence to join at the next step; its id. InputTooLong for a prompt the
-        model has no room after; KvCacheTooSmall for one that could never be reserved."""
+        model has no room after; KvCacheTooSmall for one that could never be reserved.
+
+        ``progress``: a sequence that another replica began (live migration): it prefills
+        prompt + the tokens generated there and goes on as if it had never moved (the same
+        ``max_tokens`` budget, stop strings over the whole text, the sampler's state)."""
         if not prompt_ids:
             raise InvalidInput("the prompt is empty")
         room = self.max_positions - len(prompt_ids)
@@ -172,15 +181,43 @@ class GenerationEngine:
                 f"the sequence needs {need} bytes of KV cache; the replica reserves "
                 f"{self.kv_budget_bytes} in all (ask for fewer max_tokens)",
                 need_bytes=need, budget_bytes=self.kv_budget_bytes)
+        generated = list(progress.generated_ids) if progress is not None else []
+        if len(generated) >= params.max_tokens:
+            raise InvalidInput(f"a resumed sequence already holds {len(generated)} of its "
+                               f"{params.max_tokens} tokens")
         self._next_id += 1
         gen = None
         if params.temperature > 0.0:
             gen = torch.Generator(device="cpu")
-            gen.manual_seed(params.seed if params.seed is not None
-                            else int(torch.randint(0, 2**62, ()).item()))
-        self.waiting.append(GenSequence(self._next_id, list(prompt_ids), params, need,
-                                        generator=gen))
+            if progress is not None and progress.rng_state is not None:
+                # the source's sampler exactly where it stopped: the same draws follow
+                gen.set_state(torch.frombuffer(bytearray(progress.rng_state),
+                                               dtype=torch.uint8))
+            else:
+                gen.manual_seed(params.seed if params.seed is not None
+                                else int(torch.randint(0, 2**62, ()).item()))
+        seq = GenSequence(self._next_id, list(prompt_ids), params, need, generator=gen)
+        if generated:
+            seq.generated = generated
+            seq.pending = generated[-1]
+            seq.text = self.decode([t for t in generated if t not in self.eos_token_ids])
+            seq.emitted = progress.emitted_text if progress is not None else ""
+        self.waiting.append(seq)
         return self._next_id
+
+    def take_out(self, seq_id: int) -> SequenceProgress | None:
+        """Remove a sequence between steps (its cache freed) and return what it generated
+        so far, for another replica to go on from (live migration); None if not here."""
+        seq = self.running.get(seq_id) or next(
+            (s for s in self.waiting if s.seq_id == seq_id), None)
+        if seq is None:
+            return None
+        progress = SequenceProgress(
+            tuple(seq.generated), seq.emitted,
+            bytes(seq.generator.get_state().numpy().tobytes())
+            if seq.generator is not None else None)
+        self.cancel(seq_id)
+        return progress
 
     def cancel(self, seq_id: int) -> bool:
         """Drop a sequence (waiting or running) and free its cache; whether it was here."""
@@ -201,7 +238,8 @@ class GenerationEngine:
         return not self.waiting and not self.running
 
     def _admit(self) -> list[GenSequence]:
-        """Waiting sequences that fit now, in order (FIFO: the head blocks the rest)."""
+        """Waiting sequences that fit now, in order (FIFO: the head blocks the rest); at
+        most one resumed sequence per step (see :meth:`step`)."""
         joined = []
         while self.waiting and len(self.running) < self.max_running:
             head = self.waiting[0]
@@ -211,18 +249,31 @@ class GenerationEngine:
             self.reserved_bytes += head.reserved_bytes
             self.running[head.seq_id] = head
             joined.append(head)
+            if head.generated:
+                break
         return joined
 
     # -- one token boundary -----------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[TokenEvent]:
-        """Join, one token for every running sequence, leave (see the module docstring)."""
+        """Join, one token for every running sequence, leave (see the module docstring).
+
+        A step in which a resumed sequence (live migration) joins ends after the joins: its
+        client has waited since its last token on the source, so its next token is not held
+        behind the others' decode (theirs comes a step later, their ids unchanged); and
+        several arriving together join one per step, so each waits for its own prefill and
+        those before it, not all of them."""
         events: list[TokenEvent] = []
-        for seq in self._admit():
+        joined = self._admit()
+        self.last_prefill_s = {}
+        for seq in joined:
+            started = time.perf_counter()
             logits = self._prefill(seq)
+            self.last_prefill_s[seq.seq_id] = time.perf_counter() - started
             events.append(self._take(seq, logits))
+        resumed = any(len(s.generated) > 1 for s in joined)
         decoding = [s for s in self.running.values() if s.finish is None and s.pending is not None
-                    and s.seq_id not in {e.seq_id for e in events}]
+                    and s.seq_id not in {e.seq_id for e in events}] if not resumed else []
         if decoding:
             for seq, logits in zip(decoding, self._decode(decoding), strict=True):
                 events.append(self._take(seq, logits))
@@ -235,7 +286,10 @@ class GenerationEngine:
         return events
 
     def _prefill(self, seq: GenSequence) -> torch.Tensor:
-        ids = torch.tensor([seq.prompt_ids], dtype=torch.long, device=self.device)
+        # a resumed sequence (live migration) prefills its generated tokens too: the last
+        # one was sampled on the source but never fed to the model
+        ids = torch.tensor([seq.prompt_ids + seq.generated], dtype=torch.long,
+                           device=self.device)
         out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids),
                          position_ids=torch.arange(ids.shape[1], device=self.device)[None],
                          use_cache=True)
@@ -323,11 +377,26 @@ def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
+class SequenceProgress:
+    """How far a sequence got on the replica it leaves (live migration): every token it
+    generated (the last one sampled but not yet fed to the model), the text already sent
+    to its client (text a stop string could still claim is held back, so it may be shorter
+    than the decoded tokens), and its sampler's state (``torch.Generator.get_state``;
+    None when greedy), so seeded sampling goes on with the very draws it would have made."""
+
+    generated_ids: tuple[int, ...]
+    emitted_text: str
+    rng_state: bytes | None = None
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
-    """One sequence to generate: its prompt's token ids and how to sample."""
+    """One sequence to generate: its prompt's token ids and how to sample; ``progress``
+    when it resumes a sequence another replica began."""
 
     prompt_ids: tuple[int, ...]
     params: SamplingParams
+    progress: SequenceProgress | None = None
 
 
 @dataclass(frozen=True)

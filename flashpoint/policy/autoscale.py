@@ -9,7 +9,10 @@ snapshot and its own memory. :func:`limit` then applies, in this order:
 4. keep-alive: no scale to zero (and, with ``keep_alive_partial``, no scale-down at all)
    until the function has had no request for ``keep_alive_s``;
 5. stabilisation delays: a scale-up (down) happens only once it has been wanted on every
-   decision for ``scale_up_delay_s`` (``scale_down_delay_s``), as Ray Serve does.
+   decision for ``scale_up_delay_s`` (``scale_down_delay_s``), as Ray Serve does;
+6. the scale-up governor (:func:`govern`, issue 22 item 5): starting replicas are capacity
+   arriving at their expected ready time, and no replica is ordered that would only become
+   ready once the queue has drained.
 
 Choose a plug-in by name with :func:`make_autoscaler`; :func:`decide` is the default
 (``concurrency``) and keeps the first-cut behaviour. Everything here is pure: "now" is
@@ -21,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -35,7 +38,8 @@ from flashpoint.policy.token_load import TokensParams, tokens
 
 __all__ = [
     "POLICIES", "Autoscaler", "AutoscalerMemory", "LimitMemory", "LimitParams", "PolicySpec",
-    "ScaleDecision", "concurrency_target", "decide", "limit", "make_autoscaler",
+    "ScaleDecision", "concurrency_target", "decide", "drain_time_s", "govern", "limit",
+    "make_autoscaler",
 ]
 
 
@@ -63,10 +67,23 @@ class LimitParams:
     # Hold every scale-down (not only the one to zero) until keep_alive_s without a request.
     # The first-cut rule did this; rate-driven policies have their own scale-down rules.
     keep_alive_partial: bool = False
+    # The scale-up governor (govern), for every plug-in: opt in (``governor = true`` in
+    # autoscaler_params). Off by default because it trades the latency of short bursts
+    # (fewer replicas when cold starts are short) for fewer wasted starts under long ones;
+    # it acts only when the snapshot says when new replicas would be ready and how fast
+    # one serves.
+    governor: bool = False
+    # How long after a replica ordered now is ready the queue may still take to drain, in
+    # cold starts of that replica: a replica ordered at a later decision would be ready
+    # about that much later, so capacity beyond what drains the queue by then is not
+    # ordered now.
+    governor_horizon: float = 1.0
 
     def __post_init__(self) -> None:
         if not (self.scale_up_delay_s >= 0 and self.scale_down_delay_s >= 0):
             raise BadRequest("scale_up_delay_s and scale_down_delay_s must be >= 0")
+        if not self.governor_horizon >= 0:
+            raise BadRequest("governor_horizon must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -107,11 +124,81 @@ def limit(load: FunctionLoadSnapshot, proposal: Proposal, params: LimitParams,
                 target, reason = cur, "scale_down_delay"
             else:
                 down_since = None
+    if params.governor and target > cur:
+        governed = govern(load, target, params.governor_horizon)
+        if governed < target:
+            target, reason = governed, reason + "+governor"
     desired = min(max(target, load.min_replicas), load.max_replicas)
     bounded = bounded or desired != target
     decision = ScaleDecision(load.name, desired, reason + suffix + ("+bounds" if bounded else ""),
                              _mix(load, proposal, desired, cur))
     return decision, LimitMemory(up_since, down_since)
+
+
+def drain_time_s(backlog: float, arrival_rate: float, replica_rate: float, warm: int,
+                 ready_s: Sequence[float]) -> float:
+    """Seconds from now until the queue is empty and stays empty at the capacity then.
+
+    ``backlog`` requests wait or run now; requests arrive at ``arrival_rate``; ``warm``
+    replicas serve ``replica_rate`` each from now, and one more from each offset in
+    ``ready_s`` (seconds from now). math.inf when the final capacity does not exceed the
+    arrivals while a backlog remains (or grows).
+    """
+    events = sorted(max(0.0, t) for t in ready_s)
+    t, queue, serving = 0.0, float(backlog), warm
+    for edge in (*events, math.inf):
+        net = serving * replica_rate - arrival_rate  # how fast the queue shrinks
+        if queue <= 0 and net >= 0:
+            return t
+        if net > 0 and t + queue / net <= edge:
+            return t + queue / net
+        if edge == math.inf:
+            return math.inf
+        queue = max(0.0, queue - net * (edge - t))
+        t, serving = edge, serving + 1
+    return math.inf  # not reached: the inf edge returns
+
+
+def govern(load: FunctionLoadSnapshot, target: int, horizon: float = 1.0) -> int:
+    """The count to order instead of ``target`` (> current), counting capacity on its way.
+
+    Each starting replica serves from its expected ready time (``starting_ready_s``; an
+    unknown one from ``new_ready_s``: it was ordered earlier, so it is ready no later). A
+    replica ordered now serves from ``new_ready_s``. The answer is the fewest new replicas
+    k such that the queue (queued + in flight, arrivals at λ) drains by ``new_ready_s`` +
+    ``horizon`` cold starts; none if it drains before ``new_ready_s`` anyway (every
+    replica ordered now would find no queue), ``target`` if even that many do not drain it
+    within the horizon. Unchanged (``target``) when the snapshot lacks the ready time or one
+    replica's rate, and when nothing is queued: with no queue there is nothing to drain, and
+    a plug-in that scales ahead of demand (ATL's p99 rate) keeps its forecast. Pure: times
+    are relative to ``load.now_s``.
+    """
+    cur = load.replicas_warm + load.replicas_starting
+    rate = plugins.replica_rate(load)
+    if load.new_ready_s is None or rate <= 0 or target <= cur or load.queued == 0:
+        return target
+    new_in = max(0.0, load.new_ready_s - load.now_s)
+    known = [t - load.now_s for t in load.starting_ready_s[:load.replicas_starting]]
+    starting = known + [new_in] * (load.replicas_starting - len(known))
+    backlog = load.queued + load.inflight
+    deadline = new_in * (1.0 + horizon)
+
+    def drains(k: int) -> bool:
+        return drain_time_s(backlog, load.arrival_rate, rate, load.replicas_warm,
+                            starting + [new_in] * k) <= deadline
+
+    if drain_time_s(backlog, load.arrival_rate, rate, load.replicas_warm, starting) <= new_in:
+        return cur
+    lo, hi = 1, target - cur  # drains(k) only gets truer as k grows: bisect the fewest
+    if not drains(hi):
+        return target
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if drains(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return cur + lo
 
 
 def _mix(load: FunctionLoadSnapshot, proposal: Proposal, desired: int,

@@ -175,17 +175,36 @@ def atl(load: FunctionLoadSnapshot, params: AtlParams, memory: Samples) -> tuple
     return Proposal(ceil_count(percentile(values, params.percentile) / rate), "atl"), window
 
 
+# The HPA's default scale-up behaviour ------------------------------------------------------
+def hpa_up_cap(cur: int, ratio: float, pods: int) -> int:
+    """The most replicas an HPA scale-up may reach from ``cur`` in one policy period.
+
+    Kubernetes' default ``behavior.scaleUp`` (autoscaling/v2; the HPA concepts page): no
+    stabilisation window, two policies per 15 s, ``Percent: 100`` (double) and ``Pods: 4``
+    (add four), ``selectPolicy: Max`` (whichever allows more). Our plug-ins evaluate once per
+    sync period (15 s, the policies' period), so the limit applies per evaluation, from the
+    count at its start. (The API reference's field comment says "per 60 seconds"; the
+    controller's defaults, and the concepts page, use 15 s.)
+    """
+    return max(math.floor(ratio * cur + _EPS), cur + pods)
+
+
 # TSK: TorchServe on Kubernetes, queue-latency target through the HPA ----------------------
 @dataclass(frozen=True)
 class TskParams:
     target_s: float = 7.0  # TorchServe-on-K8s default queue-latency target (thesis §3.1)
     tolerance: float = 0.1  # HPA's default: no change within ±10% of the target
     period_s: float = 15.0  # HPA's default sync period
+    # HPA scale-up policies (hpa_up_cap): ×2 (Percent 100) or +4 pods, whichever is more.
+    max_scale_up_ratio: float = 2.0
+    max_scale_up_pods: int = 4
 
     def __post_init__(self) -> None:
         _check(self.target_s > 0, "tsk: target_s must be > 0")
         _check(0 <= self.tolerance < 1, "tsk: tolerance must be in [0, 1)")
         _check(self.period_s >= 0, "tsk: period_s must be >= 0")
+        _check(self.max_scale_up_ratio >= 1, "tsk: max_scale_up_ratio must be >= 1")
+        _check(self.max_scale_up_pods >= 1, "tsk: max_scale_up_pods must be >= 1")
 
 
 def tsk(load: FunctionLoadSnapshot, params: TskParams, memory: Held) -> tuple[Proposal, Held]:
@@ -193,7 +212,9 @@ def tsk(load: FunctionLoadSnapshot, params: TskParams, memory: Held) -> tuple[Pr
 
     The metric is the age of the oldest queued request. It only rises once a queue has
     built, and the HPA ratio then multiplies the replica count (21 s against 7 s: ×3), so
-    scale-ups come late and in large batches, as the thesis observed (§8.4.2). Between
+    scale-ups come late and in large batches, as the thesis observed (§8.4.2) — at most
+    what the HPA's default scale-up policies allow per period (:func:`hpa_up_cap`: ×2 or
+    +4 pods, whichever is more). Between
     evaluations the last answer stands, as an HPA's does between syncs; the HPA's 300 s
     scale-down stabilisation is the wrapper's ``scale_down_delay_s`` (defaulted for tsk).
 
@@ -207,7 +228,8 @@ def tsk(load: FunctionLoadSnapshot, params: TskParams, memory: Held) -> tuple[Pr
     cur = current(load)
     ratio = load.queue_latency_s / params.target_s
     if ratio > 1 + params.tolerance:
-        want, reason = max(cur, ceil_count(cur * ratio)), "tsk:up"
+        cap = hpa_up_cap(cur, params.max_scale_up_ratio, params.max_scale_up_pods)
+        want, reason = min(max(cur, ceil_count(cur * ratio)), cap), "tsk:up"
     elif ratio < 1 - params.tolerance:
         want, reason = min(cur, max(ceil_count(cur * ratio), concurrency_target(load))), "tsk:down"
     else:
@@ -219,13 +241,17 @@ def tsk(load: FunctionLoadSnapshot, params: TskParams, memory: Held) -> tuple[Pr
 @dataclass(frozen=True)
 class OwkParams:
     target_utilisation: float = 0.6  # HPA default as used by OWK (thesis §3.1)
-    max_scale_up_ratio: float = 2.0  # at most ×2 per evaluation (thesis §8.4.2)
+    # HPA scale-up policies (hpa_up_cap): ×2 (Percent 100, thesis §8.4.2) or +4 pods,
+    # whichever is more.
+    max_scale_up_ratio: float = 2.0
+    max_scale_up_pods: int = 4
     tolerance: float = 0.1
     period_s: float = 15.0
 
     def __post_init__(self) -> None:
         _check(0 < self.target_utilisation <= 1, "owk: target_utilisation must be in (0, 1]")
         _check(self.max_scale_up_ratio > 1, "owk: max_scale_up_ratio must be > 1")
+        _check(self.max_scale_up_pods >= 1, "owk: max_scale_up_pods must be >= 1")
         _check(0 <= self.tolerance < 1, "owk: tolerance must be in [0, 1)")
         _check(self.period_s >= 0, "owk: period_s must be >= 0")
 
@@ -237,7 +263,8 @@ def owk(load: FunctionLoadSnapshot, params: OwkParams, memory: Held) -> tuple[Pr
     deciding to scale up and as fully busy when deciding to scale down, so a pending cold
     start neither triggers a second scale-up nor lets the count fall. Within ``tolerance`` of
     the target nothing changes. With no warm replica there is no metric and the count holds
-    (scale from zero is the wrapper's). Every step adds at least one replica.
+    (scale from zero is the wrapper's). A step adds at most what the HPA's default scale-up
+    policies allow (:func:`hpa_up_cap`: ×2 or +4 pods, whichever is more).
     """
     if not memory.due(load.now_s, params.period_s):
         return Proposal(memory.desired, memory.reason), memory
@@ -249,7 +276,7 @@ def owk(load: FunctionLoadSnapshot, params: OwkParams, memory: Held) -> tuple[Pr
     elif abs(ratio - 1) <= params.tolerance:
         want, reason = cur, "owk:steady"
     elif ratio > 1:
-        cap = max(cur + 1, math.floor(params.max_scale_up_ratio * cur + _EPS))
+        cap = hpa_up_cap(cur, params.max_scale_up_ratio, params.max_scale_up_pods)
         want, reason = min(max(cur, ceil_count(warm * ratio)), cap), "owk:up"
     else:
         busy = warm * util + load.replicas_starting

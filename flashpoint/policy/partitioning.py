@@ -19,7 +19,8 @@ whole replicas on holders' GPUs first and plans pipelines only over the GPUs of 
 must fetch (their stages then pull from the holders' RAM, thesis LC+MC+MP).
 
 Scale-down (§4.2.6): partitioned replica groups are retired before whole replicas, because a
-pipeline holds several GPUs for one replica's worth of concurrency.
+pipeline holds several GPUs for one replica's worth of concurrency — only groups that fit in
+the GPUs still to free (:func:`scale_down_select`).
 """
 
 from __future__ import annotations
@@ -73,6 +74,26 @@ def scale_down_order(groups: Sequence[GroupSnapshot]) -> list[str]:
     """Retire partitioned groups first (most parts first), then the newest whole replicas."""
     ranked = sorted(groups, key=lambda g: (-g.parts, -g.warm_since_s, g.group_id))
     return [g.group_id for g in ranked]
+
+
+def scale_down_select(groups: Sequence[GroupSnapshot], gpus: int) -> list[str]:
+    """The groups to retire to free at most ``gpus`` GPUs (thesis §4.2.6).
+
+    "The replicas are sorted by decreasing number of GPUs used. Iterating through this
+    sorted list, the autoscaler then removes models with at most the n GPUs to scale down
+    by until at most n GPUs have been selected": walk :func:`scale_down_order`, take a
+    group only if its parts fit in the GPUs still to free, stop once none are left. A
+    pipeline wider than what is left stays (it is not stopped for a one-replica excess).
+    """
+    left, chosen = gpus, []
+    by_id = {g.group_id: g for g in groups}
+    for gid in scale_down_order(groups):
+        if left <= 0:
+            break
+        if by_id[gid].parts <= left:
+            chosen.append(gid)
+            left -= by_id[gid].parts
+    return chosen
 
 
 def place_spread(snapshot: ClusterSnapshot, req: PlacementRequest) -> list[Placement]:

@@ -107,3 +107,9 @@ class FunctionLoadSnapshot:
     replica_configs: tuple[str, ...] = ()
     # A text-generation function's load in tokens; None for other functions.
     tokens: TokenLoad | None = None
+    # The scale-up governor (autoscale.govern): when each starting replica is expected to
+    # serve, on this snapshot's clock (its request time plus the cold start measured lately
+    # for its source; shorter than replicas_starting = the rest unknown), and when a replica
+    # ordered now would (None = not known: the governor then leaves the count alone).
+    starting_ready_s: tuple[float, ...] = ()
+    new_ready_s: float | None = None

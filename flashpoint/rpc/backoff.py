@@ -57,12 +57,17 @@ async def retry(
     retry_on: Callable[[BaseException], bool] = is_retryable,
     what: str = "",
     rng: random.Random | None = None,
+    until_deadline: bool = False,
+    on_retry: Callable[[BaseException], None] | None = None,
 ) -> T:
     """Await ``fn()`` until it succeeds, at most ``attempts`` times within ``total_timeout_s``.
 
     Non-retryable errors propagate at once; when attempts or time run out the last error
     propagates. ``total_timeout_s`` bounds the waits between attempts; each attempt bounds
-    itself (pass per-call deadlines inside ``fn``).
+    itself (pass per-call deadlines inside ``fn``). By default a wait that would end past the
+    deadline gives up at once; ``until_deadline`` cuts that last wait short instead and tries
+    once more (a caller that holds a request until its own deadline). ``on_retry`` sees each
+    error that is about to be retried (counters).
     """
     if attempts < 1:
         raise ValueError("attempts must be >= 1")
@@ -78,8 +83,15 @@ async def retry(
             hint = exc.details.get("retry_after_s") if isinstance(exc, FlashpointError) else None
             if isinstance(hint, (int, float)) and not isinstance(hint, bool):
                 delay = max(delay, min(float(hint), backoff.max_s))
-            if time.monotonic() + delay >= deadline:
+            left = deadline - time.monotonic()
+            if until_deadline:
+                if left <= 0:
+                    raise
+                delay = min(delay, left)
+            elif delay >= left:
                 raise
+            if on_retry is not None:
+                on_retry(exc)
             log.debug("retrying", what=what, attempt=attempt, delay_s=round(delay, 4), error=repr(exc))
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")

@@ -317,7 +317,12 @@ class SimCluster:
         for h in range(topo.n_hosts):
             self._feed(ev.HostRegistered(_hid(h), devices, self.config.host_ram_bytes,
                                          frozenset(), (), 0.0, leaf=f"leaf{topo.leaf_of(h)}"))
-        whole = self.cost.cold_s(self.model.size_bytes) if self.cost is not None else 0.0
+        # C(1): the cost model's whole cold start; without a plan table, a lone registry
+        # start (bytes over the registry link, load, copy) as the live controller's profile
+        # would give it — the governor's prior before any start has been measured.
+        whole = (self.cost.cold_s(self.model.size_bytes) if self.cost is not None else
+                 self.model.size_bytes * 8 / min(topo.cloud_bps, topo.host_link_bps)
+                 + self.model.load_s + self.model.to_device_s)
         self._feed(ev.FunctionUpserted(self.spec, self.model.size_bytes, self.plans, whole))
         if self.config.prewarm > 0:
             self._prewarm(self.config.prewarm)

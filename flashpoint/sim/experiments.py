@@ -695,3 +695,42 @@ def cli(args: argparse.Namespace) -> int:
     print(f"{len(results)} runs, {events:,} events in {wall:.2f} s wall "
           f"({events / wall if wall else 0:,.0f} events/s)", file=sys.stderr)
     return 0
+
+
+# --- the bursty scenario (issue 22 item 5) -------------------------------------------------
+#: TSK as the thesis ran it before the HPA's scale-up policies were modelled: no cap on a
+#: scale-up (the ratio alone), no governor. ``BURSTY_AFTER``: Kubernetes' default policies
+#: (x2 or +4 per 15 s) and the wrapper's governor.
+BURSTY_BEFORE = (("max_scale_up_ratio", 1e9), ("max_scale_up_pods", 10**9), ("governor", 0))
+BURSTY_AFTER = (("governor", 1),)
+BURSTY_TECHNIQUES = (Technique.BL, Technique.GF, Technique.LC, Technique.LC_MC)
+
+
+def bursty_trace(seed: int, duration_s: int = 3600, burst_rate: float = 60.0,
+                 every_s: float = 300.0, burst_s: tuple[int, int] = (20, 40)) -> RateTrace:
+    """Median 0 req/s with bursts of about ``burst_rate`` req/s (±10%): one burst of
+    ``burst_s`` seconds (uniform) starting at a random second of every ``every_s`` window.
+    Seeded: the same seed gives the same trace."""
+    import numpy as np  # only the generator needs it
+
+    rng = np.random.default_rng(seed)
+    rates = [0.0] * duration_s
+    for start in range(0, duration_s, int(every_s)):
+        length = int(rng.integers(burst_s[0], burst_s[1] + 1))
+        at = start + int(rng.integers(0, max(1, int(every_s) - length)))
+        for t in range(at, min(duration_s, at + length)):
+            rates[t] = burst_rate * float(rng.uniform(0.9, 1.1))
+    return RateTrace(f"bursty(seed={seed})", tuple(rates))
+
+
+def run_bursty(seed: int = 1, governed: bool = True, model: str = "t5",
+               techniques: Sequence[Technique] = BURSTY_TECHNIQUES,
+               cfg: ExperimentConfig = FULL) -> list[RunResult]:
+    """The bursty hour on the thesis's cluster with TSK, before (``governed=False``: no
+    scale-up cap, no governor) or after the HPA policies and the governor."""
+    trace = bursty_trace(seed, cfg.duration_s)
+    log = requests_from_rates(trace, seed)
+    cfg = replace(cfg, seed=seed, decision_s=0.001, start="cold")
+    over = BURSTY_AFTER if governed else BURSTY_BEFORE
+    return [run_one("bursty", log, trace, thesis_model(model), "tsk", tech, cfg, over)
+            for tech in techniques]

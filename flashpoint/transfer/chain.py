@@ -54,6 +54,7 @@ from flashpoint.transfer.sources import ChunkSource, PeerSource, RegistrySource,
 from flashpoint.transfer.wire import (
     BYTES_RECEIVED,
     BYTES_SENT,
+    CHAIN_SPLICES,
     FLAG_ABORT,
     FLAG_DATA,
     FLAG_END,
@@ -302,6 +303,7 @@ async def _relay(segment: Segment, chain: list[Endpoint],
             log.warning("downstream_dead", peer=str(target), error=code, detail=str(exc)[:200])
             opts.remaining_s()  # past the deadline: stop splicing, report it
             failed.append(target.host_id)
+            CHAIN_SPLICES.inc()
             spliced = list(opts.splice(chain, target))
             chain = drop_dead(spliced, target)  # a splice that keeps the dead node would loop
             continue

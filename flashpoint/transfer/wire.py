@@ -66,6 +66,8 @@ BYTES_RECEIVED = Counter("flashpoint_transfer_received_bytes_total",
                          "Model bytes received on the data plane, by role (chain, pull)", ["role"])
 VERIFY_FAILURES = Counter("flashpoint_transfer_chunk_verify_failures_total",
                           "Chunks whose bytes failed their sha256, by where they came from", ["role"])
+CHAIN_SPLICES = Counter("flashpoint_transfer_chain_splices_total",
+                        "Dead hops spliced out of a chain (the chain repaired around them)")
 
 
 def _mac(secret: bytes, role: bytes, first: bytes, second: bytes) -> bytes:

@@ -28,51 +28,46 @@ deploy's ``cache_bytes`` on the worker's device), announces itself to the contro
 connection; the controller ships the objects a request needs inline (see kaas/remote.py).
 
 The process exits when its host connection is lost (never an orphan) or on ``shutdown``.
+
+What the worker holds and must do next is :class:`~flashpoint.worker.state.WorkerState`
+(pure); this actor is its I/O: the RPC handlers (typed messages, messages/host_worker.py and
+messages/controller_worker.py), the loading threads (worker/loading.py), the batcher, and the
+commands the state returns.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import mmap
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
+from flashpoint import tracing
 from flashpoint.errors import BadRequest, FlashpointError, InvalidInput, Unavailable
 from flashpoint.gpu.worker_env import apply_env
 from flashpoint.log import bind_ids, configure, get_logger
+from flashpoint.messages import controller_worker as cw
+from flashpoint.messages import host_worker as hw
+from flashpoint.messages.base import from_payload, handler, to_payload
+from flashpoint.messages.migration import HandOffAccepted, HandOffSequences, InferHandedOff
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.rpc.roles import CREDENTIAL_ENV, Credential
 from flashpoint.spec import FunctionSpec
 from flashpoint.tensors import decode_tensors, encode_tensors
+from flashpoint.worker import loading
+from flashpoint.worker import state as ws
+from flashpoint.worker.loading import LoadedReplica
 
 log = get_logger("flashpoint.worker")
 
 
-
-@dataclass
-class LoadedReplica:
-    replica_id: str
-    spec: FunctionSpec
-    module: Any
-    device: str
-    input_names: list[str]
-    output_names: list[str]
-    mapping: mmap.mmap
-    manifest: Any = None  # the model's Manifest (a stage builds the whole module from it)
-    stage: Any = None  # [first, last] while this is a partition stage; None once whole
-    # How requests become module inputs and outputs answers (models/serving); None for a stage.
-    served: Any = None
-    request_inputs: tuple[str, ...] = ()  # what a request must carry (the manifest's io)
-
-
 class Worker:
-    """The worker process's actor."""
+    """The worker process's actor: the I/O around its :class:`WorkerState`."""
 
     def __init__(self, worker_id: str, host_url: str, secret: bytes, torch_threads: int,
                  *, preload_transformers: bool = False, credential: Credential | None = None) -> None:
@@ -83,20 +78,19 @@ class Worker:
         # What it proves to its host and the controller (rpc/roles.py): its host's workers'.
         self.credential = credential or Credential("worker", secret)
         self.torch_threads = torch_threads
+        self.state = ws.WorkerState()
         self.replica: LoadedReplica | None = None
         self.batcher: Any = None
-        self._controller: Any = None
-        self._host_conn: Any = None
-        self._done = asyncio.Event()
-        self._ready_payload: dict[str, Any] | None = None
         self.stage_server: Any = None  # a StageServer while this worker serves a pipeline stage
-        self._controller_url = ""
-        self._completing: asyncio.Task | None = None
         self.kaas: Any = None  # a WorkerKaasRuntime while this worker is a KaaS executor
         self.weights_role = ""  # "exporter" / "reader" when its weights are shared by IPC
-        self._loaded_s = 0.0  # perf_counter when its replica was loaded and warmed
-        # Set once there is a replica to announce: a connection to the controller opened
-        # while the module loads announces it only then.
+        self._controller: Any = None
+        self._controller_url = ""
+        self._host_conn: Any = None
+        self._done = asyncio.Event()
+        self._completing: asyncio.Task | None = None
+        # Set with the state's ``announceable``: a connection to the controller opened while
+        # the module loads announces the replica only then.
         self._announceable = asyncio.Event()
         self._served_task: asyncio.Task | None = None  # tells the host of the first answer
 
@@ -112,24 +106,29 @@ class Worker:
         for name in zoo.MODELS:
             zoo.build_empty(name, zoo.resolve_config(name, "tiny"))
         if self.preload_transformers:
-            await asyncio.to_thread(_preload_transformers)
+            await asyncio.to_thread(loading.preload_transformers)
         from flashpoint import heap
 
         heap.settle()  # torch and the model code out of the collector's scans
         from flashpoint.rpc import connect
 
         self._host_conn = await connect(
-            self.host_url, {"load_replica": self._load_replica, "shutdown": self._shutdown,
-                            "load_kaas": self._load_kaas,
-                            "complete_replica": self._complete_replica,
-                            "dissolve_stage": self._dissolve_stage,
-                            "set_next_hop": self._set_next_hop,
-                            "replica_stats": self._replica_stats},
+            self.host_url, {
+                "load_replica": handler(hw.LoadReplica, self._load_replica, "load_replica"),
+                "load_kaas": handler(hw.LoadKaas, self._load_kaas, "load_kaas"),
+                "complete_replica": handler(hw.CompleteReplica, self._complete_replica,
+                                            "complete_replica"),
+                "dissolve_stage": handler(hw.DissolveStage, self._dissolve_stage,
+                                          "dissolve_stage"),
+                "set_next_hop": handler(hw.SetNextHop, self._set_next_hop, "set_next_hop"),
+                "replica_stats": handler(hw.ReplicaStats, self._replica_stats, "replica_stats"),
+                "shutdown": handler(hw.Shutdown, self._shutdown, "shutdown")},
             secret=self.credential.key, name=self.credential.principal, connect_timeout_s=10.0,
         )
         self._host_conn.add_close_callback(lambda *_: self._done.set())
-        await self._host_conn.call("worker_hello", {"worker_id": self.worker_id, "pid": os.getpid()},
-                                   timeout_s=10.0)
+        await self._host_conn.call(
+            "worker_hello", to_payload(hw.WorkerHello(worker_id=self.worker_id, pid=os.getpid())),
+            timeout_s=10.0)
         await self._done.wait()
         await self._teardown()
 
@@ -143,223 +142,231 @@ class Worker:
         if self._host_conn is not None and not self._host_conn.closed:
             await self._host_conn.close()
 
-    async def _shutdown(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _shutdown(self, conn: Any, msg: hw.Shutdown) -> hw.Ok:
         asyncio.get_running_loop().call_later(0.01, self._done.set)
-        return {"ok": True}
+        return hw.Ok()
 
-    # ------------------------------------------------------------------------------------
-    async def _load_replica(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
-        received = time.perf_counter()
-        if self.replica is not None:
-            if self.replica.replica_id == payload["replica_id"]:
-                return {"timings_s": self._ready_payload["timings_s"] if self._ready_payload else {},
-                        **self._pipeline_reply()}
-            raise BadRequest("worker already serves another replica")
-        spec = FunctionSpec.from_dict(payload["spec"])
-        pipeline = payload.get("pipeline")
-        if pipeline is not None and (payload.get("stage") is None or not isinstance(pipeline, dict)):
-            raise BadRequest("pipeline options need a stage and must be a map")
-        bind_ids(replica_id=payload["replica_id"])
-        # Before anything touches CUDA: its GPU binding and MPS/hook settings (warm pool
-        # ordering, flashpoint/gpu/host_sharing.py).
-        apply_env(payload.get("env") or {})
-        self._controller_url = str(payload["controller_url"])
-        if pipeline is None and self._controller is None:
-            # Connect to the controller (socket, WebSocket upgrade, handshake: tens of ms)
-            # while the module loads; the connection announces the replica once it serves.
-            self._connect_controller()
-            await self._controller.start()
-        try:
-            timings = await asyncio.to_thread(self._load_blocking, payload, spec, received)
-        except BaseException:
-            if self._controller is not None and not self._announceable.is_set():
-                # Nothing to announce: the connection opened for it goes (the host stops
-                # this worker after a failed start anyway).
+    # the state and its commands -----------------------------------------------------------
+    def _apply(self, event: ws.Event) -> list[ws.Command]:
+        commands = self.state.handle(event)
+        if self.state.announceable:
+            self._announceable.set()
+        return commands
+
+    async def _execute(self, commands: list[ws.Command]) -> None:
+        """Run the commands that need nothing but this actor (the handlers run the others,
+        whose outcome is their reply)."""
+        for cmd in commands:
+            if isinstance(cmd, ws.ConnectController):
+                self._connect_controller()
+                await self._controller.start()
+            elif isinstance(cmd, ws.DropController):
                 client, self._controller = self._controller, None
-                await client.stop()
+                if client is not None:
+                    await client.stop()
+            elif isinstance(cmd, ws.StartServing):
+                self._start_batcher()
+            elif isinstance(cmd, ws.Announce):
+                await self._controller.call("replica_ready", to_payload(cmd.message),
+                                            timeout_s=10.0)
+            elif isinstance(cmd, ws.ReportServed):
+                if self._host_conn is not None:
+                    self._served_task = asyncio.get_running_loop().create_task(
+                        self._report_served(), name="replica-served")
+            else:  # a command for the handler that applied the event
+                raise AssertionError(f"unexpected worker command {cmd!r}")
+
+    async def _announce(self, conn: Any) -> None:
+        """Every connection to the controller announces the replica, once it serves."""
+        await self._announceable.wait()  # connected while loading: announce once serving
+        for cmd in self._apply(ws.ControllerConnected(time.perf_counter())):
+            assert isinstance(cmd, ws.Announce)
+            await conn.call("replica_ready", to_payload(cmd.message), timeout_s=10.0)
+
+    def _connect_controller(self) -> None:
+        """The client that serves this replica's requests (or KaaS runs); its first and
+        every later connection announces the replica (``_announce``)."""
+        from flashpoint.rpc import ReconnectingClient
+
+        common = {"replica_status": handler(cw.ReplicaStatus, self._status, "replica_status"),
+                  "ping": handler(cw.Ping, self._ping, "ping")}
+        if self.state.kind is ws.ReplicaKind.KAAS:
+            methods = {"kaas_run": handler(cw.KaasRun, self._kaas_run, "kaas_run"),
+                       "kaas_reset": handler(cw.KaasReset, self._kaas_reset, "kaas_reset")}
+        else:
+            methods = {"infer": handler(cw.InferRequest, self._infer, "infer"),
+                       "infer_many": handler(cw.InferMany, self._infer_many, "infer_many"),
+                       "hand_off": handler(HandOffSequences, self._hand_off, "hand_off")}
+        self._controller = ReconnectingClient(
+            self._controller_url, {**methods, **common}, secret=self.credential.key,
+            name=self.credential.principal, on_connected=self._announce)
+
+    # loading -------------------------------------------------------------------------------
+    async def _load_replica(self, conn: Any, msg: hw.LoadReplica) -> hw.LoadReplicaReply:
+        received = time.perf_counter()
+        if msg.pipeline is not None:
+            if msg.stage is None:
+                raise BadRequest("pipeline options need a stage")
+            if not 0 <= msg.pipeline.port < 65536:
+                raise BadRequest("pipeline port must be an integer in [0, 65536)")
+        commands = self._apply(ws.LoadRequested(msg.replica_id, ws.ReplicaKind.MODEL,
+                                             pipeline=msg.pipeline is not None))
+        if isinstance(commands[0], ws.ReplyLoaded):  # a retried call: the same answer
+            return hw.LoadReplicaReply(timings_s=commands[0].timings_s,
+                                       weights=self.weights_role,
+                                       pipeline_endpoint=self._stage_endpoint())
+        try:
+            spec = FunctionSpec.from_dict(msg.spec)
+            bind_ids(replica_id=msg.replica_id)
+            # Before anything touches CUDA: its GPU binding and MPS/hook settings (warm pool
+            # ordering, flashpoint/gpu/host_sharing.py).
+            apply_env(msg.env)
+            self._controller_url = msg.controller_url
+            # ConnectController first (when the state asks): the socket, WebSocket upgrade
+            # and handshake (tens of ms) overlap LoadModule, the thread below.
+            await self._execute([c for c in commands if isinstance(c, ws.ConnectController)])
+            loaded = await asyncio.to_thread(loading.load, msg, spec, received)
+        except BaseException:
+            await self._execute(self._apply(ws.LoadFailed()))
             raise
-        timings["fetch"] = float(payload.get("fetch_s", 0.0))
-        host_timings = payload.get("host_timings_s")
-        if isinstance(host_timings, dict):
-            timings.update({str(k): float(v) for k, v in host_timings.items()
-                            if isinstance(v, int | float) and not isinstance(v, bool)})
-        self._ready_payload = {
-            "replica_id": payload["replica_id"], "host_id": payload["host_id"],
-            "function": spec.name, "credits": spec.replica_concurrency, "timings_s": timings,
-            "source": str(payload.get("source", "")),
-        }
-        if pipeline is not None:
-            await self._start_stage_server(pipeline)
+        self.replica, self.weights_role = loaded.replica, loaded.weights_role
+        timings = {**loaded.timings_s, "fetch": msg.fetch_s, **msg.host_timings_s}
+        commands = self._apply(ws.ReplicaLoaded(
+            msg.replica_id, msg.host_id, spec.name, spec.replica_concurrency, timings,
+            msg.source, loaded.loaded_s, stage=msg.stage))
+        if any(isinstance(c, ws.StartStageServer) for c in commands):
+            assert msg.pipeline is not None
+            await self._start_stage_server(msg.pipeline)
             log.info("stage_loaded", endpoint=str(self.stage_server.endpoint),
                      **{k: round(v, 4) for k, v in timings.items()})
-            return {"timings_s": timings, **self._pipeline_reply()}
-        await self._serve_whole(spec)
+            return hw.LoadReplicaReply(timings_s=timings, pipeline_endpoint=self._stage_endpoint())
+        await self._execute(commands)
         log.info("replica_loaded", **{k: round(v, 4) for k, v in timings.items()})
-        return {"timings_s": timings, "weights": self.weights_role}
+        return hw.LoadReplicaReply(timings_s=timings, weights=self.weights_role)
 
-    async def _serve_whole(self, spec: FunctionSpec) -> None:
-        """Batch requests for the loaded module and announce it to the controller."""
+    def _start_batcher(self) -> None:
+        """Batch requests for the loaded module (a causal LM: its token loop instead)."""
         from flashpoint.worker.batcher import Batcher
 
-        served = self.replica.served if self.replica is not None else None
-        if getattr(served, "generates", False):  # a causal LM: token loop, not batches
+        rep = self.replica
+        assert rep is not None
+        served, spec = rep.served, rep.spec
+        if getattr(served, "generates", False):
             from flashpoint.worker.generation import GenerationLoop
 
-            assert self.replica is not None
-            engine = served.build_engine(self.replica.module, max_running=spec.max_batch_size)
+            engine = served.build_engine(rep.module, max_running=spec.max_batch_size)
             self.batcher = GenerationLoop(engine, max_waiting=4 * spec.max_batch_size)
         else:
             self.batcher = Batcher(self._run_batch, spec.max_batch_size,
                                    spec.batch_wait_ms / 1000.0,
                                    pad_values=served.pad_values if served is not None else None)
         self.batcher.start()
-        self._announceable.set()
-        if self._controller is None:
-            self._connect_controller()
-            await self._controller.start()
 
-    def _connect_controller(self) -> None:
-        """The client that serves this replica's requests; its first (and every later)
-        connection announces the replica, once there is one (``_announceable``)."""
-        from flashpoint.rpc import ReconnectingClient
-
-        self._controller = ReconnectingClient(
-            self._controller_url, {"infer": self._infer, "infer_many": self._infer_many,
-             "replica_status": self._status, "ping": self._ping},
-            secret=self.credential.key, name=self.credential.principal,
-            on_connected=self._announce,
-        )
+    def _run_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        assert self.replica is not None  # the whole module once completed
+        return loading.run_batch(inputs, self.replica)
 
     # KaaS executor --------------------------------------------------------------------------
-    async def _load_kaas(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _load_kaas(self, conn: Any, msg: hw.LoadKaas) -> hw.LoadKaasReply:
         """Become a KaaS executor replica (idempotent by replica id): build the executor on
         the device now (its CUDA context and cache, so the first request pays for data
         only, as the paper's executors), then announce to the controller."""
         from flashpoint.kaas import KAAS_FUNCTION
         from flashpoint.kaas.remote import WorkerKaasRuntime
-        from flashpoint.rpc import ReconnectingClient
 
-        rid = str(payload.get("replica_id", ""))
-        if self.kaas is not None and self.kaas.executor_id == rid:
-            return {"timings_s": self._ready_payload["timings_s"] if self._ready_payload else {}}
-        if self.kaas is not None or self.replica is not None:
-            raise BadRequest("worker already serves another replica")
-        cache_bytes = payload.get("cache_bytes")
-        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes <= 0:
-            raise BadRequest("load_kaas needs a positive integer cache_bytes")
-        bind_ids(replica_id=rid)
-        apply_env(payload.get("env") or {})
-        runtime = WorkerKaasRuntime(rid, str(payload.get("device", "cpu")),
-                                    capacity_bytes=cache_bytes)
-        t0 = time.perf_counter()
-        await asyncio.to_thread(runtime.executor)
+        commands = self._apply(ws.LoadRequested(msg.replica_id, ws.ReplicaKind.KAAS))
+        if isinstance(commands[0], ws.ReplyLoaded):
+            return hw.LoadKaasReply(timings_s=commands[0].timings_s)
+        try:
+            if msg.cache_bytes <= 0:
+                raise BadRequest("load_kaas needs a positive integer cache_bytes")
+            bind_ids(replica_id=msg.replica_id)
+            apply_env(msg.env)
+            runtime = WorkerKaasRuntime(msg.replica_id, msg.device, capacity_bytes=msg.cache_bytes)
+            t0 = time.perf_counter()
+            await asyncio.to_thread(runtime.executor)
+        except BaseException:
+            await self._execute(self._apply(ws.LoadFailed()))
+            raise
         timings = {"load": time.perf_counter() - t0}
-        self.kaas = runtime
-        self._ready_payload = {
-            "replica_id": rid, "host_id": payload.get("host_id", ""), "function": KAAS_FUNCTION,
-            "kind": "kaas", "credits": 1, "timings_s": timings, "source": "kaas"}
-        self._announceable.set()
-        self._controller = ReconnectingClient(
-            str(payload["controller_url"]),
-            {"kaas_run": self._kaas_run, "kaas_reset": self._kaas_reset,
-             "replica_status": self._status, "ping": self._ping},
-            secret=self.credential.key, name=self.credential.principal,
-            on_connected=self._announce)
-        await self._controller.start()
+        self.kaas, self._controller_url = runtime, msg.controller_url
+        # now_s 0: an executor's announcement carries no ``announce`` phase (as before).
+        await self._execute(self._apply(ws.ReplicaLoaded(
+            msg.replica_id, msg.host_id, KAAS_FUNCTION, 1, timings, "kaas", 0.0,
+            kind=ws.ReplicaKind.KAAS)))
         log.info("kaas_executor_loaded", **{k: round(v, 4) for k, v in timings.items()})
-        return {"timings_s": timings}
+        return hw.LoadKaasReply(timings_s=timings)
 
-    async def _kaas_run(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _kaas_run(self, conn: Any, msg: cw.KaasRun) -> cw.KaasRunReply:
         if self.kaas is None:
             raise Unavailable("this worker is no KaaS executor", retry_after_s=0.1)
         # Off the loop: kernels and copies block; the worker's connections stay responsive.
-        return await asyncio.to_thread(self.kaas.run, payload)
+        return await asyncio.to_thread(self.kaas.run, msg)
 
-    async def _kaas_reset(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _kaas_reset(self, conn: Any, msg: cw.KaasReset) -> cw.KaasState:
         if self.kaas is None:
             raise Unavailable("this worker is no KaaS executor", retry_after_s=0.1)
         return await asyncio.to_thread(self.kaas.reset)
 
     # partition stages ---------------------------------------------------------------------
-    def _pipeline_reply(self) -> dict[str, Any]:
+    def _stage_endpoint(self) -> list[Any] | None:
         ep = self.stage_server.endpoint if self.stage_server is not None else None
-        return {"pipeline_endpoint": ep.to_wire() if ep is not None else None}
+        return ep.to_wire() if ep is not None else None
 
-    async def _start_stage_server(self, pipeline: dict[str, Any]) -> None:
-        """Serve the stage module as one stage of a pipeline (``pipeline``: ``listen_host``,
-        ``port`` (0: any), ``next_hop`` (an endpoint's wire form, or None for the last))."""
+    async def _start_stage_server(self, pipeline: hw.PipelineOptions) -> None:
+        """Serve the stage module as one stage of a pipeline."""
         from flashpoint.pipeline.stage import StageServer
         from flashpoint.transfer.plan import Endpoint
 
         rep = self.replica
         assert rep is not None
-        nxt = pipeline.get("next_hop")
-        port = pipeline.get("port", 0)
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
-            raise BadRequest("pipeline port must be an integer in [0, 65536)")
+        nxt = pipeline.next_hop
         server = StageServer(
-            rep.module, host=str(pipeline.get("listen_host") or "127.0.0.1"), port=port,
+            rep.module, host=pipeline.listen_host or "127.0.0.1", port=pipeline.port,
             secret=self.secret, next_hop=Endpoint.from_wire(nxt) if nxt is not None else None,
             device=rep.device, stage_id=rep.replica_id)
         await server.start()
         self.stage_server = server
 
-    async def _complete_replica(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _complete_replica(self, conn: Any,
+                                msg: hw.CompleteReplica) -> hw.CompleteReplicaReply:
         """Model completion: the host has every byte of the model now. Build the whole
         module over the mapping this stage already holds, warm it, and announce this worker
         to the controller as a whole replica. The stage server (if any) keeps serving,
         untouched, until ``dissolve_stage``, so completion never fails a pipeline request
         in flight. Idempotent; a whole replica replies at once."""
-        rep = self.replica
-        if rep is None:
-            raise Unavailable("no replica loaded", retry_after_s=0.1)
-        if rep.stage is None:
-            return {"completed": True, "timings_s": {}}
-        if self._completing is None:
-            self._completing = asyncio.get_running_loop().create_task(self._complete())
+        commands = self._apply(ws.CompletionRequested())
+        if isinstance(commands[0], ws.ReplyCompleted):
+            return hw.CompleteReplicaReply(completed=True, timings_s=commands[0].timings_s)
+        if isinstance(commands[0], ws.BuildWhole):
+            self._completing = asyncio.get_running_loop().create_task(
+                self._complete(), name="complete-replica")
+        task = self._completing  # AwaitCompletion: the one already under way
+        assert task is not None
         try:
-            timings = await asyncio.shield(self._completing)
+            timings = await asyncio.shield(task)
         except BaseException:
-            if self._completing.done():
+            if task.done() and self._completing is task:
                 self._completing = None  # the host may try again
             raise
-        return {"completed": True, "timings_s": timings}
+        return hw.CompleteReplicaReply(completed=True, timings_s=timings)
 
     async def _complete(self) -> dict[str, float]:
         rep = self.replica
         assert rep is not None and rep.stage is not None
-        whole, timings = await asyncio.to_thread(self._build_whole, rep)
+        try:
+            whole, timings = await asyncio.to_thread(loading.build_whole, rep)
+        except BaseException:
+            self._apply(ws.CompletionFailed())
+            raise
         t0 = time.perf_counter()
         # From here ``_run_batch`` uses the whole module; the stage server holds its own.
         self.replica = whole
-        assert self._ready_payload is not None
-        self._ready_payload["timings_s"] = {**self._ready_payload["timings_s"], **timings}
-        if self._controller is None:
-            await self._serve_whole(whole.spec)
-        else:  # a stage deployed without pipeline options announced itself already
-            await self._controller.call("replica_ready", self._ready_payload, timeout_s=10.0)
+        await self._execute(self._apply(ws.ReplicaCompleted(timings, t0)))
         log.info("replica_completed", announce_s=round(time.perf_counter() - t0, 4))
-        return dict(self._ready_payload["timings_s"])
+        return dict(self.state.timings_s)
 
-    def _build_whole(self, rep: LoadedReplica) -> tuple[LoadedReplica, dict[str, float]]:
-        import torch
-
-        from flashpoint.models.publish import load_module
-
-        t0 = time.perf_counter()
-        module = load_module(rep.manifest, memoryview(rep.mapping), device="cpu")
-        t1 = time.perf_counter()
-        if rep.device.startswith("cuda"):
-            module = module.to(rep.device)
-            torch.cuda.synchronize(rep.device)
-        t2 = time.perf_counter()
-        whole = _whole_replica(rep.replica_id, rep.spec, module, rep.device, rep.mapping,
-                               rep.manifest)
-        self._warm_up(whole)
-        return whole, {"complete_load": t1 - t0, "complete_to_device": t2 - t1,
-                       "complete_first_inference": time.perf_counter() - t2}
-
-    async def _set_next_hop(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _set_next_hop(self, conn: Any, msg: hw.SetNextHop) -> hw.Ok:
         """Where this stage forwards its outputs: the controller links a pipeline only after
         every stage serves, so stages load in parallel without knowing each other first.
         (The stage server dials its next hop on its first request.)"""
@@ -367,139 +374,26 @@ class Worker:
 
         if self.stage_server is None:
             raise BadRequest("this worker serves no pipeline stage")
-        self.stage_server.next_hop = Endpoint.from_wire(payload.get("next_hop"))
-        return {"ok": True}
+        self.stage_server.next_hop = Endpoint.from_wire(msg.next_hop)
+        return hw.Ok()
 
-    async def _dissolve_stage(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _dissolve_stage(self, conn: Any, msg: hw.DissolveStage) -> hw.DissolveStageReply:
         """Stop serving the pipeline stage (its links close: a request still in it fails
         with PeerLost, so the controller dissolves a pipeline only once it sends no more
         work there). The whole replica, if completed, keeps serving."""
         server, self.stage_server = self.stage_server, None
         if server is None:
-            return {"dissolved": False}
+            return hw.DissolveStageReply(dissolved=False)
+        self._apply(ws.StageDissolved())
         await server.stop()
-        return {"dissolved": True}
+        return hw.DissolveStageReply(dissolved=True)
 
-    async def _announce(self, conn: Any) -> None:
-        await self._announceable.wait()  # connected while loading: announce once serving
-        assert self._ready_payload is not None
-        timings = self._ready_payload["timings_s"]
-        if "announce" not in timings and self._loaded_s:  # the first announcement only
-            timings["announce"] = time.perf_counter() - self._loaded_s
-        await conn.call("replica_ready", self._ready_payload, timeout_s=10.0)
-
-    def _load_blocking(self, payload: dict[str, Any], spec: FunctionSpec,
-                       received_s: float) -> dict[str, float]:
-        import torch
-
-        from flashpoint.models.publish import builder_takes_files, load_module
-        from flashpoint.registry.format import Manifest
-
-        t0 = time.perf_counter()
-        prepare = {"worker_prepare": t0 - received_s}
-        manifest = Manifest.from_json(payload["manifest_json"])
-        # O_NOFOLLOW: the host's private cache directory holds files, never symlinks.
-        fd = os.open(payload["cache_path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            # MAP_PRIVATE: zero-copy views; a stray write copies a page instead of corrupting
-            # the bytes every other worker on this host shares.
-            mapping = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE,
-                                prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-        stage = payload.get("stage")
-        if stage is not None:
-            # A partition stage (execute-while-load): only its own layers' bytes need to be
-            # in the cache yet; the host has waited for exactly that range.
-            from flashpoint.models.publish import load_stage
-            from flashpoint.models.serving.stage import served_stage
-            from flashpoint.registry.manifest import layer_range
-
-            module = load_stage(manifest, memoryview(mapping), stage[0], stage[1], device="cpu")
-            i, j = layer_range(manifest, stage[0], stage[1])
-            module = served_stage(manifest, module, memoryview(mapping), first=i == 0,
-                                  last=j == len(manifest.layers) - 1)
-        else:
-            module = None
-        device = payload.get("device", "cpu")
-        slot = payload.get("weight_slot")
-        if (module is None and device.startswith("cuda") and isinstance(slot, dict)
-                and not builder_takes_files(manifest)):  # an archive's module needs its files
-            # FaST-style weight sharing: the first replica on this GPU exports its weights,
-            # later ones map them (CUDA IPC) once the slot's ready flag is up.
-            module, role = self._shared_weights(manifest, mapping, device, slot)
-            self.weights_role = role
-            t1 = time.perf_counter()
-        else:
-            if module is None:
-                module = load_module(manifest, memoryview(mapping), device="cpu")
-            t1 = time.perf_counter()
-            if device.startswith("cuda"):
-                module = module.to(device)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize(device)
-        t2 = time.perf_counter()
-        if stage is not None:
-            # A stage's input is the previous stage's activation; there is no example of it
-            # here, so it is warmed by its first real request instead.
-            self.replica = LoadedReplica(payload["replica_id"], spec, module, device,
-                                         ["activation"], ["activation"], mapping, manifest,
-                                         list(stage))
-            self._loaded_s = t2
-            return {**prepare, "load": t1 - t0, "to_device": t2 - t1, "first_inference": 0.0}
-        self.replica = _whole_replica(payload["replica_id"], spec, module, device, mapping,
-                                      manifest)
-        self._warm_up(self.replica)
-        t3 = time.perf_counter()
-        if self.weights_role:
-            log.info("weights_shared", role=self.weights_role)
-        self._loaded_s = t3
-        return {**prepare, "load": t1 - t0, "to_device": t2 - t1, "first_inference": t3 - t2}
-
-    def _shared_weights(self, manifest: Any, mapping: mmap.mmap, device: str,
-                        slot: dict[str, Any]) -> tuple[Any, str]:
-        """The module with weights exported to, or mapped from, the host's slot for this
-        model on this GPU (gpu/weight_share.py); returns it and this worker's role."""
-        from flashpoint.gpu.weight_share import WeightSlot, share_module_weights
-        from flashpoint.models.publish import empty_module, load_module
-
-        module, role = share_module_weights(
-            empty_module(manifest), WeightSlot(str(slot["dir"]), str(slot["key"])), device,
-            float(slot.get("timeout_s", 60.0)),
-            lambda: load_module(manifest, memoryview(mapping), device=device))
-        return module, role.name.lower()
-
-    def _warm_up(self, rep: LoadedReplica) -> None:
-        """The replica's first inference, on its serving task's own valid request."""
-        served = rep.served
-        if getattr(served, "generates", False):  # one forward pass, no sequence
-            self._run_batch(served.warmup_module_inputs(), rep)
-            return
-        self._run_batch(served.prepare(served.warmup_request()), rep)
-
-    def _run_batch(self, inputs: dict[str, np.ndarray],
-                   rep: LoadedReplica | None = None) -> dict[str, np.ndarray]:
-        import torch
-
-        rep = rep or self.replica
-        assert rep is not None
-        args = []
-        for name in rep.input_names:
-            arr = inputs[name]
-            if not arr.flags.writeable:  # frombuffer over wire bytes; torch wants writable
-                arr = arr.copy()
-            t = torch.from_numpy(np.ascontiguousarray(arr))
-            args.append(t.to(rep.device) if rep.device != "cpu" else t)
-        with torch.inference_mode():
-            out = rep.module(*args)
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        return {n: o.detach().cpu().numpy() for n, o in zip(rep.output_names, outs, strict=False)}
-
-    def _request(self, payload: dict[str, Any]) -> tuple[dict[str, np.ndarray], bool]:
+    # requests ------------------------------------------------------------------------------
+    def _request(self, msg: cw.InferRequest) -> tuple[dict[str, np.ndarray], bool]:
         """One infer request's inputs, checked against the replica, and its class."""
         if self.replica is None or self.batcher is None:
             raise Unavailable("replica not loaded", retry_after_s=0.1)
-        inputs = decode_tensors(payload.get("inputs"))
+        inputs = decode_tensors(msg.inputs)
         missing = set(self.replica.request_inputs) - set(inputs)
         if missing:
             raise BadRequest(f"missing inputs: {sorted(missing)}")
@@ -510,53 +404,55 @@ class Worker:
         except Exception as exc:  # the tokenizer or decoder raised on this request's values
             raise InvalidInput(f"inputs could not be prepared: {type(exc).__name__}: "
                                f"{exc}"[:500]) from None
-        return prepared, payload.get("class") == RequestClass.BEST_EFFORT
+        return prepared, msg.request_class == RequestClass.BEST_EFFORT
 
     def _prepares_in_thread(self) -> bool:
         """Whether requests are prepared off the event loop (image decoding takes ms)."""
         rep = self.replica
         return bool(rep is not None and getattr(rep.served, "prepare_in_thread", False))
 
-    async def _infer(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _infer(self, conn: Any, msg: cw.InferRequest
+                     ) -> cw.InferReply | cw.InferStreamReply | InferHandedOff:
         if self._prepares_in_thread():
-            inputs, best_effort = await asyncio.to_thread(self._request, payload)
+            inputs, best_effort = await asyncio.to_thread(self._request, msg)
         else:
-            inputs, best_effort = self._request(payload)
+            inputs, best_effort = self._request(msg)
         assert self.batcher is not None
-        if payload.get("stream") and hasattr(self.batcher, "stream"):
-            return await self._infer_stream(conn, payload, inputs)
+        if msg.stream and hasattr(self.batcher, "stream"):
+            return await self._infer_stream(conn, msg, inputs)
         outputs, timings = await self.batcher.submit(inputs, best_effort=best_effort)
-        self._first_served()
-        return {"outputs": encode_tensors(self._finish(outputs)), "timings_s": timings}
-
-    def _first_served(self) -> None:
-        """After the replica's first answer, tell the host (its warm pool waits for it
-        before starting a process that would compete for the CPU)."""
-        if self._served_task is None and self._host_conn is not None:
-            self._served_task = asyncio.get_running_loop().create_task(
-                self._report_served(), name="replica-served")
+        tracing.worker_span(msg.traceparent, msg.request_id, timings)
+        if not self.state.served:  # the hot path pays one attribute read after the first
+            await self._execute(self._apply(ws.RequestAnswered()))
+        return cw.InferReply(outputs=encode_tensors(self._finish(outputs)), timings_s=timings)
 
     async def _report_served(self) -> None:
         try:
-            await self._host_conn.call("replica_served", {"worker_id": self.worker_id},
-                                       timeout_s=10.0)
+            await self._host_conn.call(
+                "replica_served", to_payload(hw.ReplicaServed(worker_id=self.worker_id)),
+                timeout_s=10.0)
         except FlashpointError as exc:  # the host refills after refill_hold_s anyway
             log.warning("replica_served_report_failed", error=exc.code)
 
-    async def _infer_stream(self, conn: Any, payload: dict[str, Any],
-                            request: Any) -> dict[str, Any]:
+    async def _infer_stream(self, conn: Any, msg: cw.InferRequest,
+                            request: Any) -> cw.InferStreamReply | InferHandedOff:
         """A generation request whose tokens go back as they come: one ``gen_chunk``
-        notification per token boundary to the caller (``request_id``, ``index`` from 0,
-        ``text``, ``token_id``), then the reply: the whole answer and ``chunks``, how many
-        were sent (notifications may be handled after the reply arrives). The caller
-        cancelling the call (a client gone) cancels the sequence and frees its cache."""
+        notification per token boundary to the caller (``index`` from 0), then the reply:
+        the whole answer and ``chunks``, how many were sent. The caller cancelling the call
+        (a client gone) cancels the sequence and frees its cache. Live migration: a request
+        with ``resume`` goes on from another replica's tokens (its chunks numbered on); one
+        handed off here (``hand_off``) answers :class:`InferHandedOff`."""
         from flashpoint.models.generate import FinishReason, GenerationResult
+        from flashpoint.worker.generation import hand_off_message, resumed_request
 
-        rid = str(payload.get("request_id", ""))
+        rid = msg.request_id
         started = time.perf_counter()
-        stream = self.batcher.stream(request)
-        ids: list[int] = []
-        text, finish, index = "", FinishReason.LENGTH, 0
+        request, index = resumed_request(
+            request, None if isinstance(msg.resume, msgspec.UnsetType) else msg.resume)
+        stream = self.batcher.stream(request, key=rid)
+        ids: list[int] = list(request.progress.generated_ids) if request.progress else []
+        text = request.progress.emitted_text if request.progress else ""
+        finish = FinishReason.LENGTH
         try:
             async for event in stream:
                 if event.token_id is not None:
@@ -564,35 +460,43 @@ class Worker:
                 text += event.text_delta
                 if event.finish is not None:
                     finish = event.finish
-                await conn.notify("gen_chunk", {"request_id": rid, "index": index,
-                                                "text": event.text_delta,
-                                                "token_id": event.token_id}, trace=rid)
+                await conn.notify("gen_chunk", to_payload(cw.GenChunk(
+                    request_id=rid, index=index, text=event.text_delta,
+                    token_id=event.token_id)), trace=rid)
                 index += 1
         finally:
             await stream.aclose()
+        if stream.handed_off is not None:  # left for another replica (hand_off)
+            return InferHandedOff(handed_off=hand_off_message(request, stream.handed_off, index),
+                                  chunks=index)
         result = GenerationResult(len(request.prompt_ids), tuple(ids), text, finish)
-        return {"outputs": encode_tensors(self._finish(result)), "chunks": index,
-                "timings_s": {"inference": time.perf_counter() - started}}
+        timings = {"inference": time.perf_counter() - started}
+        if request.progress is not None:  # resumed here: its prefill is part of the gap
+            timings["resume_prefill"] = stream.prefill_s
+        return cw.InferStreamReply(outputs=encode_tensors(self._finish(result)), chunks=index,
+                                   timings_s=timings)
 
     def _finish(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request's module outputs as its answer (the serving task's ``finish``)."""
         served = self.replica.served if self.replica is not None else None
         return served.finish(outputs) if served is not None else outputs
 
-    async def _infer_many(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _infer_many(self, conn: Any, msg: cw.InferMany) -> cw.InferManyReply:
         """Several requests in one frame; each gets its outputs or its own error.
 
         Every request is queued before the first wait, so the batching loop sees them all
         together; their futures are awaited in turn (no task per request).
         """
-        requests = payload.get("requests")
-        if not isinstance(requests, list) or not requests:
+        if not msg.requests:
             raise BadRequest("infer_many needs a non-empty list of requests")
+
         def prepare_all() -> list[tuple[dict[str, np.ndarray], bool] | Exception]:
             out: list[tuple[dict[str, np.ndarray], bool] | Exception] = []
-            for req in requests:
-                try:
-                    out.append(self._request(req if isinstance(req, dict) else {}))
+            for req in msg.requests:
+                try:  # each request validated alone: a malformed one fails by itself
+                    item = (from_payload(cw.InferRequest, req, method="infer_many")
+                            if isinstance(req, dict) else cw.InferRequest())
+                    out.append(self._request(item))
                 except Exception as exc:  # never let one request fail its neighbours
                     out.append(exc)
             return out
@@ -604,92 +508,71 @@ class Worker:
         waits: list[asyncio.Future | dict[str, Any]] = []
         for item in prepared:
             if isinstance(item, Exception):
-                waits.append(_error_reply(item))
+                waits.append(to_payload(_failed(item)))
                 continue
             inputs, best_effort = item
             assert self.batcher is not None
             waits.append(self.batcher.enqueue(inputs, best_effort=best_effort))
+        # Each reply in wire form as it comes (InferManyReply carries wire values).
         replies: list[dict[str, Any]] = []
         try:
-            for w in waits:
+            for req, w in zip(msg.requests, waits, strict=True):
                 if isinstance(w, dict):
                     replies.append(w)
                     continue
                 try:
                     outputs, timings = await w
-                    replies.append({"outputs": encode_tensors(self._finish(outputs)),
-                                    "timings_s": timings})
+                    if isinstance(req, dict) and req.get("traceparent"):
+                        tracing.worker_span(str(req["traceparent"]),
+                                            str(req.get("request_id", "")), timings)
+                    replies.append(to_payload(cw.InferReply(
+                        outputs=encode_tensors(self._finish(outputs)), timings_s=timings)))
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    replies.append(_error_reply(exc))
+                    replies.append(to_payload(_failed(exc)))
         except BaseException:
             for w in waits:  # cancelled (the caller gave up): nobody waits on the rest
                 if not isinstance(w, dict):
                     w.cancel()
             raise
-        self._first_served()
-        return {"replies": replies}
+        if not self.state.served:  # the hot path pays one attribute read after the first
+            await self._execute(self._apply(ws.RequestAnswered()))
+        return cw.InferManyReply(replies=replies)
 
-    async def _replica_stats(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _replica_stats(self, conn: Any, msg: hw.ReplicaStats) -> hw.ReplicaStatsReply:
         """The host's ``/metrics`` scrape: this replica's inference counters (see
         worker/replica_stats.py); ``stats`` is empty while no whole replica is served
         (idle, loading, a pipeline stage, a KaaS executor)."""
         rep, batcher = self.replica, self.batcher
         if rep is None or batcher is None:
-            return {"replica_id": "", "function": "", "stats": {}}
-        return {"replica_id": rep.replica_id, "function": rep.spec.name,
-                "stats": batcher.stats.snapshot()}
+            return hw.ReplicaStatsReply()
+        return hw.ReplicaStatsReply(replica_id=rep.replica_id, function=rep.spec.name,
+                                    stats={**batcher.stats.snapshot(),
+                                                                     "queued": batcher.depth})
 
-    async def _ping(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _hand_off(self, conn: Any, msg: HandOffSequences) -> HandOffAccepted:
+        """Live migration: the controller takes these streamed sequences elsewhere; each
+        leaves at the next token boundary and its ``infer`` call answers InferHandedOff."""
+        hand_off = getattr(self.batcher, "hand_off", None)  # a generation loop's only
+        return HandOffAccepted(handing_off=hand_off(msg.request_ids) if hand_off else 0)
+
+    async def _ping(self, conn: Any, msg: cw.Ping) -> cw.Pong:
         """The controller's liveness probe on this connection (answered by the event loop,
         so a stopped or wedged process misses it; inference runs off the loop)."""
-        return {}
+        return cw.Pong()
 
-    async def _status(self, conn: Any, payload: dict[str, Any]) -> dict[str, Any]:
-        return {"depth": self.batcher.depth if self.batcher else 0,
-                "batches": self.batcher.batches_run if self.batcher else 0,
-                # sequences generating now (a text-generation replica; else 0)
-                "running": getattr(self.batcher, "running", 0) if self.batcher else 0}
-
-
-def _preload_transformers() -> None:
-    """Import what a Hugging Face model's cold start needs (tokenizers, image processors,
-    the common model families), so that it is not paid by the first request; absent
-    transformers, nothing."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a worker never downloads
-    try:
-        import transformers
-        from transformers import AutoImageProcessor, AutoTokenizer  # noqa: F401
-    except ImportError:
-        return
-    for cls in ("BertForSequenceClassification", "GPT2LMHeadModel", "LlamaForCausalLM",
-                "RobertaForSequenceClassification",
-                "DistilBertForSequenceClassification", "ViTForImageClassification",
-                "ResNetForImageClassification", "ViTImageProcessorPil",
-                "ConvNextImageProcessorPil"):
-        getattr(transformers, cls, None)  # lazy modules: attribute access imports them
+    async def _status(self, conn: Any, msg: cw.ReplicaStatus) -> cw.ReplicaStatusReply:
+        b = self.batcher
+        return cw.ReplicaStatusReply(depth=b.depth if b else 0, batches=b.batches_run if b else 0,
+                                     running=getattr(b, "running", 0) if b else 0)
 
 
-def _whole_replica(replica_id: str, spec: FunctionSpec, module: Any, device: str,
-                   mapping: mmap.mmap, manifest: Any) -> LoadedReplica:
-    """A whole replica with its serving task, built from the files its model carries."""
-    from flashpoint.models import serving
-    from flashpoint.models.publish import read_files
-
-    served = serving.for_manifest(manifest, read_files(manifest, memoryview(mapping)))
-    required = getattr(served, "required_inputs", None)  # text generation: text or messages
-    return LoadedReplica(replica_id, spec, module, device, list(served.module_inputs),
-                         list(served.module_outputs), mapping, manifest, None, served,
-                         tuple(t.name for t in manifest.io.inputs) if required is None
-                         else tuple(required))
-
-
-def _error_reply(exc: Exception) -> dict[str, Any]:
-    """One request's failure inside an infer_many reply, in wire form."""
+def _failed(exc: Exception) -> cw.InferFailed:
+    """One request's failure inside an infer_many reply."""
     if isinstance(exc, FlashpointError):
-        return {"error": exc.to_wire()}
-    return {"error": FlashpointError(f"{type(exc).__name__}: {exc}"[:300]).to_wire()}
+        return cw.InferFailed(error=exc.to_wire())
+    return cw.InferFailed(error=FlashpointError(f"{type(exc).__name__}: {exc}"[:300]).to_wire())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -700,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload-transformers", action="store_true")
     args = parser.parse_args(argv)
     configure(os.environ.get("FLASHPOINT_WORKER_LOG_LEVEL", "WARNING"))
+    tracing.setup_from_env("flashpoint-worker")  # OpenTelemetry, when the host's env has it
     secret = os.environ.get("FLASHPOINT_SECRET", "").encode()
     bind_ids(worker_id=args.worker_id)
     token = os.environ.get(CREDENTIAL_ENV)

@@ -8,25 +8,32 @@ its tokens as they come (:meth:`GenerationLoop.stream`); a caller that stops wai
 task cancelled, its stream closed -- cancels its sequence, which frees its KV cache at the
 next token boundary. A step that raises fails the sequences it held, never the replica.
 The waiting queue is bounded: past it a request is refused with ``kv_cache_full`` (429).
+
+Live migration: :meth:`GenerationLoop.hand_off` takes keyed sequences out at the next token
+boundary; each one's stream then ends with :attr:`SequenceStream.handed_off`, the
+:class:`~flashpoint.models.generate.SequenceProgress` another replica resumes from.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from flashpoint.worker.replica_stats import ReplicaStats
 from flashpoint.errors import FlashpointError, KvCacheFull, ModelFailed, Unavailable
 from flashpoint.log import get_logger
+from flashpoint.messages.migration import SequenceHandOff
 from flashpoint.models.generate import (
     FinishReason,
     GenerationEngine,
     GenerationRequest,
     GenerationResult,
+    SequenceProgress,
     TokenEvent,
 )
+from flashpoint.worker.replica_stats import ReplicaStats
 
 log = get_logger("flashpoint.generation")
 
@@ -42,6 +49,15 @@ class _Sink:
     seq_id: int | None = None
     finished: bool = False
     enqueued_s: float = field(default_factory=time.perf_counter)
+    key: str = ""  # the caller's name for it (its request id): what hand_off selects by
+    prefill_s: float = 0.0  # how long its prefill took here
+
+
+@dataclass(frozen=True)
+class _HandedOff:
+    """A sink's last item when its sequence left for another replica."""
+
+    progress: SequenceProgress
 
 
 class GenerationLoop:
@@ -52,6 +68,7 @@ class GenerationLoop:
         self.max_waiting = max_waiting
         self._joining: list[_Sink] = []
         self._cancelling: list[_Sink] = []
+        self._handing: list[_Sink] = []  # to leave at the next token boundary (hand_off)
         self._sinks: dict[int, _Sink] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()  # no sequence joining, waiting or running
@@ -83,7 +100,8 @@ class GenerationLoop:
         """Until no sequence joins, waits or runs (every cancelled one has left: a drain)."""
         while True:
             await self._idle.wait()
-            if self.engine.idle and not self._joining and not self._cancelling:
+            if self.engine.idle and not self._joining and not self._cancelling \
+                    and not self._handing:
                 return
             self._idle.clear()
 
@@ -92,11 +110,35 @@ class GenerationLoop:
         return len(self.engine.running)
 
     # -- callers ------------------------------------------------------------------------
-    def stream(self, request: GenerationRequest) -> SequenceStream:
+    def stream(self, request: GenerationRequest, *, key: str = "") -> SequenceStream:
         """Join now (KvCacheFull when too many wait) and iterate the sequence's token
         events as they come; the last one has ``finish`` set. Closing the stream before
-        its end (``aclose``) cancels the sequence."""
-        return SequenceStream(self, self._join(request))
+        its end (``aclose``) cancels the sequence. ``key`` names it for :meth:`hand_off`."""
+        sink = self._join(request)
+        sink.key = key
+        return SequenceStream(self, sink)
+
+    def hand_off(self, keys: Collection[str]) -> int:
+        """Take the sequences streamed under ``keys`` out at the next token boundary, for
+        another replica to resume (live migration): each one's stream ends after the last
+        token it generated here, with :attr:`SequenceStream.handed_off` set. How many will
+        leave (finished or unknown keys are skipped; asking twice is harmless)."""
+        wanted = set(keys) - {""}  # an unnamed sequence cannot be asked for
+        count = 0
+        for sink in list(self._joining):  # not in the engine yet: leaves as it came
+            if sink.key in wanted and not sink.finished:
+                self._joining.remove(sink)
+                self._end(sink, _HandedOff(sink.request.progress or SequenceProgress((), "")))
+                count += 1
+        for sink in self._sinks.values():
+            if sink.key in wanted and not sink.finished:
+                if sink not in self._handing:
+                    self._handing.append(sink)
+                count += 1
+        if self._handing:
+            self._idle.clear()
+            self._wake.set()
+        return count
 
     async def submit(self, request: GenerationRequest, *, alone: bool = True,
                      best_effort: bool = False) -> tuple[GenerationResult, dict[str, float]]:
@@ -149,10 +191,10 @@ class GenerationLoop:
         self._idle.clear()
         self._wake.set()
 
-    def _end(self, sink: _Sink, item: TokenEvent | BaseException) -> None:
+    def _end(self, sink: _Sink, item: TokenEvent | _HandedOff | BaseException) -> None:
         if not sink.finished:
             sink.events.put_nowait(item)
-        if isinstance(item, BaseException) or item.finish is not None:
+        if not isinstance(item, TokenEvent) or item.finish is not None:
             sink.finished = True
 
     # -- the loop -----------------------------------------------------------------------
@@ -163,10 +205,17 @@ class GenerationLoop:
                 self.engine.cancel(sink.seq_id)
                 self._sinks.pop(sink.seq_id, None)
         self._cancelling.clear()
+        for sink in self._handing:  # every token of the last step is in its queue already
+            progress = self.engine.take_out(sink.seq_id) if sink.seq_id is not None else None
+            self._sinks.pop(sink.seq_id, None)
+            if progress is not None:
+                self._end(sink, _HandedOff(progress))
+        self._handing.clear()
         joining, self._joining = self._joining, []
         for sink in joining:
             try:
-                sink.seq_id = self.engine.add(list(sink.request.prompt_ids), sink.request.params)
+                sink.seq_id = self.engine.add(list(sink.request.prompt_ids), sink.request.params,
+                                              sink.request.progress)
             except FlashpointError as exc:
                 self._end(sink, exc)
                 continue
@@ -210,6 +259,7 @@ class GenerationLoop:
                     continue
                 if event.seq_id not in before:  # joined in this step
                     self.stats.queued(started - sink.enqueued_s)
+                    sink.prefill_s = self.engine.last_prefill_s.get(event.seq_id, 0.0)
                 self._end(sink, event)
                 if event.finish is not None:
                     self._sinks.pop(event.seq_id, None)
@@ -222,6 +272,9 @@ class SequenceStream:
         self._loop = loop
         self._sink = sink
         self.request = sink.request
+        # set when the sequence left for another replica (GenerationLoop.hand_off): the
+        # iteration ends after its last token here
+        self.handed_off: SequenceProgress | None = None
 
     def __aiter__(self) -> SequenceStream:
         return self
@@ -237,9 +290,41 @@ class SequenceStream:
             raise
         if isinstance(item, BaseException):
             raise item
+        if isinstance(item, _HandedOff):
+            self.handed_off = item.progress
+            raise StopAsyncIteration
         return item
+
+    @property
+    def prefill_s(self) -> float:
+        """Seconds its prefill took on this replica (0 until it has joined)."""
+        return self._sink.prefill_s
 
     async def aclose(self) -> None:
         """Cancel the sequence unless it has finished (idempotent)."""
         if not self._sink.finished:
             self._loop._cancel(self._sink)
+
+
+# -- live migration: the wire edge ------------------------------------------------------
+def resumed_request(request: GenerationRequest, resume: SequenceHandOff | None
+                    ) -> tuple[GenerationRequest, int]:
+    """``request`` as the continuation of a sequence another replica handed off, and the
+    index of its first chunk here (0 for a fresh request). The prompt's ids come from the
+    hand-off, not this replica's tokenizer: the sequence goes on from the very same ids."""
+    if resume is None:
+        return request, 0
+    progress = SequenceProgress(tuple(resume.generated_ids), resume.emitted_text,
+                                resume.rng_state)
+    return (GenerationRequest(tuple(resume.prompt_ids), request.params, progress),
+            resume.chunks)
+
+
+def hand_off_message(request: GenerationRequest, progress: SequenceProgress,
+                     chunks: int) -> SequenceHandOff:
+    """What a sequence that leaves this replica tells the controller (its ``infer``
+    reply): ``chunks`` counts every chunk of its stream so far, on every replica."""
+    return SequenceHandOff(prompt_ids=tuple(request.prompt_ids),
+                           generated_ids=tuple(progress.generated_ids),
+                           emitted_text=progress.emitted_text, rng_state=progress.rng_state,
+                           chunks=chunks)

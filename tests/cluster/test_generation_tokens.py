@@ -50,6 +50,8 @@ def _samples(text: str, name: str, **labels: str) -> list[float]:
     return out
 
 
+# The metrics are process-wide: a function name no other test uses keeps the counts this
+# test asserts its own (test_generation.py serves an "llm" too).
 async def test_token_metrics_and_token_driven_scale_up(make_cluster: ClusterFactory, tmp_path: Path) -> None:
     from openai import AsyncOpenAI
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -65,14 +67,14 @@ async def test_token_metrics_and_token_driven_scale_up(make_cluster: ClusterFact
         url = cluster.controller.url
         async with aiohttp.ClientSession() as s:
             async with s.post(f"{url}/v1/functions", json={
-                    "name": "llm", "model": "lm", "max_batch_size": 8, "max_replicas": 2,
+                    "name": "llm-tokens", "model": "lm", "max_batch_size": 8, "max_replicas": 2,
                     "keep_alive_s": 60}) as r:
                 assert r.status in (200, 201), await r.text()
 
             # one streamed completion from zero replicas
             pieces, usage = [], None
             stream = await client.completions.create(
-                model="llm", prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
+                model="llm-tokens", prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
                 stream_options={"include_usage": True})
             async for chunk in stream:
                 pieces += [c.text for c in chunk.choices]
@@ -87,37 +89,37 @@ async def test_token_metrics_and_token_driven_scale_up(make_cluster: ClusterFact
 
             async with s.get(f"{url}/metrics") as r:
                 text = await r.text()
-            assert _samples(text, "flashpoint_generation_tokens_total", function="llm",
+            assert _samples(text, "flashpoint_generation_tokens_total", function="llm-tokens",
                             kind="prompt") == [len(ids)]
-            assert _samples(text, "flashpoint_generation_tokens_total", function="llm",
+            assert _samples(text, "flashpoint_generation_tokens_total", function="llm-tokens",
                             kind="completion") == [len(want)]
             assert sum(_samples(text, "flashpoint_generation_replica_tokens_total",
-                                function="llm")) == len(want)
-            assert _samples(text, "flashpoint_ttft_seconds_count", function="llm",
+                                function="llm-tokens")) == len(want)
+            assert _samples(text, "flashpoint_ttft_seconds_count", function="llm-tokens",
                             start="cold") == [1]
-            assert _samples(text, "flashpoint_ttft_seconds_count", function="llm",
+            assert _samples(text, "flashpoint_ttft_seconds_count", function="llm-tokens",
                             start="warm") in ([], [0])
-            assert _samples(text, "flashpoint_tpot_seconds_count", function="llm") == [1]
-            ttft = _samples(text, "flashpoint_ttft_seconds_sum", function="llm", start="cold")
-            phases = {ph: _samples(text, "flashpoint_ttft_phase_seconds_sum", function="llm",
+            assert _samples(text, "flashpoint_tpot_seconds_count", function="llm-tokens") == [1]
+            ttft = _samples(text, "flashpoint_ttft_seconds_sum", function="llm-tokens", start="cold")
+            phases = {ph: _samples(text, "flashpoint_ttft_phase_seconds_sum", function="llm-tokens",
                                    phase=ph) for ph in ("load", "first_inference", "first_token")}
             assert all(len(v) == 1 for v in phases.values()), phases
             # the phases add up to the TTFT (each observed once, from the same request)
             total_phases = sum(sum(_samples(text, "flashpoint_ttft_phase_seconds_sum",
-                                            function="llm", phase=ph))
+                                            function="llm-tokens", phase=ph))
                                for ph in {f.split('"')[3] for f in text.splitlines()
                                           if f.startswith("flashpoint_ttft_phase_seconds_sum{")
-                                          and 'function="llm"' in f})
+                                          and 'function="llm-tokens"' in f})
             assert total_phases == pytest.approx(ttft[0], rel=1e-6)
-            fn = cluster.controller.state.functions["llm"]
-            assert len(cluster.controller.state.replicas_of("llm")) == 1, fn.reason
+            fn = cluster.controller.state.functions["llm-tokens"]
+            assert len(cluster.controller.state.replicas_of("llm-tokens")) == 1, fn.reason
 
             # long streams: 4 sequences (the concurrency rule: 1 replica at 16 each), a few
             # hundred tokens outstanding at 20 tokens/s per replica: the tokens plug-in
             # wants one per sequence, bounded by max_replicas = 2
             async def long_stream(i: int) -> int:
                 st = await client.completions.create(
-                    model="llm", prompt=f"{PROMPT} {i}", max_tokens=150, temperature=0,
+                    model="llm-tokens", prompt=f"{PROMPT} {i}", max_tokens=150, temperature=0,
                     stream=True)
                 n = 0
                 async for chunk in st:
@@ -127,7 +129,7 @@ async def test_token_metrics_and_token_driven_scale_up(make_cluster: ClusterFact
             tasks = [asyncio.ensure_future(long_stream(i)) for i in range(4)]
             try:
                 await wait_for("a second replica for the token load",
-                               lambda: len(cluster.controller.state.replicas_of("llm")) >= 2,
+                               lambda: len(cluster.controller.state.replicas_of("llm-tokens")) >= 2,
                                60, state=lambda: (fn.desired, fn.reason))
                 assert fn.reason.startswith("tokens:") and "tok@20tok/s" in fn.reason, fn.reason
             finally:

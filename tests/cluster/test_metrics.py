@@ -4,6 +4,8 @@ and the process's registries; a host manager serves its own /metrics when config
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 
 import aiohttp
 import numpy as np
@@ -106,9 +108,47 @@ async def test_host_metrics_show_each_replicas_inference_counters(make_cluster: 
     assert got[("flashpoint_replica_run_seconds_count", "")] == batches
     assert got[("flashpoint_replica_run_seconds_sum", "")] > 0
     assert got[("flashpoint_replica_queue_seconds_count", "")] == n
+    assert got[("flashpoint_replica_queued_requests", "")] == 0  # all answered
 
 
 @pytest.mark.parametrize("value", ["9101", "host:", ":9101", "h:99999", "h:port"])
 def test_a_bad_metrics_listen_is_refused_at_load(value: str) -> None:
     with pytest.raises(BadRequest, match="metrics_listen"):
         load_config(overrides={"host": {"metrics_listen": value}})
+
+
+def _free_ports(n: int, tries: int = 50) -> int:
+    """A loopback port P with P + 1 ... P + n - 1 free too (a local cluster's hosts take
+    P, P + 1, ...)."""
+    for _ in range(tries):
+        with contextlib.ExitStack() as stack:
+            first = stack.enter_context(socket.socket())
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            try:
+                for i in range(1, n):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port + i))
+            except OSError:  # taken, or past 65535
+                continue
+        return port
+    raise AssertionError(f"no {n} consecutive free ports in {tries} tries")
+
+
+async def test_each_host_of_a_local_cluster_gets_its_own_metrics_port(make_cluster: ClusterFactory,
+        tmp_path) -> None:
+    # Two hosts in one process with one configured port: the second used to fail to bind.
+    port = _free_ports(3)
+    cluster = await make_cluster(
+        hosts=2, config=cluster_config(tmp_path, metrics_listen=f"127.0.0.1:{port}"))
+    urls = [h.metrics.url for h in cluster.hosts if h.metrics is not None]
+    assert urls == [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+    async with aiohttp.ClientSession() as s:
+        for host, url in zip(cluster.hosts, urls, strict=True):
+            text = await _scrape(s, url)
+            # each endpoint is its own host's: its worker gauges carry its id
+            hosts = {s.labels["host"] for fam in text_string_to_metric_families(text)
+                     if fam.name == "flashpoint_host_workers" for s in fam.samples}
+            assert hosts == {host.host_id}
+        # a host added later takes the next port
+        extra = await asyncio.wait_for(cluster.add_host(), 90)
+        assert extra.metrics is not None and extra.metrics.url == f"http://127.0.0.1:{port + 2}"

@@ -19,14 +19,16 @@ from flashpoint.errors import (
     ObjectNotFound,
     PayloadTooLarge,
     PeerLost,
+    ProtocolError,
     UnknownKernel,
 )
-from flashpoint.gateway.remote import GATEWAY_RPC_VERSION
 from flashpoint.gateway.remote_kaas import RemoteKaas
 from flashpoint.kaas.backend import KaasResult
 from flashpoint.kaas.remote import FRAME_BUDGET_BYTES
 from flashpoint.kaas.service import local_service
 from flashpoint.kaas.spec import KaasRequest
+from flashpoint.messages.base import to_payload
+from flashpoint.messages.gateway_controller import GATEWAY_RPC_VERSION, KaasInvokeReply
 
 W = np.arange(16, dtype=np.float32).reshape(4, 4) / 8
 V = GATEWAY_RPC_VERSION
@@ -57,21 +59,21 @@ async def test_the_controller_runs_a_forwarded_request_against_its_store(handler
 
 
 @pytest.mark.parametrize("method,payload,error", [
-    ("gw_kaas_invoke", {"v": V, "request": "x", "client": "c", "request_id": "r"}, BadRequest),
+    ("gw_kaas_invoke", {"v": V, "request": "x", "client": "c", "request_id": "r"}, ProtocolError),
     ("gw_kaas_invoke", {"v": V, "request": {}, "client": "c", "request_id": "r"}, BadRequest),
     ("gw_kaas_invoke", {"v": V, "request": chain_request(4, w_key="nope"), "client": "c",
                         "request_id": "r"}, ObjectNotFound),  # the store check is here
     ("gw_kaas_invoke", {"v": V, "request": chain_request(4), "client": "c",
-                        "request_id": "r", "timeout_s": -1}, BadRequest),
+                        "request_id": "r", "timeout_s": -1}, ProtocolError),
     ("gw_kaas_invoke", {"v": V, "request": chain_request(4), "client": "",
-                        "request_id": "r"}, BadRequest),
+                        "request_id": "r"}, ProtocolError),
     ("gw_kaas_status", {"v": V + 1}, BadRequest),
     ("gw_object_put", {"v": V, "key": "a b", "data": b"x"}, BadRequest),
     ("gw_object_put", {"v": V, "key": "k", "data": b""}, BadRequest),
     ("gw_object_put", {"v": V, "key": "k", "data": "text"}, BadRequest),
     ("gw_object_put", {"v": V, "key": "k", "data": b"x" * ((64 << 10) + 1)}, PayloadTooLarge),
     ("gw_object_get", {"v": V, "key": "absent"}, ObjectNotFound),
-    ("gw_object_get", {"v": V}, BadRequest),
+    ("gw_object_get", {"v": V}, ProtocolError),
 ])
 async def test_bad_forwarded_calls_fail_typed(handlers, method, payload, error) -> None:
     await handlers["gw_object_put"](None, {"v": V, "key": "w", "data": W.tobytes()})
@@ -103,12 +105,13 @@ class _Recorder:
     def cluster_status(self) -> dict[str, Any]:
         return self.status
 
-    async def call_retrying(self, method: str, payload: dict[str, Any], timeout_s: float,
-                            retry_on: Any, trace: str | None = None) -> dict[str, Any]:
-        self.calls.append((method, payload, retry_on))
+    async def call_retrying(self, method: str, msg: Any, reply: Any, timeout_s: float,
+                            retry_on: Any, trace: str | None = None) -> Any:
+        self.calls.append((method, to_payload(msg), retry_on))
         if method == "gw_kaas_invoke":
-            return {"v": V, "result": KaasResult(executor_id="e").to_wire()}
-        return {"v": V, "data": b"d", "status": {}}
+            return KaasInvokeReply(result=KaasResult(executor_id="e").to_wire())
+        return reply(**({"data": b"d"} if "data" in reply.__struct_fields__ else {}),
+                     **({"status": {}} if "status" in reply.__struct_fields__ else {}))
 
 
 async def test_a_graph_that_stores_an_output_is_resent_only_if_it_never_left() -> None:
@@ -143,6 +146,7 @@ async def test_a_call_with_no_controller_is_held_then_times_out() -> None:
 
     from flashpoint.errors import DeadlineExceeded
     from flashpoint.gateway.remote import RemoteBackend
+    from flashpoint.messages.gateway_controller import FunctionsReply, FunctionsRequest
 
     with socket.socket() as sock:  # a port nothing listens on once this block ends
         sock.bind(("127.0.0.1", 0))
@@ -151,7 +155,8 @@ async def test_a_call_with_no_controller_is_held_then_times_out() -> None:
     await backend.start()
     try:
         with pytest.raises(DeadlineExceeded):
-            await backend.call_retrying("gw_functions", {"v": V}, 0.3, lambda e: True)
+            await backend.call_retrying("gw_functions", FunctionsRequest(), FunctionsReply, 0.3,
+                                        lambda e: True)
         status = backend.cluster_status()["gateway"]
         assert status["held"] == 1 and status["controller_connected"] is False
     finally:

@@ -10,13 +10,13 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -51,13 +51,14 @@ class Launched:
 
 
 async def launch(kit: HookKit, tmp: Path, tenant: int, sock: Path | str | None, seconds: float,
-                 how: str = "proc", idle_us: int = 0, sync_every: int = 4, **env: str) -> Launched:
+                 how: str = "proc", idle_us: int = 0, sync_every: int = 4, kernel_us: int = 1000,
+                 sync_kind: str = "ctx", **env: str) -> Launched:
     stats = tmp / f"stats-{tenant}-{time.monotonic_ns()}.json"
     e = kit.env(FP_HOOK_TENANT=str(tenant), FAKE_CUDA_STATS=str(stats), **env)
     if sock is not None:
         e["FP_HOOK_SOCKET"] = str(sock)
-    proc = await asyncio.create_subprocess_exec(str(kit.launcher), "run", str(seconds), "1000",
-                                                str(sync_every), how, str(idle_us), env=e,
+    proc = await asyncio.create_subprocess_exec(str(kit.launcher), "run", str(seconds), str(kernel_us),
+                                                str(sync_every), how, str(idle_us), sync_kind, env=e,
                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     return Launched(proc, stats)
 
@@ -97,60 +98,72 @@ def sock(tmp_path) -> Path:
         path.unlink()
 
 
-async def within_runs(measure, check, runs: int = 3) -> Any:
-    """Measure up to ``runs`` times until ``check(result)`` holds; fail naming every run.
-
-    The shares are wall time on a shared 2-vCPU VM: a slow spell of the VM can keep a
-    tenant's process off the CPU for part of its token, so one run can fall outside a
-    +-3% band for reasons that are not the scheduler's. A scheduler that gets the shares
-    wrong fails every run."""
-    seen = []
-    for i in range(runs):
-        result = await measure(i)
-        if check(result):
-            return result
-        seen.append(result)
-    pytest.fail(f"no run of {runs} within the band: {seen}")
-
-
 async def test_two_tenants_reach_30_70_shares(kit, tmp_path, sock):
-    async def measure(i: int) -> dict:
-        path = Path(f"{sock}.{i}")
-        try:
-            async with manager(path, {1: TenantQuota(0.3, 0.3),
-                                      2: TenantQuota(0.7, 0.7)}) as mgr:
-                # one resolves the driver through cuGetProcAddress, the other through dlsym
-                a, b = await run_all([launch(kit, tmp_path, 1, path, 5.0, "proc"),
-                                      launch(kit, tmp_path, 2, path, 5.0, "dlsym")], 15.0)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        usage = mgr.usage_by_tenant()
-        return {"share": a["busy_ns"] / (a["busy_ns"] + b["busy_ns"]),
-                "mgr_share": usage[1] / (usage[1] + usage[2]),
-                "a_of_wall": a["busy_ns"] / a["wall_ns"], "b_of_wall": b["busy_ns"] / b["wall_ns"],
-                "cublas": a["cublas"]}
-
-    got = await within_runs(measure, lambda r: (
-        abs(r["share"] - 0.30) <= 0.03 and abs(r["mgr_share"] - 0.30) <= 0.03
-        # against each program's own wall time: nobody runs past its cap
-        and r["a_of_wall"] <= 0.33 and r["b_of_wall"] <= 0.73))
-    assert got["cublas"] == 42  # cu+lowercase names pass through dlsym untouched
+    # One decisive 6 s run.  The manager's accounting is what the scheduler controls and is
+    # held to +-3%; the fake driver's busy time is wall clock on shared vCPUs (a descheduled
+    # busy-wait counts as busy), so it gets +-5%.
+    async with manager(sock, {1: TenantQuota(0.3, 0.3), 2: TenantQuota(0.7, 0.7)}) as mgr:
+        # one resolves the driver through cuGetProcAddress, the other through dlsym
+        a, b = await run_all([launch(kit, tmp_path, 1, sock, 6.0, "proc"),
+                              launch(kit, tmp_path, 2, sock, 6.0, "dlsym")], 20.0)
+    usage = mgr.usage_by_tenant()
+    got = {"share": a["busy_ns"] / (a["busy_ns"] + b["busy_ns"]),
+           "mgr_share": usage[1] / (usage[1] + usage[2]),
+           "a_of_wall": usage[1] / a["wall_ns"], "b_of_wall": usage[2] / b["wall_ns"]}
+    assert abs(got["mgr_share"] - 0.30) <= 0.03, got
+    assert abs(got["share"] - 0.30) <= 0.05, got
+    # against each program's own wall time: nobody was charged past its cap
+    assert got["a_of_wall"] <= 0.33 and got["b_of_wall"] <= 0.73, got
+    assert a["cublas"] == 42  # cu+lowercase names pass through dlsym untouched
 
 
 async def test_idle_neighbour_lets_a_tenant_rise_to_its_limit(kit, tmp_path, sock):
-    # request 30%, limit 60%; tenant 2 idles
-    async def measure(i: int) -> float:
-        path = Path(f"{sock}.{i}")
-        try:
-            async with manager(path, {1: TenantQuota(0.3, 0.6), 2: TenantQuota(0.7, 1.0)}):
-                (a,) = await run_all([launch(kit, tmp_path, 1, path, 2.0)], 10.0)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        return a["busy_ns"] / a["wall_ns"]
+    # request 30%, limit 60%; tenant 2 idles.  One 4 s run, judged by the manager's charge.
+    async with manager(sock, {1: TenantQuota(0.3, 0.6), 2: TenantQuota(0.7, 1.0)}) as mgr:
+        (a,) = await run_all([launch(kit, tmp_path, 1, sock, 4.0)], 12.0)
+    charged = mgr.usage_by_tenant()[1] / a["wall_ns"]
+    assert 0.55 <= charged <= 0.63, (charged, a)
+    assert 0.50 <= a["busy_ns"] / a["wall_ns"] <= 0.68, a  # the device saw the same, noisily
 
-    await within_runs(measure, lambda of_wall: 0.55 <= of_wall <= 0.63)
+
+async def test_async_driver_queued_kernels_are_charged_back(kit, tmp_path, sock):
+    # A GPU-like driver: launches return at once, 64 kernels of 1 ms may be queued, the
+    # tenant never syncs.  Within a 10 ms token it queues up to ~64 ms of work; the hook
+    # syncs at expiry, so the manager is charged the queued kernels too (FaST's overuse)
+    # and holds the tenant to its 30% over the run.
+    async with manager(sock, {1: TenantQuota(0.3, 0.3)}) as mgr:
+        (a,) = await run_all([launch(kit, tmp_path, 1, sock, 3.0, sync_every=0,
+                                     FAKE_CUDA_ASYNC="1")], 15.0)
+    charged = mgr.usage_by_tenant()[1]
+    assert a["max_queued"] >= 32, a  # the work really outlived the launches
+    assert charged >= 0.9 * a["busy_ns"], (charged, a)  # everything the device ran was charged
+    assert a["busy_ns"] / a["wall_ns"] <= 0.40, a  # and the tenant was held near its share
+
+
+async def test_async_driver_without_expiry_sync_undercharges(kit, tmp_path, sock):
+    # The same tenant with the defence off: only the token's wall time is reported while the
+    # queue keeps the device busy, so the device runs far more than the manager charged.
+    # (Shows the asynchronous fake exercises what the synchronous one could not.)
+    async with manager(sock, {1: TenantQuota(0.3, 0.3)}) as mgr:
+        (a,) = await run_all([launch(kit, tmp_path, 1, sock, 3.0, sync_every=0,
+                                     FAKE_CUDA_ASYNC="1", FP_HOOK_SYNC_ON_EXPIRY="0")], 15.0)
+    charged = mgr.usage_by_tenant()[1]
+    assert charged <= 0.7 * a["busy_ns"], (charged, a)
+    assert a["busy_ns"] / a["wall_ns"] >= 0.5, a
+
+
+async def test_synchronous_copy_is_a_sync_point(kit, tmp_path, sock):
+    # A (async driver) runs 1 ms of work, a blocking cuMemcpyDtoH, then idles 20 ms.  If the
+    # hook sees the copy as a sync point it returns each token ~2 ms after the copy and is
+    # charged ~1-3 ms per cycle; if not, each token is kept and charged to at least its
+    # 10 ms quota.  Judged on the manager's accounting (the wall clock is noise here).
+    async with manager(sock, {1: TenantQuota(0.5, 1.0)}) as mgr:
+        (a,) = await run_all([launch(kit, tmp_path, 1, sock, 2.0, idle_us=20000, sync_every=1,
+                                     sync_kind="dtoh", FAKE_CUDA_ASYNC="1")], 10.0)
+    cycles = a["copies"]
+    assert cycles >= 20, a
+    per_cycle_ns = mgr.usage_by_tenant()[1] / cycles
+    assert per_cycle_ns <= 6e6, (per_cycle_ns, a)
 
 
 async def test_token_returned_early_when_tenant_syncs_and_idles(kit, tmp_path, sock):
@@ -289,9 +302,56 @@ def test_memory_limit_oom_at_the_right_byte(kit):
     assert r["free_after_release"] == mib + 100  # the free was accounted
 
 
+def test_pitch_and_vmm_allocations_count_against_the_limit(kit):
+    mib = 1 << 20
+    env = kit.env(FP_HOOK_MEM_LIMIT_BYTES=str(10 * mib + 100), FAKE_DEVICE_BYTES=str(1 << 30))
+    out = subprocess.run([str(kit.launcher), "memkinds", str(mib), "100"], env=env, capture_output=True,
+                         text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    # cuMemAllocPitch (4 rows of 256 KiB, pitch 256 KiB) and cuMemCreate alternate, 1 MiB each
+    assert r["ok_chunks"] == 10 and r["error"] == 2, r
+    assert r["total"] == 10 * mib + 100 and r["free"] == 100, r
+    assert r["free_after_release"] == mib + 100, r  # cuMemRelease of a cuMemCreate handle
+
+
 def test_without_limit_the_device_is_reported_unchanged(kit):
     env = kit.env(FAKE_DEVICE_BYTES=str(8 << 20))
     out = subprocess.run([str(kit.launcher), "mem", str(1 << 20), "100"], env=env, capture_output=True,
                          text=True, timeout=20)
     r = json.loads(out.stdout)
     assert r["ok_chunks"] == 8 and r["error"] == 2 and r["total"] == r["nvml_total"] == 8 << 20
+
+
+def _hooked_proc_names() -> dict[str, dict[int, str]]:
+    """hooked_symbols.h's cuGetProcAddress names: {proc name: {ptds flag: hooked symbol}}."""
+    hook_dir = Path(__file__).resolve().parents[2] / "flashpoint" / "gpu" / "hook"
+    text = (hook_dir / "hooked_symbols.h").read_text()
+    out: dict[str, dict[int, str]] = {}
+    for sym, proc, ptds in re.findall(r'^FP_SYM\((\w+), "(\w+)", ([01])\)', text, re.M):
+        out.setdefault(proc, {})[int(ptds)] = sym
+    return out
+
+
+def test_every_hooked_driver_entry_is_in_the_fake_and_wrapped(kit):
+    # Each name the symbol list hooks through cuGetProcAddress is in the fake driver under the
+    # very symbol the hook defines (plain and per-thread _ptsz/_ptds variant alike), and what
+    # the application gets back with the hook preloaded is that hook: the fake lacks none of
+    # them and the list misses no variant the fake has.
+    names = {n: v for n, v in _hooked_proc_names().items() if n != "cuGetProcAddress"}
+    assert {"cuMemcpyDtoH", "cuMemCreate", "cuMemAllocPitch", "cuLaunchKernelEx"} <= set(names)
+
+    def resolve(env: dict[str, str]) -> dict[str, list[str]]:
+        out = subprocess.run([str(kit.launcher), "resolve", *sorted(names)], env=env,
+                             capture_output=True, text=True, timeout=20)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    bare_env = {k: v for k, v in kit.env().items() if k != "LD_PRELOAD"}
+    bare, hooked = resolve(bare_env), resolve(kit.env())
+    for name, variants in names.items():
+        for flag, sym in variants.items():
+            f_bare, s_bare = bare[name][2 * flag], bare[name][2 * flag + 1]
+            f_hook, s_hook = hooked[name][2 * flag], hooked[name][2 * flag + 1]
+            assert Path(f_bare).name == "libcuda.so.1" and s_bare == sym, (name, flag, bare[name])
+            assert Path(f_hook).name == kit.hook.name and s_hook == sym, (name, flag, hooked[name])

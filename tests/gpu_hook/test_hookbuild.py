@@ -23,7 +23,7 @@ def test_concurrent_builds_agree_and_leave_no_temp_files(tmp_path):
     syms = subprocess.run(["nm", "-D", "--defined-only", str(paths[0])], capture_output=True, text=True,
                           timeout=30).stdout
     for name in ("cuLaunchKernel", "cuGetProcAddress_v2", "dlsym", "cuMemAlloc_v2",
-                 "nvmlDeviceGetMemoryInfo"):
+                 "nvmlDeviceGetMemoryInfo", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2_ptds", "cuMemCreate"):
         assert f" T {name}\n" in syms
     assert " T fp_" not in syms  # internals stay hidden
 

@@ -104,7 +104,7 @@ async def test_tokens_host_shares_30_70_through_late_configured_hook(kit, tmp_pa
     unit_label = {"unit": devices[0].device_id}
     assert REGISTRY.get_sample_value("flashpoint_tokens_grants_total", unit_label) > 100
     assert REGISTRY.get_sample_value("flashpoint_tokens_wait_seconds_count", unit_label) > 100
-    held = [REGISTRY.get_sample_value("flashpoint_tokens_held_seconds",
+    held = [REGISTRY.get_sample_value("flashpoint_tokens_held_seconds_total",
                                       {**unit_label, "tenant": str(t)}) for t in (ta, tb)]
     assert abs(held[0] * 1e9 - usage[ta]) < 0.3e9 and abs(held[1] * 1e9 - usage[tb]) < 0.3e9
     share_a = REGISTRY.get_sample_value("flashpoint_tokens_share", {**unit_label, "tenant": str(ta)})

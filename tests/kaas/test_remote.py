@@ -18,6 +18,8 @@ from flashpoint.kaas.pool import ExecutorPool
 from flashpoint.kaas.remote import WorkerExecutorHandle, WorkerKaasRuntime
 from flashpoint.kaas.spec import KaasRequest
 from flashpoint.kaas.store import MemoryObjectStore
+from flashpoint.messages.base import from_payload, to_payload
+from flashpoint.messages.controller_worker import KaasReset, KaasRun
 
 from .helpers import chain_request
 
@@ -33,12 +35,18 @@ class FakeConn:
                    trace: str | None = None) -> dict[str, Any]:
         payload = msgpack.unpackb(msgpack.packb(payload, use_bin_type=True), raw=False)
         self.calls.append((method, payload))
-        fn = {"kaas_run": self.runtime.run, "kaas_reset": lambda _p: self.runtime.reset()}
+        # The worker's handler edge: typed messages in, typed replies out.
+        fn = {"kaas_run": lambda p: self.runtime.run(from_payload(KaasRun, p)),
+              "kaas_reset": self._reset}
         try:
-            reply = await asyncio.to_thread(fn[method], payload)
+            reply = to_payload(await asyncio.to_thread(fn[method], payload))
         except errors.FlashpointError as e:
             raise errors.from_wire(e.to_wire()) from None
         return msgpack.unpackb(msgpack.packb(reply, use_bin_type=True), raw=False)
+
+    def _reset(self, payload: dict[str, Any]) -> Any:
+        from_payload(KaasReset, payload)  # the edge refuses what kaas_reset does not take
+        return self.runtime.reset()
 
 
 W = (np.arange(16, dtype=np.float32).reshape(4, 4) - 7) / 3
@@ -126,12 +134,12 @@ async def test_pool_over_remote_handles_comes_and_goes(setup):
             await pool.invoke(_plan(), client="c", request_id="r2", timeout_s=0.05)
         assert pool.status()["executors"] == []
     finally:
-        await pool.close()
+        await pool.stop()
 
 
 async def test_controller_pool_relearns_a_reconnected_worker(setup):
-    from flashpoint.controller.kaas_pool import KaasPool
     from flashpoint.config import ControllerConfig
+    from flashpoint.controller.kaas_pool import KaasPool
 
     _, conn, store = setup
     kp = KaasPool(ControllerConfig(kaas_workers=1, kaas_cache_bytes=1 << 20))

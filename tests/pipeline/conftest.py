@@ -132,7 +132,9 @@ async def start_stage(model: Published, first: int, last: int, *, stage_id: str,
         pass_fds=[listen.fileno()] if listen is not None else [])
     try:
         assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 15.0)
+        # a bound on a hang, not a speed claim: importing torch alone takes 5-9 s on a loaded
+        # 2-CPU machine, and the stage then builds its layers
+        line = await asyncio.wait_for(proc.stdout.readline(), 60.0)
         event = json.loads(line)
         assert event["event"] == "listening", event
     except BaseException:

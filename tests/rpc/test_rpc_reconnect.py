@@ -139,3 +139,29 @@ async def test_retry_is_bounded_in_attempts_and_time() -> None:
     with pytest.raises(Overloaded):
         await retry(overloaded, attempts=10, total_timeout_s=0.5, backoff=Backoff(initial_s=0.01, max_s=1.0))
     assert loop.time() - started < 0.6
+
+
+async def test_retry_until_deadline_cuts_the_last_wait_and_tries_once_more() -> None:
+    loop = asyncio.get_running_loop()
+    calls: list[float] = []
+    seen: list[BaseException] = []
+
+    async def down() -> None:
+        calls.append(loop.time())
+        raise ConnectFailed("no controller")
+
+    started = loop.time()
+    # Every wait (0.2-0.4 s) is longer than what is left of 0.3 s: the default gives up after
+    # one attempt, until_deadline waits only what is left and tries again at the deadline.
+    slow = Backoff(initial_s=0.4, max_s=0.4)
+    with pytest.raises(ConnectFailed):
+        await retry(down, attempts=50, total_timeout_s=0.1, backoff=slow)
+    assert len(calls) == 1
+    calls.clear()
+    with pytest.raises(ConnectFailed):
+        await retry(down, attempts=50, total_timeout_s=0.3, backoff=slow, until_deadline=True,
+                    on_retry=seen.append)
+    assert len(calls) >= 2 and len(seen) == len(calls) - 1
+    assert all(isinstance(e, ConnectFailed) for e in seen)
+    assert calls[-1] - calls[0] <= 0.3 + 0.05  # the last try came at the deadline, no later
+    assert loop.time() - started < 1.0

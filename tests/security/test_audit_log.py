@@ -11,10 +11,9 @@ import pytest
 import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
-from flashpoint.config import GatewaySettings, generate_secret
+from flashpoint.config import GatewayConfig, generate_secret
 from flashpoint.errors import FunctionNotFound, ModelNotFound
 from flashpoint.gateway import FunctionInfo, make_app
-from flashpoint.gateway.standalone import gateway_config
 from flashpoint.spec import FunctionSpec
 
 ADMIN, INVOKE = generate_secret(), generate_secret()
@@ -59,8 +58,8 @@ def read(path: Path) -> list[dict]:
 
 async def test_gateway_admin_actions_are_audited_with_the_keys_name(tmp_path: Path):
     path = tmp_path / "audit.jsonl"
-    config = gateway_config(GatewaySettings(api_keys={ADMIN: "admin", INVOKE: "invoke"},
-                                            audit_log_path=str(path)))
+    config = GatewayConfig(api_keys={ADMIN: "admin", INVOKE: "invoke"},
+                           audit_log_path=str(path))
     admin = {"Authorization": f"Bearer {ADMIN}"}
     fn = {"name": "f", "model": "m", "model_version": "1"}
     async with TestClient(TestServer(make_app(Functions(), config))) as client:
@@ -94,7 +93,7 @@ async def test_gateway_admin_actions_are_audited_with_the_keys_name(tmp_path: Pa
 
 async def test_keyless_loopback_admin_actions_are_audited_as_anonymous(tmp_path: Path):
     path = tmp_path / "audit.jsonl"
-    config = gateway_config(GatewaySettings(audit_log_path=str(path)))
+    config = GatewayConfig(audit_log_path=str(path))
     async with TestClient(TestServer(make_app(Functions(), config))) as client:
         r = await client.post("/v1/functions", json={"name": "f", "model": "m"})
         assert r.status == 201
@@ -105,6 +104,7 @@ async def test_keyless_loopback_admin_actions_are_audited_as_anonymous(tmp_path:
 async def test_mig_changes_are_audited(tmp_path: Path, fail: bool):
     from flashpoint.audit import AuditLog
     from flashpoint.config import load_config
+    from flashpoint.controller.handles import HostHandle
     from flashpoint.controller.mig_driver import MigDriver
     from flashpoint.controller.state.core import ControllerState
     from flashpoint.controller.state.events import (
@@ -121,9 +121,6 @@ async def test_mig_changes_are_audited(tmp_path: Path, fail: bool):
                 raise GpuBusy("runs replicas", gpu=0, replicas=["x"])
             return {"gpu_index": 0, "slices": []}
 
-    class Handle:
-        conn = Conn()
-
     st = ControllerState(heartbeat_timeout_s=5.0, replica_overhead_bytes=0)
     st.handle(HostRegistered("h0", (DeviceRecord("cuda:0/gi0ci0", "cuda", 40 * GB, 0,
                                                  "7g.40gb"),), 64 * GB, frozenset(), (), 0.0,
@@ -134,7 +131,7 @@ async def test_mig_changes_are_audited(tmp_path: Path, fail: bool):
     now = [0.0]
     path = tmp_path / "audit.jsonl"
     cc = load_config(overrides={"controller": {"mig_interval_s": 1.0}}).controller
-    driver = MigDriver(cc, st, {"h0": Handle()}, lambda cmds: None,
+    driver = MigDriver(cc, st, {"h0": HostHandle(Conn())}, lambda cmds: None,
                        lambda coro, name: spawned.append(coro), lambda: now[0],
                        AuditLog(str(path)))
     for _ in range(4):

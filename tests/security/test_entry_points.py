@@ -41,16 +41,19 @@ async def noop(tmp_path: Path) -> tuple[LocalStore, Manifest]:
 async def test_the_worker_refuses_to_load_a_manifest_naming_a_foreign_callable(
         tmp_path: Path, noop: tuple[LocalStore, Manifest], entry_point: str,
         stage: list[int] | None) -> None:
-    from flashpoint.worker.actor import Worker
+    from flashpoint.messages.host_worker import LoadReplica
+    from flashpoint.worker import loading
 
     store, real = noop
     marker = tmp_path / "pwned"
     hostile = dataclasses.replace(real, entry_point=entry_point, config=_hostile_config(marker))
-    worker = Worker("w-test", "ws://127.0.0.1:1/rpc", b"secret", 1)
-    payload = {"replica_id": "r1", "manifest_json": hostile.to_json(), "device": "cpu",
-               "cache_path": str(store.blob_path("noop", "1")), "stage": stage}
+    spec = FunctionSpec(name="f", model="noop")
+    msg = LoadReplica(replica_id="r1", manifest_json=hostile.to_json(), device="cpu",
+                      cache_path=str(store.blob_path("noop", "1")), spec=spec.to_dict(),
+                      controller_url="ws://127.0.0.1:1/rpc",
+                      stage=tuple(stage) if stage is not None else None)
     with pytest.raises(RegistryError, match="not a built-in model builder"):
-        worker._load_blocking(payload, FunctionSpec(name="f", model="noop"), time.perf_counter())
+        loading.load(msg, spec, time.perf_counter())
     assert not marker.exists()
 
 

@@ -212,7 +212,7 @@ def test_saxpy_launch_is_checked_against_its_buffers(saxpy_library, n, sizes, gr
 
 async def test_a_standalone_gateways_calls_delete_and_pass_the_ttl() -> None:
     from flashpoint.controller.gateway_service import GatewayService
-    from flashpoint.gateway.remote import GATEWAY_RPC_VERSION as V
+    from flashpoint.messages.gateway_controller import GATEWAY_RPC_VERSION as V
 
     svc = local_service(1, capacity_bytes=64 << 10)
     h = GatewayService(backend=None, kaas=svc).handlers()  # type: ignore[arg-type]

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from flashpoint.config import GatewayConfig
 from flashpoint.gateway.app import RUNNER_KWARGS
 from flashpoint.gateway.body import read_body
-from flashpoint.gateway.config import GatewayConfig
 
 # -- 11. wire hygiene: a body must be what its Content-Encoding says ------------------------
 

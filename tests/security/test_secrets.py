@@ -13,6 +13,7 @@ import pytest
 import flashpoint.config as fc
 from flashpoint.config import (
     ClusterConfig,
+    GatewayConfig,
     check_secret,
     generate_secret,
     load_config,
@@ -20,7 +21,6 @@ from flashpoint.config import (
     validate_secret,
 )
 from flashpoint.errors import BadRequest
-from flashpoint.gateway.config import GatewayConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 WEAK = ["change-me", "flashpoint-local-dev-secret", "netns-cluster-test-secret", "s3cret",

@@ -11,7 +11,6 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from flashpoint.config import (
     ClusterConfig,
-    GatewaySettings,
     check_http_auth,
     generate_secret,
     load_config,
@@ -87,10 +86,7 @@ class _NoFunctions:
 
 @pytest.mark.parametrize("required", [False, True])
 async def test_metrics_can_require_a_key(required: bool):
-    from flashpoint.gateway.standalone import gateway_config
-
-    settings = GatewaySettings(api_keys={KEY: "invoke"}, metrics_require_key=required)
-    config = gateway_config(settings)
+    config = GatewayConfig(api_keys={KEY: "invoke"}, metrics_require_key=required)
     assert config.metrics_require_key is required
     async with TestClient(TestServer(make_app(_NoFunctions(), config))) as client:
         anonymous = await client.get("/metrics")

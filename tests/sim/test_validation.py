@@ -10,20 +10,35 @@ from flashpoint.sim.validation import (
 )
 
 
-def test_every_source_tier_is_simulated_within_ten_percent():
+def test_every_source_tier_is_its_fitted_fetch_plus_the_median_start():
+    """What the recorded run can check: the link rates are fitted on these very fetches, so
+    this is the model's composition (fetch + load + copy on the live controller's sourcing),
+    not a prediction. The prediction from independent inputs is predicted_tiers below
+    (bench/sim_validate.py --measure); so every row says it is calibrated."""
+    import statistics
+
+    import pytest
+
+    from flashpoint.sim.validation import COLDSTART_MEASURED
+
     rows = cold_start_tiers()  # raises if a tier's cold start did not happen in the run
     assert [r.case for r in rows] == ["cold start from registry", "cold start from peer",
                                       "cold start from ram"]
-    for r in rows:
-        assert r.within, (r.case, r.ratio)
+    assert all(r.calibrated for r in rows)
+    start_s = statistics.median((load + dev) / 1e3 for _, load, dev in COLDSTART_MEASURED.values())
+    for r, (fetch, _, _) in zip(rows, COLDSTART_MEASURED.values(), strict=True):
+        assert r.simulated_s == pytest.approx(fetch / 1e3 + start_s, rel=1e-6), r.case
     reg, peer, ram = (r.simulated_s for r in rows)
     assert ram < peer < reg  # the hierarchy, from the live controller's sourcing
 
 
 def test_multicast_modes_are_predicted_within_ten_percent_from_point_to_point():
     rows = multicast_modes()
-    assert [r.calibrated for r in rows].count(True) == 1  # only p2p is fitted
-    for r in rows:
+    assert [r.case for r in rows if r.calibrated] == ["p2p N=1"]  # only p2p is fitted
+    # Validated only on the rows whose numbers the fit did not use.
+    predicted = [r for r in rows if not r.calibrated]
+    assert len(predicted) >= 3
+    for r in predicted:
         assert abs(r.ratio - 1) <= TOLERANCE, (r.case, r.ratio)
     by = {r.case: r.simulated_s for r in rows}
     # A chain costs about one point-to-point whatever N; star and registry cost N of them.

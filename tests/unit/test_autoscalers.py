@@ -103,7 +103,27 @@ def test_tsk_scales_by_latency_ratio_in_one_batch():
     prop, mem2 = p.tsk(ld(now_s=10, replicas_warm=2, queue_latency_s=70), p.TskParams(), mem)
     assert prop.desired == 6 and mem2 == mem
     prop, _ = p.tsk(ld(now_s=15, replicas_warm=6, queue_latency_s=70), p.TskParams(), mem)
+    assert prop.desired == 12  # 6 × 70 / 7 = 60, held to the HPA's ×2 per 15 s
+    uncapped = p.TskParams(max_scale_up_ratio=1000)
+    prop, _ = p.tsk(ld(now_s=15, replicas_warm=6, queue_latency_s=70), uncapped, mem)
     assert prop.desired == 60
+
+
+def test_tsk_hpa_scale_up_policies_double_or_add_four():
+    """Kubernetes' default scaleUp: Percent 100 and Pods 4 per 15 s, selectPolicy Max."""
+    cases = [(1, 5), (2, 6), (4, 8), (5, 10), (30, 60)]  # (current, cap): max(2n, n + 4)
+    for cur, cap in cases:
+        prop, _ = p.tsk(ld(replicas_warm=cur, queued=1, queue_latency_s=7000), p.TskParams(),
+                        p.Held())
+        assert prop == Proposal(cap, "tsk:up"), cur
+    # Two evaluations a period apart: ×2 each, never the ratio's ×1000 at once.
+    prop, mem = p.tsk(ld(now_s=0, replicas_warm=10, queue_latency_s=7000), p.TskParams(),
+                      p.Held())
+    prop, _ = p.tsk(ld(now_s=15, replicas_warm=prop.desired, queue_latency_s=7000),
+                    p.TskParams(), mem)
+    assert prop.desired == 40
+    with pytest.raises(BadRequest, match="max_scale_up_pods"):
+        p.TskParams(max_scale_up_pods=0)
 
 
 def test_tsk_tolerance_and_scale_down_floor():
@@ -130,14 +150,17 @@ def test_owk_hpa_ratio():
     assert prop.desired == 3  # ceil(2 × 0.75 / 0.6)
 
 
-def test_owk_at_most_doubles_per_step():
+def test_owk_at_most_doubles_or_adds_four_per_step():
     prop, _ = p.owk(ld(replicas_warm=1, utilisation=1.0), p.OwkParams(), p.Held())
     assert prop.desired == 2
     low = p.OwkParams(target_utilisation=0.2)
     prop, mem = p.owk(ld(now_s=0, replicas_warm=2, utilisation=1.0), low, p.Held())
-    assert prop.desired == 4  # ceil(2 × 1 / 0.2) = 10, capped at 2 × 2
+    assert prop.desired == 6  # ceil(2 × 1 / 0.2) = 10, capped at max(2 × 2, 2 + 4)
     prop, _ = p.owk(ld(now_s=15, replicas_warm=4, utilisation=1.0), low, mem)
-    assert prop.desired == 8
+    assert prop.desired == 8  # 20 wanted, max(2 × 4, 4 + 4)
+    prop, _ = p.owk(ld(now_s=15, replicas_warm=2, utilisation=1.0),
+                    p.OwkParams(target_utilisation=0.2, max_scale_up_pods=1), mem)
+    assert prop.desired == 4  # with Pods 1 the ×2 policy is the larger
 
 
 def test_owk_starting_replicas_idle_going_up_busy_going_down():

@@ -51,7 +51,8 @@ def test_toml_file_overrides(tmp_path):
         f'secret = "{S3}"\nlog_level = "DEBUG"\n'
         '[controller]\nlisten_port = 9999\nheartbeat_timeout_s = 2.5\n'
         '[host]\ncpu_devices = 4\n'
-        '[gateway.api_keys]\nk1 = "admin"\n'
+        '[gateway]\nmax_tensor_bytes = 1024\nlisten_port = 9090\n'
+        '[gateway.api_keys]\nkey-one-admin = "admin"\n'
     )
     cfg = load_config(p)
     assert cfg.secret == S3 and cfg.log_level == "DEBUG"
@@ -60,7 +61,9 @@ def test_toml_file_overrides(tmp_path):
     assert cfg.controller.loop_interval_s == ControllerConfig().loop_interval_s  # untouched
     assert cfg.host.cpu_devices == 4
     assert cfg.host.heartbeat_interval_s == HostConfig().heartbeat_interval_s
-    assert cfg.gateway.api_keys == {"k1": "admin"}
+    assert cfg.gateway.api_keys == {"key-one-admin": "admin"}
+    # one gateway type: the HTTP limits and the stand-alone process's settings, one table
+    assert cfg.gateway.max_tensor_bytes == 1024 and cfg.gateway.listen_port == 9090
     # overrides apply on top of the file, per key
     cfg2 = load_config(str(p), overrides={"controller": {"listen_port": 1}, "secret": S4})
     assert cfg2.controller.listen_port == 1
@@ -149,3 +152,11 @@ def test_secret_comes_from_the_environment_and_the_run_secret_stays_on_loopback(
     check_secret(strong, "10.0.0.5", "x")
     with pytest.raises(BadRequest, match="no cluster secret configured"):
         check_secret(run_secret(), "0.0.0.0", "the controller")
+
+
+@pytest.mark.parametrize("table", [{"api_keys": {"short": "admin"}},
+                                   {"api_keys": {"long-enough-key": "root"}},
+                                   {"max_body_bytes": 0}, {"nope": 1}])
+def test_the_gateway_table_is_checked_when_it_loads(table):
+    with pytest.raises(BadRequest):
+        load_config(overrides={"gateway": table})

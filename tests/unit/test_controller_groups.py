@@ -143,6 +143,21 @@ def test_a_failed_link_stops_the_group():
     assert st.handle(GroupLinked(group.group_id, True, "", 2.3)) == [ForgetReplica(group.group_id)]
 
 
+def test_scale_down_keeps_a_group_wider_than_the_excess():
+    """Thesis §4.2.6: only groups that fit in the GPUs still to free are removed; a
+    one-replica excess retires a whole replica, not the two-stage pipeline."""
+    st = partitioned(max_stages=2, max_replicas=3, min_replicas=0)
+    gid, _ = _serving(st)
+    (whole,) = of(st.handle(Tick(3.0, {"fn": FunctionLoad(12, 0, 3.0)})), DeployReplica)
+    st.handle(ReplicaWarmed(whole.replica_id, {}, 4.0))
+    for h in st.hosts:
+        st.handle(HostHeartbeat(h, frozenset(), 19.0))
+    # Two replicas' worth of load (concurrency 4): one of the three to go.
+    cmds = st.handle(Tick(20.0, {"fn": FunctionLoad(0, 8, 20.0 - 11)}))
+    assert StopAccepting(gid) not in cmds and st.groups[gid].phase != GroupPhase.STOPPING
+    assert StopAccepting(whole.replica_id) in cmds
+
+
 def test_scale_down_retires_the_group_first_and_its_stages_with_it():
     st = partitioned(max_stages=2, max_replicas=3, min_replicas=0)
     gid, stages = _serving(st)

@@ -13,6 +13,7 @@ from flashpoint.policy.partitioning import (
     choose_plan,
     expected_load,
     scale_down_order,
+    scale_down_select,
 )
 
 PROFILES = [LayerProfile(f"layers.{i}", 200_000_000, 0.004, 2_000_000) for i in range(8)]
@@ -48,3 +49,14 @@ def test_scale_down_retires_pipelines_before_whole_replicas():
     groups = [GroupSnapshot("whole-old", 1, 10.0), GroupSnapshot("pipe2", 2, 30.0),
               GroupSnapshot("whole-new", 1, 20.0), GroupSnapshot("pipe4", 4, 5.0)]
     assert scale_down_order(groups) == ["pipe4", "pipe2", "whole-new", "whole-old"]
+
+
+def test_scale_down_selects_only_groups_that_fit_in_the_gpus_to_free():
+    groups = [GroupSnapshot("whole-old", 1, 10.0), GroupSnapshot("pipe2", 2, 30.0),
+              GroupSnapshot("whole-new", 1, 20.0), GroupSnapshot("pipe4", 4, 5.0)]
+    assert scale_down_select(groups, 1) == ["whole-new"]  # no pipeline for one GPU
+    assert scale_down_select(groups, 3) == ["pipe2", "whole-new"]  # 4 > 3: pipe4 stays
+    assert scale_down_select(groups, 5) == ["pipe4", "whole-new"]  # then 2 > 1: pipe2 stays
+    assert scale_down_select(groups, 8) == ["pipe4", "pipe2", "whole-new", "whole-old"]
+    assert scale_down_select(groups, 0) == []
+    assert scale_down_select([GroupSnapshot("pipe3", 3, 0.0)], 2) == []  # at most n GPUs

@@ -12,15 +12,17 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flashpoint.worker.batcher import Batcher
+from flashpoint.errors import ModelFailed
+from flashpoint.host.metrics import HostWorkersCollector, host_listen
 from flashpoint.host.replica_metrics import ReplicaStatsCollector, gather_replica_stats
+from flashpoint.messages.host_worker import ReplicaStatsReply
+from flashpoint.worker.batcher import Batcher
 from flashpoint.worker.replica_stats import (
     BATCH_SIZE_BUCKETS,
     SECONDS_BUCKETS,
     Histogram,
     ReplicaStats,
 )
-from flashpoint.errors import ModelFailed
 
 T = 2.0  # bound on every await
 
@@ -137,9 +139,9 @@ def test_snapshots_render_as_prometheus_families_with_labels() -> None:
     for _ in range(6):
         a.queued(0.004)
     c.batch_ran(1, 1, 2.0, failed=True)
-    replies = [{"replica_id": "r-a", "function": "fa", "stats": a.snapshot()},
-               {"replica_id": "r-c", "function": "fc", "stats": c.snapshot()},
-               {"replica_id": "r-bad", "function": "fb", "stats": {"requests": 1}}]
+    replies = [ReplicaStatsReply(replica_id="r-a", function="fa", stats={**a.snapshot(), "queued": 3}),
+               ReplicaStatsReply(replica_id="r-c", function="fc", stats=c.snapshot()),
+               ReplicaStatsReply(replica_id="r-bad", function="fb", stats={"requests": 1})]
     reg = CollectorRegistry(auto_describe=False)
     reg.register(ReplicaStatsCollector(replies, "h1"))
     fams = _parse(generate_latest(reg).decode())
@@ -172,6 +174,10 @@ def test_snapshots_render_as_prometheus_families_with_labels() -> None:
     assert queue[("flashpoint_replica_queue_seconds_bucket", "0.005")] == 6
     assert queue[("flashpoint_replica_queue_seconds_count", "")] == 6
     assert queue[("flashpoint_replica_queue_seconds_sum", "")] == pytest.approx(0.024)
+    # the batcher's queue now, where the worker sent it (r-c's older worker did not)
+    queued = fams["flashpoint_replica_queued_requests"]
+    assert queued.type == "gauge"
+    assert {(s.labels["replica_id"], s.value) for s in queued.samples} == {("r-a", 3.0)}
     # the malformed reply added nothing anywhere
     assert all(s.labels["replica_id"] != "r-bad" for f in fams.values() for s in f.samples)
 
@@ -202,10 +208,30 @@ async def test_gather_skips_failed_slow_idle_and_empty_workers() -> None:
     idle = _Conn(ok)
     workers = [_Worker("w1", good), _Worker("w2", slow), _Worker("w3", _Conn(exc=RuntimeError("x"))),
                _Worker("w4", idle, replica_id=None),
-               _Worker("w5", _Conn({"replica_id": "", "function": "", "stats": {}}))]
+               _Worker("w5", _Conn({"replica_id": "", "function": "", "stats": {}})),
+               _Worker("w6", _Conn({"replica_id": 7, "stats": {"requests": 1}}))]  # garbled
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     replies = await asyncio.wait_for(gather_replica_stats(workers, timeout_s=0.2), T)
     assert loop.time() - t0 < 1.0  # concurrent, and the slow one was cut off
-    assert replies == [ok]
+    assert replies == [ReplicaStatsReply(replica_id="r1", function="f", stats=ok["stats"])]
     assert good.calls == ["replica_stats"] and idle.calls == []
+
+
+def test_host_worker_gauges_count_idle_serving_and_stopping_workers() -> None:
+    workers = [_Worker("w1", _Conn(), replica_id=None), _Worker("w2", _Conn(), replica_id=None),
+               _Worker("w3", _Conn(), replica_id="r3"),
+               _Worker("w4", _Conn(), replica_id="r4", stopping=True)]
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(HostWorkersCollector(workers, "h7"))
+    fam = _parse(generate_latest(reg).decode())["flashpoint_host_workers"]
+    assert {(s.labels["host"], s.labels["state"], s.value) for s in fam.samples} == {
+        ("h7", "idle", 2.0), ("h7", "serving", 1.0), ("h7", "stopping", 1.0)}
+
+
+@pytest.mark.parametrize(("listen", "index", "want"), [
+    ("127.0.0.1:9101", 0, "127.0.0.1:9101"), ("127.0.0.1:9101", 2, "127.0.0.1:9103"),
+    ("0.0.0.0:0", 3, "0.0.0.0:0"), ("", 1, "")])
+def test_local_cluster_hosts_take_consecutive_metrics_ports(listen: str, index: int,
+                                                            want: str) -> None:
+    assert host_listen(listen, index) == want

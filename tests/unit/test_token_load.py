@@ -99,6 +99,13 @@ def test_request_shape():
     assert request_shape(_text("abc")) == (1, DEFAULT_MAX_TOKENS)
 
 
+def test_request_shape_of_inputs_a_standalone_gateway_forwards_encoded():
+    from flashpoint.tensors import check_encoded_tensors, encode_tensors
+
+    forwarded = check_encoded_tensors(encode_tensors(_text("x" * 40, 7)))
+    assert request_shape(forwarded) == (10, 7)
+
+
 def test_ledger_streamed_request():
     fn = "ledger-stream"
     led = TokenLedger(tau_s=1.0)

@@ -7,9 +7,11 @@ import types
 
 import numpy as np
 
-from flashpoint.worker.batcher import Batcher
-from flashpoint.worker.actor import Worker
+from flashpoint.messages.base import from_payload, to_payload
+from flashpoint.messages.controller_worker import InferMany, InferRequest
 from flashpoint.tensors import decode_tensors, encode_tensors
+from flashpoint.worker.actor import Worker
+from flashpoint.worker.batcher import Batcher
 
 T = 5.0  # bound on every await
 
@@ -49,10 +51,10 @@ async def test_requests_share_one_batch_and_errors_stay_their_own():
                 _req(xs[2], **{"class": "best_effort"}), _req(xs[3]),
                 {"inputs": {"x": {"dtype": "float32", "shape": [1, 2], "data": b"short"}}},
                 _req(xs[4])]
-        reply = await asyncio.wait_for(w._infer_many(None, {"requests": reqs}), T)
+        reply = await asyncio.wait_for(w._infer_many(None, InferMany(requests=reqs)), T)
     finally:
         await asyncio.wait_for(w.batcher.stop(), T)
-    replies = reply["replies"]
+    replies = to_payload(reply)["replies"]  # as they travel
     assert len(replies) == len(reqs)
     for i, x in ((0, xs[0]), (3, xs[2]), (4, xs[3]), (6, xs[4])):
         np.testing.assert_array_equal(decode_tensors(replies[i]["outputs"])["y"], x * 2)
@@ -71,8 +73,8 @@ async def test_a_cancelled_frame_cancels_its_queued_requests():
         return {"y": inputs["x"]}
 
     w = _worker(run)  # its batching loop is not started: everything stays queued
-    task = asyncio.ensure_future(w._infer_many(None, {"requests": [
-        _req(np.zeros((1, 2), np.float32)) for _ in range(3)]}))
+    task = asyncio.ensure_future(w._infer_many(None, InferMany(requests=[
+        _req(np.zeros((1, 2), np.float32)) for _ in range(3)])))
     await asyncio.sleep(0.05)
     assert w.batcher.depth == 3 and not task.done()
     queued = [item.future for *_, item in list(w.batcher._queue._queue)]
@@ -83,7 +85,8 @@ async def test_a_cancelled_frame_cancels_its_queued_requests():
     w.batcher.start()
     try:
         # The batcher still works through them (their results dropped) and answers the next.
-        out = await asyncio.wait_for(w._infer(None, _req(np.ones((1, 2), np.float32))), T)
+        req = from_payload(InferRequest, _req(np.ones((1, 2), np.float32)))
+        out = await asyncio.wait_for(w._infer(None, req), T)
     finally:
         await asyncio.wait_for(w.batcher.stop(), T)
-    np.testing.assert_array_equal(decode_tensors(out["outputs"])["y"], np.ones((1, 2)))
+    np.testing.assert_array_equal(decode_tensors(out.outputs)["y"], np.ones((1, 2)))

@@ -42,6 +42,7 @@ from flashpoint.controller.state.events import (
     UnitsUnblocked,
 )
 from flashpoint.controller.state.records import (
+    COLD_EWMA,
     FunctionRecord,
     GroupPhase,
     HostRecord,
@@ -101,6 +102,7 @@ class ControllerState(Scaling, Sourcing):
                 fn = self.functions.get(rep.function)
                 if fn is not None:
                     fn.start_failures, fn.start_failure, fn.backoff_rounds = 0, None, 0
+                    _measure_cold(fn, rep, event.now_s)
                     # A warm whole replica was built from its host's complete cached copy:
                     # that host is a holder now, not only from its next heartbeat on.
                     if (host := self.hosts.get(rep.host_id)) is not None:
@@ -324,3 +326,15 @@ class ControllerState(Scaling, Sourcing):
             del self.replicas[rep.replica_id]  # it would barely serve: start it elsewhere
             cmds += [ForgetReplica(rep.replica_id), StopReplica(rep.replica_id, rep.host_id)]
         return cmds + self._push_models(host, ev.now_s)
+
+
+def _measure_cold(fn: FunctionRecord, rep: ReplicaRecord, now_s: float) -> None:
+    """Fold a whole replica's cold start into its function's per-source average (the
+    governor's expected ready times). Stages and unsourced deploys are not a source's
+    whole cold start; a replica warm the moment it was asked for (prewarmed) is no cold
+    start at all."""
+    took = now_s - rep.requested_s
+    if rep.stage is not None or not rep.source or took <= 0:
+        return
+    old = fn.cold_s.get(rep.source)
+    fn.cold_s[rep.source] = took if old is None else COLD_EWMA * took + (1 - COLD_EWMA) * old

@@ -17,6 +17,19 @@ from flashpoint.spec import FunctionSpec
 # After this many consecutive failed starts a function backs off (no starts for a while; what
 # waits for it fails with ModelLoadFailed) instead of retrying at once; KaaS stops for good.
 MAX_CONSECUTIVE_START_FAILURES = 3
+# Weight of the newest measurement in a function's per-source cold-start average: recent
+# starts count most (the registry link's share changes with how many fetch at once).
+COLD_EWMA = 0.5
+
+
+def cold_source(kind: str | None, sender: str = "") -> str:
+    """A deploy's source of bytes, as the cold-start estimates group them: ``local`` (own
+    RAM), ``peer`` (a chain from a holder), ``registry`` (a registry chain or pull)."""
+    if kind == "local":
+        return "local"
+    if kind == "chain" and sender and sender != "registry":
+        return "peer"
+    return "registry"
 
 
 def start_backoff_s(rounds: int, initial_s: float, max_s: float) -> float:
@@ -75,6 +88,8 @@ class ReplicaRecord:
     # The model version it runs ("name@version"); a function rolling to another version has
     # replicas of both (policy/rollout.py).
     model_key: str = ""
+    # Where its bytes come from (cold_source: local, peer, registry); "" = not sourced yet.
+    source: str = ""
 
 
 @dataclass
@@ -115,6 +130,9 @@ class FunctionRecord:
     previous_bytes: int = 0
     rollout: RollPhase = RollPhase.STABLE
     roll_failed: str | None = None  # why replicas of ``spec``'s version kept failing to start
+    # Cold start (requested -> warm, controller clock) measured lately per source of the
+    # bytes, smoothed (COLD_EWMA): the governor's expected ready times (autoscale.govern).
+    cold_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def model_key(self) -> str:

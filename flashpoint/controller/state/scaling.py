@@ -22,7 +22,7 @@ from flashpoint.policy.partitioning import (
     ScaleUpLoad,
     choose_plan,
     place_spread,
-    scale_down_order,
+    scale_down_select,
     stage_ranges,
 )
 from flashpoint.policy.placement import select_receivers
@@ -58,6 +58,8 @@ class Scaling(GroupLifecycle, Placement):
             spec.keep_alive_s, arrival_rate=load.arrival_rate, exec_time_s=load.exec_time_s,
             queue_latency_s=load.queue_latency_s, invocations_total=load.invocations_total,
             tokens=load.tokens,
+            starting_ready_s=self._starting_ready(fn, starting)[:seen_starting],
+            new_ready_s=self._new_ready(fn, now_s),
         ), fn.scaler_memory)
         current = len(warm) + len(starting)
         fn.desired, fn.reason = decision.desired, decision.reason
@@ -75,11 +77,11 @@ class Scaling(GroupLifecycle, Placement):
             # replica's worth of throughput.
             groups = [g for g in self.groups.values()
                       if g.function == fn.spec.name and g.phase != GroupPhase.STOPPING]
-            for gid in scale_down_order([GroupSnapshot(g.group_id, len(g.stages),
-                                                       g.serving_s or g.requested_s)
-                                         for g in groups]):
-                if excess <= 0:
-                    break
+            # Only groups that fit in the replicas still to free (thesis §4.2.6): a
+            # one-replica excess does not stop a four-stage pipeline.
+            for gid in scale_down_select([GroupSnapshot(g.group_id, sum(
+                    r in self.replicas for r in g.stages), g.serving_s or g.requested_s)
+                    for g in groups], excess):
                 group = self.groups[gid]
                 excess -= sum(r in self.replicas for r in group.stages)
                 cmds += self._stop_group(group, "retired")
@@ -90,6 +92,38 @@ class Scaling(GroupLifecycle, Placement):
                        if r.group_id not in self.groups]
             return cmds + self._retire(victims[: max(0, excess)])
         return []
+
+    def _expected_cold_s(self, fn: FunctionRecord, sources: tuple[str, ...]) -> float | None:
+        """The shortest cold start measured lately from any of ``sources``; else the mean
+        over the sources measured; else the cost model's C(1); None = nothing known."""
+        known = [fn.cold_s[s] for s in sources if s in fn.cold_s]
+        if known:
+            return min(known)
+        if fn.cold_s:
+            return sum(fn.cold_s.values()) / len(fn.cold_s)
+        return fn.whole_cold_s or None
+
+    def _starting_ready(self, fn: FunctionRecord,
+                        starting: list[ReplicaRecord]) -> tuple[float, ...]:
+        """When each starting replica is expected to serve (its request time plus its
+        source's cold start), earliest first; one whose time has passed serves any moment.
+        Empty when no cold start is known yet."""
+        out = []
+        for rep in starting:
+            cold = self._expected_cold_s(fn, (rep.source or "registry",))
+            if cold is None:
+                return ()
+            out.append(rep.requested_s + cold)
+        return tuple(sorted(out))
+
+    def _new_ready(self, fn: FunctionRecord, now_s: float) -> float | None:
+        """When a replica ordered now is expected to serve: placement puts it on a host
+        holding the model if one has room (own RAM, else a peer's chain), else it comes
+        from the registry."""
+        holders = any(h.alive and not h.draining and fn.model_key in h.cached_models
+                      for h in self.hosts.values())
+        cold = self._expected_cold_s(fn, ("local", "peer") if holders else ("registry",))
+        return None if cold is None else now_s + cold
 
     def _roll(self, fn: FunctionRecord, mine: list[ReplicaRecord], desired: int,
               now_s: float) -> list[Command]:

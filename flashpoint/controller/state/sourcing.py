@@ -14,7 +14,7 @@ from flashpoint.controller.state.events import (
     SourceAssignment,
     StartChain,
 )
-from flashpoint.controller.state.records import HostRecord
+from flashpoint.controller.state.records import HostRecord, cold_source
 from flashpoint.ids import ModelKey
 from flashpoint.policy.sourcing import REGISTRY, plan_sourcing
 
@@ -116,6 +116,8 @@ class Sourcing(ClusterRecords):
         for c in cmds:
             if isinstance(c, DeployReplica) and c.replica_id in assigned:
                 c = dataclasses.replace(c, source=assigned[c.replica_id])
+                if (rec := self.replicas.get(c.replica_id)) is not None and c.stage is None:
+                    rec.source = cold_source(c.source.kind, c.source.sender)
             out.append(c)
         # Receivers learn their chain (deploys) before the sender starts streaming to them.
         return out + extra

@@ -1,5 +1,6 @@
 /* fp_hook.c - Flashpoint's LD_PRELOAD CUDA-driver hook: time tokens and memory limits.
- * (Memory accounting and its hooks are in fp_mem.c; shared declarations in
+ * (Memory accounting and its hooks are in fp_mem.c, the sync-point hooks in fp_sync.c;
+ * shared declarations in
  * fp_hook_internal.h; the symbol list in hooked_symbols.h.)
  *
  * What it does
@@ -7,7 +8,8 @@
  *     (and their _ptsz variants) on a time token from the per-GPU token manager
  *     (flashpoint/gpu/tokens.py).  A token is "you may launch for quota_ns from now".
  *   - Measures usage at sync points (cuCtxSynchronize, cuStreamSynchronize,
- *     cuEventSynchronize): the holder's time is wall clock from grant to sync return, and
+ *     cuEventSynchronize, and the synchronous cuMemcpy* copies, which wait for the work
+ *     queued before them, as FaST-GShare treats them): the holder's time is wall clock from grant to sync return, and
  *     the token is returned early there (FaST-GShare: an idle/synced tenant frees the GPU).
  *   - Accounts device memory per process (size table keyed by pointer / handle) and
  *     refuses allocations past FP_HOOK_MEM_LIMIT_BYTES with CUDA_ERROR_OUT_OF_MEMORY;
@@ -27,7 +29,9 @@
  *                               was idle, so the token is charged only up to its last
  *                               launch (never the idle time); default 2000
  *   FP_HOOK_SYNC_ON_EXPIRY      1 (default): at token expiry synchronize the context so the
- *                               reported time includes queued kernels (FaST's overuse)
+ *                               reported time includes queued kernels (FaST's overuse);
+ *                               also after an idle gap, where a sync that waits shows the
+ *                               device was busy all along and the whole time is charged
  *   FP_HOOK_LIBCUDA             driver library to resolve real symbols in, default
  *                               libcuda.so.1 (tests point it at a fake)
  *   FP_HOOK_LIBNVML             default libnvidia-ml.so.1
@@ -375,6 +379,9 @@ static int fp_capturing(CUstream s) {
     return fn(s, &status) != CUDA_SUCCESS || status != 0;
 }
 
+/* A cuCtxSynchronize that takes longer than this found kernels still queued. */
+#define FP_QUEUED_WORK_NS 200000ull
+
 /* Pre-hook of every launch: make sure we hold an unexpired token. */
 static void fp_gate(CUstream stream) {
     fp_config();
@@ -397,6 +404,17 @@ static void fp_gate(CUstream stream) {
             } else {
                 /* Idle after the token: charge up to the last launch, never the idle gap. */
                 used = tk.last_launch - tk.grant > tk.quota ? tk.last_launch - tk.grant : tk.quota;
+                /* ...unless the device was not idle: a launcher blocked on a full queue (or
+                 * descheduled) comes back late although its kernels kept running.  A sync of
+                 * an idle context returns in microseconds; one that waits found queued work,
+                 * so the device was busy all along and the whole time is charged. */
+                if (fp_cfg.sync_on_expiry && tk.launched && !fp_capturing(stream)) {
+                    ctx_sync_fn sync = (ctx_sync_fn)fp_real(FP_cuCtxSynchronize);
+                    if (sync) sync();
+                    uint64_t after = fp_now_ns();
+                    if (after - now > FP_QUEUED_WORK_NS) used = after - tk.grant;
+                    now = after;
+                }
             }
         }
         tk.have_token = 0;
@@ -443,6 +461,17 @@ static void *tk_releaser(void *arg) {
     return NULL;
 }
 
+/* At exit, a held token goes back with what it was used for (up to the last sync, else
+ * now), so the manager charges the process's last work instead of guessing at expiry.
+ * No driver call here: the driver may already be torn down.  trylock: a thread that died
+ * holding the lock must not hang the exit. */
+__attribute__((destructor)) static void tk_at_exit(void) {
+    if (!fp_cfg.socket_path[0] || pthread_mutex_trylock(&tk.mu) != 0) return;
+    if (tk.have_token && !tk.local && tk.fd >= 0)
+        tk_release_locked((tk.synced_at ? tk.synced_at : fp_now_ns()) - tk.grant);
+    pthread_mutex_unlock(&tk.mu);
+}
+
 static void tk_releaser_start(void) { /* caller holds tk.mu */
     tk_releaser_started = 1;
     pthread_condattr_t a;
@@ -459,7 +488,7 @@ static void tk_releaser_start(void) { /* caller holds tk.mu */
     pthread_attr_destroy(&attr);
 }
 
-static void fp_synced(void) {
+void fp_synced(void) {
     if (!fp_cfg.socket_path[0]) return;
     pthread_mutex_lock(&tk.mu);
     if (!tk_releaser_started) tk_releaser_start();
@@ -536,34 +565,6 @@ static CUresult fp_graph(int i, CUgraphExec g, CUstream s) {
 FP_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return fp_graph(FP_cuGraphLaunch, g, s); }
 FP_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
     return fp_graph(FP_cuGraphLaunch_ptsz, g, s);
-}
-
-/* --- sync points --- */
-FP_EXPORT CUresult cuCtxSynchronize(void) {
-    __typeof__(&cuCtxSynchronize) fn = REAL(cuCtxSynchronize);
-    if (!fn) return MISSING;
-    CUresult r = fn();
-    if (r == CUDA_SUCCESS) fp_synced();
-    return r;
-}
-typedef CUresult (*stream_sync_fn)(CUstream);
-static CUresult fp_stream_sync(int i, CUstream s) {
-    stream_sync_fn fn = (stream_sync_fn)fp_real(i);
-    if (!fn) return MISSING;
-    CUresult r = fn(s);
-    if (r == CUDA_SUCCESS) fp_synced();
-    return r;
-}
-FP_EXPORT CUresult cuStreamSynchronize(CUstream s) { return fp_stream_sync(FP_cuStreamSynchronize, s); }
-FP_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) {
-    return fp_stream_sync(FP_cuStreamSynchronize_ptsz, s);
-}
-FP_EXPORT CUresult cuEventSynchronize(CUevent e) {
-    __typeof__(&cuEventSynchronize) fn = REAL(cuEventSynchronize);
-    if (!fn) return MISSING;
-    CUresult r = fn(e);
-    if (r == CUDA_SUCCESS) fp_synced();
-    return r;
 }
 
 /* --- symbol resolution --- */

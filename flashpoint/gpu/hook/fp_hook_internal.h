@@ -1,5 +1,5 @@
-/* fp_hook_internal.h - what fp_hook.c (tokens, symbol resolution) and fp_mem.c (memory
- * accounting) share: the CUDA/NVML types we declare ourselves, the symbol enum generated
+/* fp_hook_internal.h - what fp_hook.c (tokens, symbol resolution), fp_sync.c (sync
+ * points) and fp_mem.c (memory accounting) share: the CUDA/NVML types we declare ourselves, the symbol enum generated
  * from hooked_symbols.h, configuration, logging and real-symbol resolution.  Not part of
  * any interface: everything here has hidden visibility in the built library. */
 #ifndef FP_HOOK_INTERNAL_H
@@ -95,6 +95,22 @@ void *fp_real(int i);
 void fp_mem_sync(void);
 uint64_t fp_mem_cap(void);
 void fp_mem_report(uint64_t used);
+
+/* ---- sync points: fp_synced (fp_hook.c) is called by the hooks of fp_sync.c after a
+ * successful sync; it starts the early-return grace period of a held token. ---- */
+void fp_synced(void);
+FP_EXPORT CUresult cuCtxSynchronize(void);
+FP_EXPORT CUresult cuStreamSynchronize(CUstream s);
+FP_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s);
+FP_EXPORT CUresult cuEventSynchronize(CUevent e);
+FP_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n);
+FP_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n);
+FP_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n);
+FP_EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n);
+FP_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n);
+FP_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n);
+FP_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n);
+FP_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n);
 
 /* ---- the memory hooks (fp_mem.c), declared for the dispatch table in fp_hook.c ---- */
 FP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size);

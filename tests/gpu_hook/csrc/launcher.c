@@ -1,10 +1,20 @@
 /* A stand-in for a DL framework: it never links libcuda; it dlopens it and resolves the
  * driver through dlsym and cuGetProcAddress, as the CUDA runtime (hence torch) does.
  *
- *   launcher run SECONDS KERNEL_US SYNC_EVERY proc|dlsym|ptds [IDLE_US]
- *       launch KERNEL_US busy kernels for SECONDS, syncing every SYNC_EVERY launches and
- *       then idling IDLE_US (a bursty, inference-like tenant);
- *       prints {"launches","wall_ns","sum_kernel_ns","cublas"}
+ *   launcher run SECONDS KERNEL_US SYNC_EVERY proc|dlsym|ptds [IDLE_US [ctx|dtoh]]
+ *       launch KERNEL_US busy kernels for SECONDS, syncing every SYNC_EVERY launches (0:
+ *       never) with cuCtxSynchronize or a synchronous cuMemcpyDtoH, then idling IDLE_US (a
+ *       bursty, inference-like tenant); a last sync waits for the queued work (an
+ *       asynchronous fake driver) before t1;
+ *       prints {"launches","t0_ns","t1_ns","wall_ns","sum_kernel_ns","cublas"}
+ *   launcher resolve NAME...
+ *       for each driver name, what cuGetProcAddress hands out without and with the
+ *       per-thread-default-stream flag: prints {NAME: [FILE, SYMBOL, FILE, SYMBOL]} (the
+ *       shared object and symbol each pointer is, from dladdr; "" when not resolved)
+ *   launcher memkinds CHUNK_BYTES MAX_CHUNKS
+ *       allocate alternately with cuMemAllocPitch (rows of CHUNK_BYTES/4, 4 rows) and
+ *       cuMemCreate until failure; prints {"ok_chunks","error","free","total",
+ *       "free_after_release"}
  *   launcher mem CHUNK_BYTES MAX_CHUNKS
  *       allocate chunks until failure; prints {"ok_chunks","error","free","total",
  *       "total_mem","nvml_total","nvml_free","nvml_v2_total","free_after_release"}
@@ -29,6 +39,10 @@ typedef CUresult (*alloc_t)(CUdeviceptr *, size_t);
 typedef CUresult (*free_t)(CUdeviceptr);
 typedef CUresult (*info_t)(size_t *, size_t *);
 typedef CUresult (*total_t)(size_t *, int);
+typedef CUresult (*dtoh_t)(void *, CUdeviceptr, size_t);
+typedef CUresult (*pitch_t)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+typedef CUresult (*create_t)(unsigned long long *, size_t, const void *, unsigned long long);
+typedef CUresult (*release_t)(unsigned long long);
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -66,8 +80,11 @@ int main(int argc, char **argv) {
         uint64_t kernel_ns = (uint64_t)(atof(argv[3]) * 1000.0);
         long sync_every = atol(argv[4]);
         long idle_us = argc >= 7 ? atol(argv[6]) : 0;
+        int by_copy = argc >= 8 && strcmp(argv[7], "dtoh") == 0;
         launch_t launch = (launch_t)resolve("cuLaunchKernel", argv[5]);
         sync_t sync = (sync_t)resolve("cuCtxSynchronize", strcmp(argv[5], "ptds") == 0 ? "proc" : argv[5]);
+        dtoh_t dtoh = (dtoh_t)resolve("cuMemcpyDtoH", argv[5]);
+        char host[8];
         uint64_t max_launches = (uint64_t)(seconds * 1e9 / (double)(kernel_ns ? kernel_ns : 1)) + 10;
         uint64_t t0 = now_ns(), end = t0 + (uint64_t)(seconds * 1e9), n = 0;
         void *params[1] = {&kernel_ns};
@@ -75,13 +92,14 @@ int main(int argc, char **argv) {
             if (launch(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL) != 0) return 4;
             n++;
             if (sync_every > 0 && n % sync_every == 0) {
-                if (sync() != 0) return 5;
+                if ((by_copy ? dtoh(host, 0, sizeof host) : sync()) != 0) return 5;
                 if (idle_us > 0) {
                     struct timespec ts = {idle_us / 1000000, (idle_us % 1000000) * 1000};
                     nanosleep(&ts, NULL);
                 }
             }
         }
+        if (sync() != 0) return 5;
         uint64_t t1 = now_ns();
         printf("{\"launches\": %llu, \"t0_ns\": %llu, \"t1_ns\": %llu, \"wall_ns\": %llu, "
                "\"sum_kernel_ns\": %llu, \"cublas\": %d}\n",
@@ -123,6 +141,56 @@ int main(int argc, char **argv) {
         printf("{\"ok_chunks\": %ld, \"error\": %d, \"free\": %zu, \"total\": %zu, \"total_mem\": %zu, "
                "\"nvml_total\": %lld, \"nvml_free\": %lld, \"nvml_v2_total\": %lld, "
                "\"free_after_release\": %zu}\n", ok, err, f, t, tm, nv_total, nv_free, nv2_total, f2);
+        return 0;
+    }
+    if (strcmp(argv[1], "resolve") == 0) {
+        printf("{");
+        for (int a = 2; a < argc; a++) {
+            const char *where[2] = {"", ""}, *sym[2] = {"", ""};
+            for (int k = 0; k < 2; k++) {
+                void *fn = NULL;
+                int st = 0;
+                Dl_info info;
+                if (getproc(argv[a], &fn, 12000, k ? 2ull : 0ull, &st) == 0 && fn && dladdr(fn, &info) &&
+                    info.dli_fname) {
+                    where[k] = info.dli_fname;
+                    sym[k] = info.dli_sname ? info.dli_sname : "";
+                }
+            }
+            printf("%s\"%s\": [\"%s\", \"%s\", \"%s\", \"%s\"]", a > 2 ? ", " : "", argv[a], where[0],
+                   sym[0], where[1], sym[1]);
+        }
+        printf("}\n");
+        return 0;
+    }
+    if (strcmp(argv[1], "memkinds") == 0 && argc >= 4) {
+        size_t chunk = strtoull(argv[2], NULL, 10);
+        long max_chunks = atol(argv[3]);
+        pitch_t pitch = (pitch_t)resolve("cuMemAllocPitch", "proc");
+        create_t create = (create_t)resolve("cuMemCreate", "proc");
+        release_t release = (release_t)resolve("cuMemRelease", "proc");
+        info_t info = (info_t)resolve("cuMemGetInfo", "dlsym");
+        unsigned long long first_handle = 0;
+        long ok = 0;
+        CUresult err = 0;
+        for (; ok < max_chunks; ok++) {
+            if (ok % 2 == 0) {
+                CUdeviceptr p = 0;
+                size_t pt = 0;
+                err = pitch(&p, &pt, chunk / 4, 4, 4);
+            } else {
+                unsigned long long hd = 0;
+                err = create(&hd, chunk, NULL, 0);
+                if (!err && !first_handle) first_handle = hd;
+            }
+            if (err != 0) break;
+        }
+        size_t f = 0, t = 0, f2 = 0, t2 = 0;
+        info(&f, &t);
+        if (first_handle) release(first_handle);
+        info(&f2, &t2);
+        printf("{\"ok_chunks\": %ld, \"error\": %d, \"free\": %zu, \"total\": %zu, "
+               "\"free_after_release\": %zu}\n", ok, err, f, t, f2);
         return 0;
     }
     return 2;

@@ -1,0 +1,203 @@
+"""Live migration of in-flight generations, the controller's I/O half (issue 21 item 5).
+
+When a replica stops taking work (scale-down, a draining host, a MIG reconfiguration) the
+streamed generations it runs move to other replicas instead of holding it until they end:
+
+1. :meth:`Migrator.step` (each control step, and at once when a replica leaves) builds a
+   :class:`~flashpoint.controller.state.migration.MigrationSnapshot` and asks the pure
+   :func:`~flashpoint.controller.state.migration.plan_migrations` which sequences move and
+   where, then asks each source worker to hand those off (``hand_off``,
+   ``messages/migration.py``).
+2. The source stops each one at its next token boundary; the sequence's own ``infer`` call
+   answers with a :class:`~flashpoint.messages.migration.SequenceHandOff` (its tokens so
+   far, the text its client has, the sampler's state, its chunk count) instead of outputs.
+3. :meth:`Migrator.handed_off` sends the same request on with that hand-off as ``resume``:
+   to the destination chosen for it while it has a free credit, else to the front of its
+   function's queue (the next replica with room, or the one the autoscaler starts). Its
+   deadline, attempts and caller are unchanged; the client's stream goes on from the next
+   chunk index (``gateway/streams.py`` orders the chunks of both replicas and records the
+   gap).
+
+The source's credit is released when its call returns, so a leaving replica is stopped (the
+state's idle check) only after its sequences have moved or finished. Only streamed requests
+move; a non-streamed generation finishes where it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+
+from flashpoint.controller.dispatch import Dispatcher
+from flashpoint.controller.handles import Pending, WorkerHandle
+from flashpoint.controller.state import core as cs
+from flashpoint.controller.state.migration import (
+    LeaveCause,
+    LeavingReplica,
+    MigrationSnapshot,
+    StreamInFlight,
+    TargetReplica,
+    plan_migrations,
+)
+from flashpoint.errors import FlashpointError
+from flashpoint.gateway.streams import StreamRegistry
+from flashpoint.log import get_logger
+from flashpoint.messages.base import from_payload
+from flashpoint.messages.migration import InferHandedOff, SequenceHandOff
+
+log = get_logger("flashpoint.controller.migration")
+
+MIGRATIONS = Counter("flashpoint_migrations_total",
+                     "Generations moved off a leaving replica", ["cause"])
+MIGRATION_GAP = Histogram(
+    "flashpoint_migration_gap_seconds",
+    "Per moved stream: from the source's last token to the destination's first",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
+
+
+class Migrator:
+    """See the module docstring. ``send(ps, replica_id)`` is the request path's send (it
+    releases the credit it was given); ``pump(function)`` dispatches a function's queue."""
+
+    def __init__(self, state: cs.ControllerState, dispatcher: Dispatcher,
+                 streams: StreamRegistry, workers: dict[str, WorkerHandle],
+                 spawn: Callable[[Any, str], asyncio.Task],
+                 send: Callable[[list[Pending], str], Awaitable[None]],
+                 pump: Callable[[str], None]) -> None:
+        self.state = state
+        self.dispatcher = dispatcher
+        self.streams = streams
+        self.workers = workers
+        self.spawn = spawn
+        self.send = send
+        self.pump = pump
+        self._where: dict[str, tuple[Pending, str]] = {}  # request id -> (it, its replica)
+        self._asked: dict[str, tuple[str, LeaveCause]] = {}  # request id -> (dest, cause)
+        self._soon = False
+
+    # the request path's hooks ------------------------------------------------------------
+    def sent(self, p: Pending, replica_id: str) -> None:
+        """A streamed request went to ``replica_id``."""
+        self._where[p.request_id] = (p, replica_id)
+
+    def handled(self, p: Pending, reply: dict[str, Any], replica_id: str) -> bool:
+        """Whether ``reply`` (of ``p`` from ``replica_id``) is a hand-off, now sent on."""
+        if "handed_off" not in reply:
+            return False
+        msg = from_payload(InferHandedOff, reply, method="infer")
+        self.handed_off(p, msg.handed_off, reply["handed_off"], replica_id)
+        return True
+
+    def soon(self) -> None:
+        """A replica left: plan at the end of this loop iteration, not at the next tick."""
+        if self._soon:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a state driven synchronously): the next tick plans
+            return
+        self._soon = True
+        loop.call_soon(self._step_soon)
+
+    def _step_soon(self) -> None:
+        self._soon = False
+        self.step(time.monotonic())
+
+    # planning ----------------------------------------------------------------------------
+    def step(self, now_s: float) -> None:
+        """Ask the pure plan what moves now and ask the sources (never raises)."""
+        try:
+            self._step(now_s)
+        except Exception:  # a failed step must not take the control loop with it
+            log.exception("migration_step_failed")
+
+    def _step(self, now_s: float) -> None:
+        for rid, (p, _) in list(self._where.items()):
+            if p.future.done():
+                self._where.pop(rid, None)
+                self._asked.pop(rid, None)
+        snap = self.snapshot(now_s)
+        if not snap.streams:
+            return
+        causes = {r.replica_id: r.cause for r in snap.leaving}
+        by_source: dict[str, list[str]] = {}
+        for move in plan_migrations(snap):
+            self._asked[move.request_id] = (move.destination, causes[move.source])
+            by_source.setdefault(move.source, []).append(move.request_id)
+        for source, request_ids in by_source.items():
+            self.spawn(self._ask(source, tuple(request_ids)), f"hand-off:{source}")
+
+    def snapshot(self, now_s: float) -> MigrationSnapshot:
+        """Leaving replicas that run streams not yet asked to move, and where they may go."""
+        on: dict[str, list[StreamInFlight]] = {}
+        for request_id, (_, rid) in self._where.items():
+            if request_id not in self._asked:
+                on.setdefault(rid, []).append(StreamInFlight(
+                    request_id, rid, self.streams.chunks(request_id)))
+        leaving: list[LeavingReplica] = []
+        for rid in on:
+            rep = self.state.replicas.get(rid)
+            if rep is not None and rep.phase == cs.ReplicaPhase.STOPPING and not rep.group_id:
+                leaving.append(LeavingReplica(rid, rep.function, rep.model_key,
+                                              self._cause(rep)))
+        functions = {r.function for r in leaving}
+        targets = tuple(
+            TargetReplica(r.replica_id, r.function, r.model_key,
+                          self.dispatcher.free_credits(r.replica_id))
+            for r in self.state.replicas.values()
+            if r.function in functions and r.phase == cs.ReplicaPhase.WARM
+            and r.replica_id in self.workers and not self._cause_forced(r))
+        mine = {r.replica_id for r in leaving}
+        return MigrationSnapshot(now_s, tuple(leaving),
+                                 tuple(s for rid in mine for s in on[rid]), targets)
+
+    def _cause(self, rep: cs.ReplicaRecord) -> LeaveCause:
+        host = self.state.hosts.get(rep.host_id)
+        if host is not None and host.draining:
+            return LeaveCause.HOST_DRAIN
+        if (rep.host_id, rep.device_id) in self.state.blocked:
+            return LeaveCause.MIG
+        return LeaveCause.SCALE_DOWN
+
+    def _cause_forced(self, rep: cs.ReplicaRecord) -> bool:
+        """A replica about to be forced out is no destination either."""
+        return self._cause(rep).forced
+
+    async def _ask(self, source: str, request_ids: tuple[str, ...]) -> None:
+        handle = self.workers.get(source)
+        if handle is None:
+            return  # gone: its calls fail and are handled as failures
+        try:
+            count = await handle.hand_off(request_ids)
+        except FlashpointError as exc:
+            # Asked again at the next step (an old worker without hand_off: they finish).
+            log.warning("hand_off_failed", replica_id=source, error=exc.code)
+            for rid in request_ids:
+                self._asked.pop(rid, None)
+            return
+        log.info("hand_off_asked", replica_id=source, sequences=len(request_ids),
+                 handing_off=count)
+
+    # sending on ---------------------------------------------------------------------------
+    def handed_off(self, p: Pending, msg: SequenceHandOff, wire: dict[str, Any],
+                   source: str) -> None:
+        """``p`` left ``source`` with ``msg``: send it on, resuming from there."""
+        destination, cause = self._asked.pop(p.request_id, ("", LeaveCause.SCALE_DOWN))
+        self._where.pop(p.request_id, None)
+        p.payload["resume"] = wire
+        self.streams.moved(p.request_id, msg.chunks)
+        MIGRATIONS.labels(str(cause)).inc()
+        log.info("sequence_handed_off", request_id=p.request_id, source=source,
+                 destination=destination or "queue", tokens=len(msg.generated_ids),
+                 chunks=msg.chunks, cause=str(cause))
+        if p.future.done():
+            return  # its caller left meanwhile
+        if destination and destination in self.workers and self.dispatcher.claim(destination):
+            self.spawn(self.send([p], destination), f"send:{p.request_id}")
+            return
+        self.dispatcher.enqueue(p.function, p, front=True, best_effort=p.best_effort)
+        self.pump(p.function)

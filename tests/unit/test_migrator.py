@@ -1,0 +1,130 @@
+"""The controller's migration I/O (controller/migration.py) over fakes: which leaving
+replicas it asks to hand sequences off (a draining host, a GPU blocked for a MIG geometry, a
+scale-down only when another replica has room), and how a hand-off is sent on (to the chosen
+destination with a credit claimed, else to the front of the queue) with its resume payload."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from flashpoint.controller.dispatch import Dispatcher
+from flashpoint.controller.handles import Pending
+from flashpoint.controller.migration import Migrator
+from flashpoint.controller.state.core import HostRecord, ReplicaPhase, ReplicaRecord
+from flashpoint.gateway.streams import StreamRegistry
+from flashpoint.messages.base import to_payload
+from flashpoint.messages.migration import SequenceHandOff
+
+
+@dataclass
+class _State:
+    replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
+    hosts: dict[str, HostRecord] = field(default_factory=dict)
+    blocked: set[tuple[str, str]] = field(default_factory=set)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, ...]] = []
+
+    async def hand_off(self, request_ids: tuple[str, ...], timeout_s: float = 5.0) -> int:
+        self.asked.append(request_ids)
+        return len(request_ids)
+
+
+def _rep(rid: str, host: str, phase: ReplicaPhase) -> ReplicaRecord:
+    return ReplicaRecord(rid, "llm", host, "cpu0", 1, phase, 0.0, model_key="lm@1")
+
+
+def _setup(*, draining: bool = False, blocked: bool = False, room: int = 4
+           ) -> tuple[Migrator, _State, Dispatcher, dict[str, _Worker], list[Any], list[Any]]:
+    state = _State()
+    state.hosts = {h: HostRecord(h, {}, 0, set(), 0.0) for h in ("h0", "h1")}
+    state.hosts["h1"].draining = draining
+    if blocked:
+        state.blocked.add(("h1", "cpu0"))
+    state.replicas = {"r1": _rep("r1", "h1", ReplicaPhase.STOPPING),
+                      "r2": _rep("r2", "h0", ReplicaPhase.WARM)}
+    d = Dispatcher()
+    d.add_replica("r1", "llm", 4)
+    d.stop_accepting("r1")
+    d.add_replica("r2", "llm", 4)
+    for _ in range(4 - room):
+        d.claim("r2")
+    workers = {"r1": _Worker(), "r2": _Worker()}
+    spawned: list[Any] = []
+    sent: list[Any] = []
+
+    async def send(ps: list[Pending], rid: str) -> None:
+        sent.append(([p.request_id for p in ps], rid))
+
+    def spawn(coro: Any, name: str) -> Any:
+        spawned.append(coro)
+
+    m = Migrator(state, d, StreamRegistry(), workers, spawn, send,  # type: ignore[arg-type]
+                 lambda name: None)
+    return m, state, d, workers, spawned, sent
+
+
+def _pending(rid: str) -> Pending:
+    return Pending(rid, "llm", {"request_id": rid}, asyncio.get_running_loop().create_future(),
+                   0.0, 1e9, False, stream=True)
+
+
+async def _run(spawned: list[Any]) -> None:
+    for coro in spawned:
+        await coro
+    spawned.clear()
+
+
+async def test_scale_down_moves_to_a_replica_with_room_and_sends_on() -> None:
+    m, _, d, workers, spawned, sent = _setup()
+    p = _pending("q1")
+    m.streams.open("q1")
+    m.sent(p, "r1")
+    m.step(1.0)
+    await _run(spawned)
+    assert workers["r1"].asked == [("q1",)]
+    m.step(1.1)  # asked already: not again
+    assert not spawned
+    wire = to_payload(SequenceHandOff(prompt_ids=(1, 2), generated_ids=(5, 6, 7),
+                                      emitted_text="abc", chunks=3))
+    assert m.handled(p, {"handed_off": wire, "chunks": 3}, "r1")
+    await _run(spawned)
+    assert sent == [(["q1"], "r2")] and d.inflight_of("r2") == 1  # its credit claimed
+    assert p.payload["resume"] == wire
+    assert not m.handled(p, {"outputs": {}}, "r2")  # an ordinary reply is not a hand-off
+
+
+async def test_scale_down_without_room_stays() -> None:
+    m, _, _, workers, spawned, _ = _setup(room=0)
+    m.streams.open("q1")
+    m.sent(_pending("q1"), "r1")
+    m.step(1.0)
+    assert not spawned and workers["r1"].asked == []
+
+
+async def test_drain_and_mig_move_even_without_room_via_the_queue() -> None:
+    for how in ("draining", "blocked"):
+        m, _, d, workers, spawned, sent = _setup(room=0, **{how: True})
+        p = _pending("q1")
+        m.streams.open("q1")
+        m.sent(p, "r1")
+        m.step(1.0)
+        await _run(spawned)
+        assert workers["r1"].asked == [("q1",)], how
+        wire = to_payload(SequenceHandOff(prompt_ids=(1,), generated_ids=(2,),
+                                          emitted_text="", chunks=1))
+        assert m.handled(p, {"handed_off": wire, "chunks": 1}, "r1")
+        assert not sent and d.queued("llm") == 1  # to the front of its queue
+
+
+async def test_finished_streams_are_forgotten() -> None:
+    m, _, _, workers, spawned, _ = _setup()
+    p = _pending("q1")
+    m.sent(p, "r1")
+    p.future.set_result(({}, "r1"))
+    m.step(1.0)
+    assert not spawned and workers["r1"].asked == []
