@@ -48,6 +48,9 @@ MAPPING: dict[str, str] = {
     "test_controller_metrics.py": "controller",
     "test_controller_state.py": "controller",
     "test_dispatch.py": "controller",
+    "test_dispatch_claim.py": "controller",
+    "test_migration_plan.py": "controller",
+    "test_migrator.py": "controller",
     "test_governor_state.py": "controller",
     "test_kaas_placement.py": "controller",
     "test_mig_reconfig.py": "controller",
@@ -99,6 +102,8 @@ MAPPING: dict[str, str] = {
     "test_messages_worker.py": "messages",
     # flashpoint/spot/
     "test_spot.py": "spot",
+    # bench/ scripts ("benchmarks": a tests/bench package would shadow the repo's bench/)
+    "test_peers_bench.py": "benchmarks",
     # deploy/ (the systemd units)
     "test_systemd_units.py": "deploy",
 }

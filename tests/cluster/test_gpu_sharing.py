@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from unit.fake_mps import install_fake_mps
+from gpu.fake_mps import install_fake_mps
 
 from flashpoint.procs import pid_alive
 from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for

@@ -13,14 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from gpu.fake_mps import install_fake_mps
 
 from flashpoint.config import HostConfig, load_config
 from flashpoint.errors import BadRequest, GpuBusy, InvalidGeometry, MigUnavailable, NotFound
 from flashpoint.host.gpu import HostGpu
 from flashpoint.procs import pid_alive
 from flashpoint.testing.harness import ClusterFactory
-
-from .fake_mps import install_fake_mps
 
 pytestmark = pytest.mark.timeout(120)
 
