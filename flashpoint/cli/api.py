@@ -20,6 +20,7 @@ from flashpoint.cli.failures import HTTP_STATUS, no_cluster
 from flashpoint.cli.parser import spec_fields
 from flashpoint.cli.tables import function_lines, status_lines
 from flashpoint.errors import BadRequest
+from flashpoint.progress import rolling
 
 HTTP_TIMEOUT_S = 120.0
 
@@ -76,28 +77,51 @@ def invoke_body(args: argparse.Namespace) -> dict[str, Any]:
         raise BadRequest(f"--inputs is not JSON: {e}") from None
 
 
-async def wait_deployed(args: argparse.Namespace) -> int:
-    """Redraw transfer bars and replica phases until ``min_replicas`` are warm (or timeout)."""
-    from flashpoint.progress import ready, render
+async def wait_deployed(args: argparse.Namespace, rollout: bool = False) -> int:
+    """Show transfer bars and replica phases (and, for a ``rollout``, the old and new
+    versions' warm replicas) until ``min_replicas`` are warm and the roll-out settled, or
+    ``--wait-timeout-s`` passed. On a terminal the lines are redrawn in place; elsewhere (a
+    pipe, a CI log) each line is written when it changes, no control characters."""
+    from flashpoint.progress import ready, render, rollout_done, rollout_failed, rollout_line
 
+    url, fn = args.url.rstrip("/"), args.function
     deadline = time.monotonic() + args.wait_timeout_s
     drawn = 0
+    previous: set[str] = set()  # the last poll's lines (what a log already shows)
+    previous_version: str | None = None  # a settled view no longer names the old version
     tty = sys.stderr.isatty()
     while True:
-        status = await http("GET", f"{args.url}/v1/status", None, args.api_key, args.url)
-        lines = render(status, args.function)
-        if tty and drawn:
-            sys.stderr.write(f"\x1b[{drawn}F\x1b[J")  # redraw in place
-        if tty or ready(status, args.function, args.min_replicas):
+        status = await http("GET", f"{url}/v1/status", None, args.api_key, url)
+        lines = render(status, fn)
+        done = ready(status, fn, args.min_replicas or 0)
+        view: dict[str, Any] = {}
+        if rollout:
+            info = await http("GET", f"{url}/v1/functions/{fn}", None, args.api_key, url)
+            view = (info.get("rollout") if isinstance(info, dict) else None) or {}
+            previous_version = view.get("previous_version") or previous_version
+            lines.insert(0, rollout_line(fn, view, previous_version))
+            done = done and rollout_done(view)
+        if tty:
+            if drawn:
+                sys.stderr.write(f"\x1b[{drawn}F\x1b[J")  # redraw in place
             sys.stderr.write("".join(line + "\n" for line in lines))
             drawn = len(lines)
+        else:  # one line per change: a log reads as a history
+            sys.stderr.write("".join(line + "\n" for line in lines if line not in previous))
+            previous = set(lines)
         sys.stderr.flush()
-        if ready(status, args.function, args.min_replicas):
+        if rollout and rollout_failed(view):
+            sys.stderr.write(f"error: the roll-out to version {view.get('version')} failed: "
+                             f"{view.get('reason') or 'its replicas kept failing to start'} "
+                             f"— version {view.get('previous_version')} still serves\n")
+            return 1
+        if done:
             return 0
         if time.monotonic() > deadline:
+            what = (f"the roll-out to version {view.get('version')}" if rollout else
+                    f"{args.min_replicas} warm replica(s)")
             sys.stderr.write(f"error: timed out after {args.wait_timeout_s}s waiting for "
-                             f"{args.min_replicas} warm replica(s) — `flashpoint status` "
-                             "shows where they are\n")
+                             f"{what} — `flashpoint status` shows where they are\n")
             return 1
         await asyncio.sleep(0.25)
 
@@ -107,9 +131,12 @@ async def run(args: argparse.Namespace) -> int:
     url, key = args.url.rstrip("/"), args.api_key
     if args.cmd == "deploy":
         body = spec_fields(args)
-        print(json.dumps(await http("POST", f"{url}/v1/functions", body, key, url), indent=2))
-        if args.wait and (args.min_replicas or 0) > 0:
-            return await wait_deployed(args)
+        answer = await http("POST", f"{url}/v1/functions", body, key, url)
+        print(json.dumps(answer, indent=2), flush=True)
+        # A new version of a live function: wait for its roll-out too (progress.rolling).
+        roll = isinstance(answer, dict) and rolling(answer.get("rollout") or {})
+        if args.wait and ((args.min_replicas or 0) > 0 or roll):
+            return await wait_deployed(args, rollout=roll)
     elif args.cmd == "invoke":
         answer = await http("POST", f"{url}/v1/functions/{args.function}/invoke",
                             invoke_body(args), key, url)

@@ -255,7 +255,8 @@ def _add_deploy(sp: Parser) -> None:
         else:
             sp.add_argument(flag, dest=f.name, help=helptext, metavar=f.name.split("_")[-1].upper())
     sp.add_argument("--wait", action="store_true",
-                    help="wait for --min-replicas warm, drawing transfer progress bars")
+                    help="wait for --min-replicas warm (and a new version's roll-out to "
+                         "settle), drawing transfer and roll-out progress")
     sp.add_argument("--wait-timeout-s", type=number_in(0, lo_open=True), default=600.0,
                     help="give up waiting after this many seconds (default 600)")
 

@@ -47,13 +47,14 @@ from flashpoint.errors import (
 )
 from flashpoint.gateway.backend import InvokeResult, StreamChunk
 from flashpoint.gateway.streams import StreamRegistry, stream_invocation
-from flashpoint.log import get_logger
+from flashpoint.log import get_logger, logs_debug
 from flashpoint.policy.request_class import RequestClass, SloCompliance
 from flashpoint.registry.manifest import Manifest
 from flashpoint.spec import FunctionSpec
 from flashpoint.tensors import DECODED_DTYPE, decode_tensors, encode_tensors
 
-log = get_logger("flashpoint.controller")
+LOGGER = "flashpoint.controller"
+log = get_logger(LOGGER)
 
 REQUESTS = Counter("flashpoint_requests_total", "Invocations by outcome", ["function", "outcome"])
 SLO = Counter("flashpoint_slo_requests_total",
@@ -383,9 +384,11 @@ class RequestPath:
             self.dispatcher.remove(name, p)
             REQUESTS.labels(name, "deadline").inc()
             self._slo_failed(fn.spec, best_effort)
+            log.info("request_failed", function=name, request_id=request_id, error="deadline")
             raise DeadlineExceeded(f"request {request_id} exceeded {timeout:.3f}s") from None
         except FlashpointError as exc:
             REQUESTS.labels(name, exc.code).inc()
+            log.info("request_failed", function=name, request_id=request_id, error=exc.code)
             if exc.http_status >= 500:  # the platform failed it, not the caller's input
                 self._slo_failed(fn.spec, best_effort)
             raise
@@ -417,6 +420,9 @@ class RequestPath:
             ok = self._ok_metrics[name] = (REQUESTS.labels(name, "ok"), LATENCY.labels(name))
         ok[0].inc()
         ok[1].observe(total)
+        if logs_debug(LOGGER):  # the gateway's request id beside the replica that answered
+            log.debug("request_done", function=name, request_id=request_id, replica=rid,
+                      total_s=round(total, 6))
         self.ui.request_done(name, total, t0 + total)
         if fn.spec.slo_ms > 0 and not best_effort:
             before = self.slo.get(name, SloCompliance())

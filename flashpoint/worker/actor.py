@@ -50,7 +50,7 @@ import numpy as np
 from flashpoint import tracing
 from flashpoint.errors import BadRequest, FlashpointError, InvalidInput, Unavailable
 from flashpoint.gpu.worker_env import apply_env
-from flashpoint.log import bind_ids, configure, get_logger
+from flashpoint.log import bind_ids, bound_ids, configure, get_logger, logs_debug
 from flashpoint.messages import controller_worker as cw
 from flashpoint.messages import host_worker as hw
 from flashpoint.messages.base import from_payload, handler, to_payload
@@ -63,7 +63,8 @@ from flashpoint.worker import loading
 from flashpoint.worker import state as ws
 from flashpoint.worker.loading import LoadedReplica
 
-log = get_logger("flashpoint.worker")
+LOGGER = "flashpoint.worker"
+log = get_logger(LOGGER)
 
 
 class Worker:
@@ -413,6 +414,22 @@ class Worker:
 
     async def _infer(self, conn: Any, msg: cw.InferRequest
                      ) -> cw.InferReply | cw.InferStreamReply | InferHandedOff:
+        # The gateway's request id on the log lines of this request's handling (issue 23);
+        # bound only when DEBUG lines are written or the request failed: binding costs ~1 us.
+        try:
+            if not logs_debug(LOGGER):
+                return await self._infer_one(conn, msg)
+            with bound_ids(request_id=msg.request_id):
+                reply = await self._infer_one(conn, msg)
+                log.debug("request_served")
+                return reply
+        except FlashpointError as exc:
+            with bound_ids(request_id=msg.request_id):
+                log.info("request_failed", error=exc.code)
+            raise
+
+    async def _infer_one(self, conn: Any, msg: cw.InferRequest
+                         ) -> cw.InferReply | cw.InferStreamReply | InferHandedOff:
         if self._prepares_in_thread():
             inputs, best_effort = await asyncio.to_thread(self._request, msg)
         else:
@@ -515,6 +532,7 @@ class Worker:
             waits.append(self.batcher.enqueue(inputs, best_effort=best_effort))
         # Each reply in wire form as it comes (InferManyReply carries wire values).
         replies: list[dict[str, Any]] = []
+        debug = logs_debug(LOGGER)
         try:
             for req, w in zip(msg.requests, waits, strict=True):
                 if isinstance(w, dict):
@@ -527,10 +545,14 @@ class Worker:
                                             str(req.get("request_id", "")), timings)
                     replies.append(to_payload(cw.InferReply(
                         outputs=encode_tensors(self._finish(outputs)), timings_s=timings)))
+                    if debug:
+                        log.debug("request_served", request_id=_rid(req))
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     replies.append(to_payload(_failed(exc)))
+                    log.info("request_failed", request_id=_rid(req),
+                             error=getattr(exc, "code", type(exc).__name__))
         except BaseException:
             for w in waits:  # cancelled (the caller gave up): nobody waits on the rest
                 if not isinstance(w, dict):
@@ -566,6 +588,11 @@ class Worker:
         b = self.batcher
         return cw.ReplicaStatusReply(depth=b.depth if b else 0, batches=b.batches_run if b else 0,
                                      running=getattr(b, "running", 0) if b else 0)
+
+
+def _rid(req: Any) -> str:
+    """The request id of one wire request of an ``infer_many`` frame ("" if it has none)."""
+    return str(req.get("request_id", "")) if isinstance(req, dict) else ""
 
 
 def _failed(exc: Exception) -> cw.InferFailed:

@@ -69,16 +69,36 @@ def test_secret_generate_prints_a_fresh_valid_secret(capsys):
     validate_secret(a)
 
 
-def test_placeholder_api_keys_do_not_validate(monkeypatch):
+def test_placeholder_api_keys_do_not_validate(monkeypatch, tmp_path):
     monkeypatch.setenv(fc.SECRET_ENV, generate_secret())
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    config = tmp_path / "keys.toml"
+    config.write_text('[gateway]\napi_keys = { "replace-with-admin-key" = "admin" }\n')
     with pytest.raises(BadRequest, match="placeholder"):
-        load_config(ROOT / "configs/multihost.toml")
+        load_config(config)
     for key in ("replace-with-admin-key", "change-me-invoke-key"):
         with pytest.raises(BadRequest, match="placeholder"):
             GatewayConfig(api_keys={key: "admin"})
     keys = {generate_secret(): "admin"}
-    assert load_config(ROOT / "configs/multihost.toml",
-                       overrides={"gateway": {"api_keys": keys}}).gateway.api_keys == keys
+    assert load_config(config, overrides={"gateway": {"api_keys": keys}}).gateway.api_keys == keys
+
+
+def test_shipped_multihost_config_takes_its_api_keys_from_the_credential(monkeypatch, tmp_path):
+    """configs/multihost.toml holds no key; the units' api_keys credential brings them, and
+    the shipped example credential's placeholders are refused until replaced."""
+    monkeypatch.setenv(fc.SECRET_ENV, generate_secret())
+    text = (ROOT / "configs/multihost.toml").read_text()
+    assert "api_keys =" not in text.replace("# api_keys", "")  # not even commented in
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    (creds / "api_keys").write_text((ROOT / "deploy/systemd/api_keys.example").read_text())
+    with pytest.raises(BadRequest, match="placeholder"):
+        load_config(ROOT / "configs/multihost.toml")
+    admin, invoke = generate_secret(), generate_secret()
+    (creds / "api_keys").write_text(f'"{admin}" = "admin"\n"{invoke}" = "invoke"\n')
+    assert dict(load_config(ROOT / "configs/multihost.toml").gateway.api_keys) == {
+        admin: "admin", invoke: "invoke"}
 
 
 def _run(module: str, *argv: str, secret: str | None) -> subprocess.CompletedProcess[str]:
