@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
 from hypothesis import settings
+
+from flashpoint.testing.harness import ClusterFactory
 
 # CI decides whether a submission lands, so there a property test runs the same examples on
 # every run (derandomize): a rare input found by chance must not fail one run and pass the next.
@@ -35,3 +39,35 @@ def info_logs() -> Iterator[None]:
         yield
     finally:
         structlog.configure(wrapper_class=old)
+
+
+@pytest.fixture
+async def make_cluster(tmp_path: Path) -> AsyncIterator[ClusterFactory]:
+    """``await make_cluster(hosts=1, models=("noop",), host={...}, controller={...},
+    netns=False)``: a started cluster (flashpoint/testing/harness.py), stopped and
+    leak-checked (processes, asyncio tasks, listening sockets) when the test ends, pass or
+    fail. ``netns=True`` runs it as real processes in network namespaces (root only; the
+    test is skipped, with the reason, where labs cannot be built)."""
+    labs: list[Any] = []
+
+    def make_lab(num_hosts: int, **kw: Any) -> Any:
+        from flashpoint.testing.netns import NetLab
+
+        ok, reason = NetLab.available()
+        if not ok:
+            pytest.skip(reason)
+        if not labs:
+            NetLab.sweep_stale()
+        lab = NetLab(num_hosts, **kw)
+        labs.append(lab)
+        return lab
+
+    factory = ClusterFactory(tmp_path, make_lab=make_lab)
+    try:
+        yield factory
+    finally:
+        try:
+            await factory.aclose()
+        finally:
+            for lab in labs:
+                lab.close()

@@ -278,7 +278,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--preset", default="small")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--shares", default="30,70", help="SM percentages of the two workers")
-    # Self-test switches (tests/unit/test_gpu_bench_script.py): a fake NVML of this model and
+    # Self-test switches (tests/gpu/test_gpu_bench_script.py): a fake NVML of this model and
     # workers on the CPU, so the whole flow runs on a machine without a GPU.
     ap.add_argument("--fake-nvml", default="", help=argparse.SUPPRESS)
     ap.add_argument("--cpu", action="store_true", help=argparse.SUPPRESS)

@@ -5,7 +5,7 @@
 Parts, each a child process with its own deadline (killed by its process group when late),
 each writing ``<part>.json`` with ``status`` pass / fail / skipped and what it checked:
 
-* ``cuda_ipc``    tests/unit/test_weight_share.py's CUDA IPC test: two processes, one copy
+* ``cuda_ipc``    tests/gpu/test_weight_share.py's CUDA IPC test: two processes, one copy
                   of the weights on the GPU.
 * ``kaas_cupy``   tests/kaas/test_gpu.py: a KaaS chain on CUDA against the CPU, and a CuPy
                   raw kernel (CuPy missing is a failure here, not a skip).
@@ -48,7 +48,7 @@ PY = sys.executable
 DEFAULT_BUDGET_S = 470.0  # the whole run must end within 8 minutes on one H100
 MIN_PART_S = 20.0  # a part given less than this is failed as "out of budget", not started
 
-IPC_TEST = "tests/unit/test_weight_share.py::test_cuda_ipc_weights_shared_between_two_processes"
+IPC_TEST = "tests/gpu/test_weight_share.py::test_cuda_ipc_weights_shared_between_two_processes"
 KAAS_TEST = "tests/kaas/test_gpu.py"
 TORCH_HOOK_TEST = "tests/gpu_hook/test_gpu_torch.py"  # the same bench as part hook_torch
 SHARE_TOL = 0.05

@@ -31,7 +31,7 @@ from typing import Any
 from flashpoint import heap
 from flashpoint.actor import PROCESS_LOOP_LAG_INTERVAL_S, Actor
 from flashpoint.config import ClusterConfig, check_secret
-from flashpoint.errors import BadRequest, FlashpointError, NotFound
+from flashpoint.errors import BadRequest, FlashpointError, NotFound, Unavailable
 from flashpoint.exposition import MetricsEndpoint
 from flashpoint.gpu.inventory import Device
 from flashpoint.host import reports
@@ -290,6 +290,11 @@ class HostManager(Actor):
         """``deploy_replica``: idempotent by replica id, acknowledged at once; the cold start
         runs in the background (it ends with ``replica_ready`` or ``replica_failed``)."""
         msg = ch.decode_deploy(payload)
+        if self.stopping:
+            # A deploy that raced stop() (the controller link closes late in it) would start a
+            # cold start and a worker after the sweep of tasks and workers: refuse it, the
+            # controller places the replica elsewhere (the cluster harness's leak check).
+            raise Unavailable(f"host {self.host_id} is stopping")
         if msg.replica_id in self.replicas:
             return to_payload(ch.Accepted(duplicate=True))
         if isinstance(msg, ch.DeployKaas):

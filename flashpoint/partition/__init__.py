@@ -1,6 +1,6 @@
 """Model partitioning: the thesis's analytical model and an exact, fast cut solver (seed 004, Ch. 4).
 
-Pure code (see ``tests/unit/test_import_rule.py``): no asyncio, aiohttp, torch, RPC, actors
+Pure code (see ``tests/core/test_import_rule.py``): no asyncio, aiohttp, torch, RPC, actors
 or NVML.
 
 * :mod:`.model` — profiles, cost model, ``T(p, x, P)`` and ``T̄(p, x, P)`` (Eqs 4.2-4.8).

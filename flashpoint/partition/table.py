@@ -15,7 +15,7 @@ and the argmin over ``p`` is run-length encoded into segments per ``scale``.
 changes by exponential + binary search from each change point. That is only right if every
 ``p`` wins on one interval of ``x``; it does not hold: ``α`` depends on ``x`` through
 ``floor``/``ceil`` steps that differ per ``p``, so the winner can go ``p1 → p2 → p1``
-(``tests/unit/test_partition.py`` pins a case), and a search that probes ``x+1, x+2, x+4…``
+(``tests/partition/test_partition.py`` pins a case), and a search that probes ``x+1, x+2, x+4…``
 skips such islands. What *is* monotone is each envelope: ``α`` never decreases with ``x``
 (``queue_rounds_sum`` is convex and 0 at 0), so the best ``p``-part plan moves along its
 envelope one way. The dense sweep needs no assumption and costs a few milliseconds.

@@ -5,7 +5,7 @@ best left part ``(i, k, c_l)`` and the best right part ``(k+1, j, c-1-c_l)`` and
 tables ``DC, DE, DN, DIN`` (max cold start, max execution, max transfer, transfer sum).
 Each state keeps **one** sub-plan, the one with the lowest ``T̄`` of its own — but ``T̄``
 mixes maxima with a sum, so a sub-plan that loses locally can win once the other side
-raises a shared maximum; the DP is therefore not exact (``tests/unit/test_partition.py``
+raises a shared maximum; the DP is therefore not exact (``tests/partition/test_partition.py``
 pins a counterexample). Use :func:`flashpoint.partition.solver.best_plan`.
 
 Choices where the thesis is silent or inconsistent, made to match Eq 4.10's intent:

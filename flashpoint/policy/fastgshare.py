@@ -29,7 +29,7 @@ Two parts of the paper's FaST-Scheduler, digest 001-fastgshare.md §3–§5:
      :func:`repack` is the paper's reset-and-replace, which keeps the old layout if the new
      one would not fit (the paper does not say what happens then).
 
-Pure: frozen values in, new values out; no clock, no I/O (tests/unit/test_import_rule.py).
+Pure: frozen values in, new values out; no clock, no I/O (tests/core/test_import_rule.py).
 """
 
 from __future__ import annotations

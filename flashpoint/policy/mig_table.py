@@ -24,7 +24,7 @@ MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
 
 # NVML enum values (pynvml NVML_GPU_INSTANCE_PROFILE_* / NVML_COMPUTE_INSTANCE_PROFILE_*),
-# copied so this module does not import pynvml; tests/unit/test_gpu_mig.py checks they match.
+# copied so this module does not import pynvml; tests/gpu/test_gpu_mig.py checks they match.
 GI_PROFILE_1_SLICE = 0x0
 GI_PROFILE_2_SLICE = 0x1
 GI_PROFILE_3_SLICE = 0x2

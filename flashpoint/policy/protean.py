@@ -24,7 +24,7 @@ Choices the paper leaves open (digest §7.17), made here and configurable: how t
 (the FBRs of the BE batches first-fit puts on the slice are added), α, T_low, T_high, and the
 fleet cap rounding (⌊0.3·n⌋, at least 1, so a one-GPU host can still reconfigure).
 
-Pure: no clock (``now`` is not needed), no NVML, no asyncio (tests/unit/test_import_rule.py).
+Pure: no clock (``now`` is not needed), no NVML, no asyncio (tests/core/test_import_rule.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
 
 Pure and dependency-light: no asyncio, torch, NVML, aiohttp or RPC; from the
 controller only its pure ``controller.state`` package (STYLE.md, the import rule;
-``tests/unit/test_import_rule.py``). ``cluster`` and ``experiments`` are not imported here,
+``tests/core/test_import_rule.py``). ``cluster`` and ``experiments`` are not imported here,
 so the engine and network stay importable on their own.
 """
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import cluster_config, start_noop_cluster
+from flashpoint.testing.harness import ClusterFactory, cluster_config
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -23,8 +23,8 @@ async def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
         text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
-async def test_deploy_invoke_list_status_delete(tmp_path: Path) -> None:
-    c = await start_noop_cluster(cluster_config(tmp_path))
+async def test_deploy_invoke_list_status_delete(make_cluster: ClusterFactory, tmp_path: Path) -> None:
+    c = await make_cluster(config=cluster_config(tmp_path))
     try:
         url = c.controller.url
         r = await _cli("deploy", "nf", "--model", "noop", "--url", url, "--max-batch-size", "4")

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from flashpoint import AsyncClient, Client
-from flashpoint.cluster import LocalCluster
 from flashpoint.errors import (
     BadRequest,
     ConnectFailed,
@@ -29,15 +28,14 @@ from flashpoint.models import zoo
 from flashpoint.models.sources import publish
 from flashpoint.models.tiny_hf import make_text_classifier
 from flashpoint.registry import make_store
-
-from .conftest import cluster_config, start_noop_cluster
+from flashpoint.testing.harness import ClusterFactory, InProcessCluster, cluster_config
 
 pytestmark = pytest.mark.timeout(180)
 
 ADMIN_KEY, INVOKE_KEY = "client-admin-key-01", "client-invoke-key-01"
 
 
-async def test_async_client_deploy_invoke_list_delete(cluster: LocalCluster) -> None:
+async def test_async_client_deploy_invoke_list_delete(cluster: InProcessCluster) -> None:
     async with AsyncClient(cluster.controller.url) as fp:
         info = await fp.deploy("nf", "noop", max_batch_size=4)
         assert (info.name, info.model, info.model_version) == ("nf", "noop", "1")
@@ -79,44 +77,41 @@ async def test_async_client_deploy_invoke_list_delete(cluster: LocalCluster) -> 
             await fp.delete("nf")
 
 
-async def test_rollout_and_push(tmp_path: Path) -> None:
+async def test_rollout_and_push(make_cluster: ClusterFactory, tmp_path: Path) -> None:
     cfg = cluster_config(tmp_path)
-    c = await start_noop_cluster(cfg)
+    c = await make_cluster(config=cfg)
     model_dir = make_text_classifier(tmp_path / "hf-src")
-    try:
-        async with AsyncClient(c.controller.url) as fp:
-            manifest = await fp.push("mine", "noop", version="2", format="zoo", config=cfg)
-            assert (manifest.name, manifest.version, manifest.source_format) == ("mine", "2", "zoo")
-            assert await make_store(cfg).exists("mine", "2")
+    async with AsyncClient(c.controller.url) as fp:
+        manifest = await fp.push("mine", "noop", version="2", format="zoo", config=cfg)
+        assert (manifest.name, manifest.version, manifest.source_format) == ("mine", "2", "zoo")
+        assert await make_store(cfg).exists("mine", "2")
 
-            # a Hugging Face directory, pushed by the client and asked in text
-            manifest = await fp.push("words", str(model_dir), config=cfg)
-            assert manifest.task == "text-classification"
-            await fp.deploy("wf", "words")
-            r = await fp.invoke("wf", text=["this movie was great", "terrible"])
-            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        # a Hugging Face directory, pushed by the client and asked in text
+        manifest = await fp.push("words", str(model_dir), config=cfg)
+        assert manifest.task == "text-classification"
+        await fp.deploy("wf", "words")
+        r = await fp.invoke("wf", text=["this movie was great", "terrible"])
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(str(model_dir))
-            ref = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
-            with torch.inference_mode():
-                want = ref(**tok(["this movie was great", "terrible"], padding=True,
-                                 return_tensors="pt")).logits.numpy()
-            np.testing.assert_allclose(r.outputs["logits"], want, atol=1e-4, rtol=1e-4)
-            assert r.outputs["label"].shape == (2, 2) and r.outputs["score"].dtype == np.float32
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        ref = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
+        with torch.inference_mode():
+            want = ref(**tok(["this movie was great", "terrible"], padding=True,
+                             return_tensors="pt")).logits.numpy()
+        np.testing.assert_allclose(r.outputs["logits"], want, atol=1e-4, rtol=1e-4)
+        assert r.outputs["label"].shape == (2, 2) and r.outputs["score"].dtype == np.float32
 
-            await fp.deploy("rf", "noop", max_batch_size=2, keep_alive_s=12.0)
-            await publish(make_store(cfg), "noop", "tiny", "2", model_name="noop")
-            info = await fp.rollout("rf", "2")
-            assert (info.model, info.model_version) == ("noop", "2")
-            assert info.spec["max_batch_size"] == 2 and info.spec["keep_alive_s"] == 12.0
-            r = await fp.invoke("rf", {"x": np.arange(4, dtype=np.float32).reshape(1, 4)})
-            np.testing.assert_array_equal(r.outputs["y"], [[0, 1, 2, 3]])
-    finally:
-        await asyncio.wait_for(c.stop(), 60)
+        await fp.deploy("rf", "noop", max_batch_size=2, keep_alive_s=12.0)
+        await publish(make_store(cfg), "noop", "tiny", "2", model_name="noop")
+        info = await fp.rollout("rf", "2")
+        assert (info.model, info.model_version) == ("noop", "2")
+        assert info.spec["max_batch_size"] == 2 and info.spec["keep_alive_s"] == 12.0
+        r = await fp.invoke("rf", {"x": np.arange(4, dtype=np.float32).reshape(1, 4)})
+        np.testing.assert_array_equal(r.outputs["y"], [[0, 1, 2, 3]])
 
 
-async def test_sync_client_in_and_out_of_a_loop(tmp_path: Path) -> None:
-    c = await start_noop_cluster(cluster_config(tmp_path))
+async def test_sync_client_in_and_out_of_a_loop(make_cluster: ClusterFactory, tmp_path: Path) -> None:
+    c = await make_cluster(config=cluster_config(tmp_path))
     url = c.controller.url
     x = np.array([[4.0, 5.0]], dtype=np.float64)
 
@@ -161,42 +156,39 @@ async def test_sync_client_in_and_out_of_a_loop(tmp_path: Path) -> None:
     await asyncio.to_thread(fp_sync.close)
 
 
-async def test_api_keys(tmp_path: Path) -> None:
+async def test_api_keys(make_cluster: ClusterFactory, tmp_path: Path) -> None:
     cfg = cluster_config(tmp_path)
     cfg = dataclasses.replace(cfg, gateway=dataclasses.replace(
         cfg.gateway, api_keys={ADMIN_KEY: "admin", INVOKE_KEY: "invoke"}))
-    c = await start_noop_cluster(cfg)
+    c = await make_cluster(config=cfg)
     url = c.controller.url
-    try:
-        async with AsyncClient(url) as anonymous, AsyncClient(url, api_key=INVOKE_KEY) as user, \
-                AsyncClient(url, api_key=ADMIN_KEY) as admin, \
-                AsyncClient(url, api_key="wrong-key-0000001") as wrong:
-            with pytest.raises(Unauthorized) as err:
-                await anonymous.functions()
-            assert err.value.code == "unauthorized" and "missing API key" in err.value.message
-            with pytest.raises(Unauthorized):
-                await wrong.status()
-            with pytest.raises(Forbidden) as forbidden:
-                await user.deploy("kf", "noop")
-            assert forbidden.value.code == "forbidden"
-            await admin.deploy("kf", "noop")
-            r = await user.invoke("kf", {"x": np.ones((1, 2), np.float32)})
-            np.testing.assert_array_equal(r.outputs["y"], [[1.0, 1.0]])
-            with pytest.raises(Unauthorized):
-                await anonymous.invoke("kf", {"x": np.ones((1, 2), np.float32)})
+    async with AsyncClient(url) as anonymous, AsyncClient(url, api_key=INVOKE_KEY) as user, \
+            AsyncClient(url, api_key=ADMIN_KEY) as admin, \
+            AsyncClient(url, api_key="wrong-key-0000001") as wrong:
+        with pytest.raises(Unauthorized) as err:
+            await anonymous.functions()
+        assert err.value.code == "unauthorized" and "missing API key" in err.value.message
+        with pytest.raises(Unauthorized):
+            await wrong.status()
+        with pytest.raises(Forbidden) as forbidden:
+            await user.deploy("kf", "noop")
+        assert forbidden.value.code == "forbidden"
+        await admin.deploy("kf", "noop")
+        r = await user.invoke("kf", {"x": np.ones((1, 2), np.float32)})
+        np.testing.assert_array_equal(r.outputs["y"], [[1.0, 1.0]])
+        with pytest.raises(Unauthorized):
+            await anonymous.invoke("kf", {"x": np.ones((1, 2), np.float32)})
 
-        def blocking() -> None:
-            with Client(url) as fp, pytest.raises(Unauthorized):
-                fp.functions()
-            with Client(url, api_key=INVOKE_KEY) as fp:
-                assert [f.name for f in fp.functions()] == ["kf"]
+    def blocking() -> None:
+        with Client(url) as fp, pytest.raises(Unauthorized):
+            fp.functions()
+        with Client(url, api_key=INVOKE_KEY) as fp:
+            assert [f.name for f in fp.functions()] == ["kf"]
 
-        await asyncio.wait_for(asyncio.to_thread(blocking), 60)
-    finally:
-        await asyncio.wait_for(c.stop(), 60)
+    await asyncio.wait_for(asyncio.to_thread(blocking), 60)
 
 
-async def test_through_a_standalone_gateway(cluster: LocalCluster) -> None:
+async def test_through_a_standalone_gateway(cluster: InProcessCluster) -> None:
     from flashpoint.gateway.standalone import StandaloneGateway
 
     cfg = dataclasses.replace(cluster.config, gateway=dataclasses.replace(

@@ -13,8 +13,7 @@ import torch
 from flashpoint.controller.cold_timings import COLD_PHASES, phases_sum_s
 from flashpoint.models import zoo
 from flashpoint.spec import FunctionSpec
-
-from .conftest import wait_for
+from flashpoint.testing.harness import ClusterFactory, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -52,20 +51,18 @@ async def test_cold_start_phases_are_present_and_sum_to_the_wall(cluster) -> Non
             + ", ".join(f"{k}={res.timings_s[k] * 1e3:.1f}" for k in COLD_PHASES))
 
 
-async def test_warm_pool_refills_once_the_new_replica_answered(tmp_path) -> None:
+async def test_warm_pool_refills_once_the_new_replica_answered(make_cluster: ClusterFactory,
+        tmp_path) -> None:
     """The refill waits for the cold start's first answer (the worker's replica_served),
     not for refill_hold_s: with a one-minute hold the pool is full again within seconds."""
-    from flashpoint.cluster import LocalCluster
     from flashpoint.models.sources import publish
     from flashpoint.registry import make_store
-
-    from .conftest import cluster_config
+    from flashpoint.testing.harness import cluster_config
 
     cfg = cluster_config(tmp_path, refill_hold_s=60.0)
     store = make_store(cfg)
     await publish(store, "noop", "tiny", "1", model_name="noop")
-    c = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(c.start(), 90)
+    c = await make_cluster(hosts=1, models=(), config=cfg, store=store, start_timeout_s=90)
     try:
         host = c.hosts[0]
         assert await host.wait_pool_ready(60)

@@ -11,23 +11,20 @@ import aiohttp
 import pytest
 import torch
 
-from flashpoint.cluster import LocalCluster
 from flashpoint.demo import GENERATION_PROMPT, stream_generation
 from flashpoint.registry import make_store
-
-from .conftest import cluster_config
+from flashpoint.testing.harness import ClusterFactory, cluster_config
 
 pytestmark = pytest.mark.timeout(180)
 
 
-async def test_demo_streams_a_generation_after_a_scale_from_zero(
+async def test_demo_streams_a_generation_after_a_scale_from_zero(make_cluster: ClusterFactory,
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg = cluster_config(tmp_path)
     store = make_store(cfg)
-    cluster = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(cluster.start(), 90)
+    cluster = await make_cluster(hosts=1, models=(), config=cfg, store=store, start_timeout_s=90)
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
             lines = await stream_generation(s, cluster.controller.url, store, tmp_path,

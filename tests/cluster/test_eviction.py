@@ -12,25 +12,26 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from flashpoint.cluster import LocalCluster
 from flashpoint.models.publish import load_module
 from flashpoint.models.sources import publish
 from flashpoint.registry.local import LocalStore
+from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for
 
-from .conftest import BertLoad, cluster_config, wait_for
+from .conftest import BertLoad
 
 pytestmark = pytest.mark.timeout(150)
 
 
 @pytest.mark.parametrize("spot_available", [True, False], ids=["spot", "no-spot"])
-async def test_eviction_under_load_loses_no_request(tmp_path: Path, spot_available: bool) -> None:
+async def test_eviction_under_load_loses_no_request(make_cluster: ClusterFactory, tmp_path: Path,
+                                                    spot_available: bool) -> None:
     cfg = cluster_config(tmp_path)
     store = LocalStore(cfg.registry.root)
     manifest = await publish(store, "bert", "tiny", "1", model_name="bert")
     reference = load_module(manifest, bytearray(store.blob_path("bert", "1").read_bytes()))
-    c = LocalCluster(cfg, hosts=0, store=store)
-    c.provider.spot_available = spot_available
-    await asyncio.wait_for(c.start(), 60)
+    c = await make_cluster(hosts=0, models=(), config=cfg, store=store, start_timeout_s=60)
+    # Read only when a replacement host is needed (after the eviction), so set after start.
+    c.local.provider.spot_available = spot_available
     notice = tmp_path / "evict-host1"
     try:
         # host0: on-demand, RAM but no device that fits the model (a cache peer);

@@ -18,13 +18,11 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from flashpoint.cluster import LocalCluster
 from flashpoint.config import load_config
 from flashpoint.models.sources import publish_source
 from flashpoint.models.tiny_hf import make_causal_lm
 from flashpoint.registry import make_store
-
-from .conftest import wait_for
+from flashpoint.testing.harness import ClusterFactory, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -54,7 +52,7 @@ def _samples(text: str, name: str, **labels: str) -> list[float]:
 
 # The metrics are process-wide: a function name no other test uses keeps the counts this
 # test asserts its own (test_generation.py serves an "llm" too).
-async def test_token_metrics_and_token_driven_scale_up(tmp_path: Path) -> None:
+async def test_token_metrics_and_token_driven_scale_up(make_cluster: ClusterFactory, tmp_path: Path) -> None:
     from openai import AsyncOpenAI
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -62,8 +60,7 @@ async def test_token_metrics_and_token_driven_scale_up(tmp_path: Path) -> None:
     cfg = _config(tmp_path)
     store = make_store(cfg)
     await publish_source(store, "lm", model_dir)
-    cluster = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(cluster.start(), 90)
+    cluster = await make_cluster(hosts=1, models=(), config=cfg, store=store, start_timeout_s=90)
     client = AsyncOpenAI(base_url=f"{cluster.controller.url}/v1", api_key="unused",
                          max_retries=0, timeout=120)
     try:

@@ -16,11 +16,10 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from unit.fake_mps import install_fake_mps
+from gpu.fake_mps import install_fake_mps
 
 from flashpoint.procs import pid_alive
-
-from .conftest import cluster_config, start_noop_cluster, wait_for
+from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,7 +31,8 @@ def fake_mps_path(tmp_path: Path, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("mode,policy", [("mps", "fastgshare"), ("tokens", "dilu")])
-async def test_two_replicas_share_one_gpu_with_chosen_shares(tmp_path, fake_mps_path, mode,
+async def test_two_replicas_share_one_gpu_with_chosen_shares(make_cluster: ClusterFactory,
+        tmp_path, fake_mps_path, mode,
                                                              policy):
     if mode == "tokens" and not shutil.which("cc") and not shutil.which("gcc"):
         pytest.skip("the hook needs a C compiler")
@@ -41,7 +41,7 @@ async def test_two_replicas_share_one_gpu_with_chosen_shares(tmp_path, fake_mps_
                          sharing_dir=str(run_dir), warm_pool_size=2)
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(cfg.controller,
                                                                   share_policy=policy))
-    c = await start_noop_cluster(cfg)
+    c = await make_cluster(config=cfg)
     host = c.hosts[0]
     pids = [w.proc.pid for w in host.workers.values()]
     try:

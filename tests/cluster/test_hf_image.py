@@ -15,12 +15,10 @@ import torch
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from flashpoint.cluster import LocalCluster
 from flashpoint.models.sources import publish_source
 from flashpoint.models.tiny_hf import make_image_classifier
 from flashpoint.registry import make_store
-
-from .conftest import cluster_config
+from flashpoint.testing.harness import ClusterFactory, cluster_config
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -50,7 +48,8 @@ def reference(directory: Path, images: list[bytes]) -> np.ndarray:
                      ).logits.numpy()
 
 
-async def test_vit_served_from_jpeg_and_png_over_both_apis(tmp_path: Path) -> None:
+async def test_vit_served_from_jpeg_and_png_over_both_apis(make_cluster: ClusterFactory,
+        tmp_path: Path) -> None:
     directory = make_image_classifier(tmp_path / "vit", family="vit", labels=LABELS)
     cfg = cluster_config(tmp_path)
     store = make_store(cfg)
@@ -59,8 +58,7 @@ async def test_vit_served_from_jpeg_and_png_over_both_apis(tmp_path: Path) -> No
     want = reference(directory, images)
     want_labels = [[LABELS[i].encode() for i in np.argsort(-row, kind="stable")] for row in want]
 
-    c = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(c.start(), 90)
+    c = await make_cluster(hosts=1, models=(), config=cfg, store=store, start_timeout_s=90)
     url = c.controller.url
     pids = [w.proc.pid for h in c.hosts for w in h.workers.values()]
     try:

@@ -13,13 +13,12 @@ import aiohttp
 import numpy as np
 import pytest
 
-from flashpoint.cluster import LocalCluster
 from flashpoint.controller.state.records import ReplicaPhase
 from flashpoint.models.sources import PushOptions, publish_source
 from flashpoint.models.tiny_hf import make_text_classifier
 from flashpoint.registry.local import LocalStore
+from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for
 
-from .conftest import cluster_config, wait_for
 from .test_partitioned_scaleup import CHUNK, SlowStore, _config
 
 pytest.importorskip("transformers")
@@ -53,7 +52,8 @@ def _logits(out: dict[str, Any]) -> np.ndarray:
     return np.asarray(got["data"], dtype=np.float32).reshape(got["shape"])
 
 
-async def test_hf_bert_serves_as_a_pipeline_then_completes(tmp_path: Path) -> None:
+async def test_hf_bert_serves_as_a_pipeline_then_completes(make_cluster: ClusterFactory,
+        tmp_path: Path) -> None:
     cfg = _config(tmp_path)
     source = make_text_classifier(tmp_path / "src", family="bert")
     store = SlowStore(cfg.registry.root)
@@ -61,48 +61,45 @@ async def test_hf_bert_serves_as_a_pipeline_then_completes(tmp_path: Path) -> No
                                     options=PushOptions(profile=True))
     expected = {i: _reference(source, TEXTS[i:] + TEXTS[:i]) for i in range(len(TEXTS))}
     store.delay_s = 0.25
-    c = LocalCluster(cfg, hosts=2, store=store)
-    await asyncio.wait_for(c.start(), 60)
+    c = await make_cluster(hosts=2, models=(), config=cfg, store=store, start_timeout_s=60)
     url = c.controller.url
-    try:
-        async with aiohttp.ClientSession() as s:
-            spec = {"name": "hf-part", "model": "hfbert", "max_stages": 2, "min_replicas": 2,
-                    "max_replicas": 2, "replica_concurrency": 1, "keep_alive_s": 300}
-            async with s.post(f"{url}/v1/functions", json=spec) as r:
-                assert r.status == 201, await r.text()
+    async with aiohttp.ClientSession() as s:
+        spec = {"name": "hf-part", "model": "hfbert", "max_stages": 2, "min_replicas": 2,
+                "max_replicas": 2, "replica_concurrency": 1, "keep_alive_s": 300}
+        async with s.post(f"{url}/v1/functions", json=spec) as r:
+            assert r.status == 201, await r.text()
 
-            async def one(seed: int) -> dict[str, Any]:
-                i = seed % len(TEXTS)
-                out = await _invoke(s, url, TEXTS[i:] + TEXTS[:i])
-                np.testing.assert_allclose(_logits(out), expected[i], rtol=1e-4, atol=1e-4)
-                assert out["outputs"]["label"]["shape"][0] == len(TEXTS)
-                return out
+        async def one(seed: int) -> dict[str, Any]:
+            i = seed % len(TEXTS)
+            out = await _invoke(s, url, TEXTS[i:] + TEXTS[:i])
+            np.testing.assert_allclose(_logits(out), expected[i], rtol=1e-4, atol=1e-4)
+            assert out["outputs"]["label"]["shape"][0] == len(TEXTS)
+            return out
 
-            await wait_for("a group is planned", lambda: bool(c.controller.state.groups), 10)
-            burst = asyncio.gather(*(one(i) for i in range(3)))
-            (group,) = c.controller.state.groups.values()
-            stages = [c.controller.state.replicas[r] for r in group.stages]
-            assert stages[0].stage[0] == 0 and stages[-1].stage[1] == len(manifest.layers) - 1
-            outs = await asyncio.wait_for(burst, 90)
-            assert {o["replica_id"] for o in outs} == {group.group_id}  # the pipeline answered
-            assert outs[0]["cold_start_source"] == "pipeline:2"
+        await wait_for("a group is planned", lambda: bool(c.controller.state.groups), 10)
+        burst = asyncio.gather(*(one(i) for i in range(3)))
+        (group,) = c.controller.state.groups.values()
+        stages = [c.controller.state.replicas[r] for r in group.stages]
+        assert stages[0].stage[0] == 0 and stages[-1].stage[1] == len(manifest.layers) - 1
+        outs = await asyncio.wait_for(burst, 90)
+        assert {o["replica_id"] for o in outs} == {group.group_id}  # the pipeline answered
+        assert outs[0]["cold_start_source"] == "pipeline:2"
 
-            served, deadline = 3, time.monotonic() + 90
-            while group.group_id in c.controller.state.groups:
-                await asyncio.gather(*(one(served + i) for i in range(2)))
-                served += 2
-                assert time.monotonic() < deadline, \
-                    f"the group never dissolved: {c.controller.cluster_status()}"
-            await wait_for("stages are whole replicas", lambda: all(
-                c.controller.state.replicas[r.replica_id].phase == ReplicaPhase.WARM
-                for r in stages), 30)
-            outs = await asyncio.gather(*(one(100 + i) for i in range(3)))
-            assert {o["replica_id"] for o in outs} <= {r.replica_id for r in stages}
-    finally:
-        await asyncio.wait_for(c.stop(), 30)
+        served, deadline = 3, time.monotonic() + 90
+        while group.group_id in c.controller.state.groups:
+            await asyncio.gather(*(one(served + i) for i in range(2)))
+            served += 2
+            assert time.monotonic() < deadline, \
+                f"the group never dissolved: {c.controller.cluster_status()}"
+        await wait_for("stages are whole replicas", lambda: all(
+            c.controller.state.replicas[r.replica_id].phase == ReplicaPhase.WARM
+            for r in stages), 30)
+        outs = await asyncio.gather(*(one(100 + i) for i in range(3)))
+        assert {o["replica_id"] for o in outs} <= {r.replica_id for r in stages}
 
 
-async def test_an_hf_model_without_a_stage_adapter_serves_whole(tmp_path: Path) -> None:
+async def test_an_hf_model_without_a_stage_adapter_serves_whole(make_cluster: ClusterFactory,
+        tmp_path: Path) -> None:
     import dataclasses
 
     cfg = cluster_config(tmp_path)
@@ -115,19 +112,15 @@ async def test_an_hf_model_without_a_stage_adapter_serves_whole(tmp_path: Path) 
         **manifest.config, "architecture": "ElectraForSequenceClassification",
         "hf_config": {**manifest.config["hf_config"], "model_type": "electra"}})
     await store.put(other, store.blob_path("hfbert", "1"))
-    c = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(c.start(), 60)
-    try:
-        async with aiohttp.ClientSession() as s:
-            spec = {"name": "p", "model": "other", "max_stages": 2}
-            async with s.post(f"{c.controller.url}/v1/functions", json=spec) as r:
-                assert r.status == 400
-                body = await r.json()
-            assert body["code"] == "bad_request" and "serves whole" in body["error"], body
-            async with s.get(f"{c.controller.url}/v1/functions/p") as r:
-                assert r.status == 404
-            spec = {"name": "q", "model": "hfbert", "max_stages": 2}
-            async with s.post(f"{c.controller.url}/v1/functions", json=spec) as r:
-                assert r.status == 201, await r.text()
-    finally:
-        await asyncio.wait_for(c.stop(), 30)
+    c = await make_cluster(hosts=1, models=(), config=cfg, store=store, start_timeout_s=60)
+    async with aiohttp.ClientSession() as s:
+        spec = {"name": "p", "model": "other", "max_stages": 2}
+        async with s.post(f"{c.controller.url}/v1/functions", json=spec) as r:
+            assert r.status == 400
+            body = await r.json()
+        assert body["code"] == "bad_request" and "serves whole" in body["error"], body
+        async with s.get(f"{c.controller.url}/v1/functions/p") as r:
+            assert r.status == 404
+        spec = {"name": "q", "model": "hfbert", "max_stages": 2}
+        async with s.post(f"{c.controller.url}/v1/functions", json=spec) as r:
+            assert r.status == 201, await r.text()

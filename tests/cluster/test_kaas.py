@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +14,11 @@ import pytest
 import torch
 from kaas.helpers import buf, chain_request, kern
 
-from flashpoint.cluster import LocalCluster
 from flashpoint.config import ClusterConfig, load_config
 from flashpoint.gateway.standalone import StandaloneGateway
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.kaas.store import scoped_key, tenant_namespace
-
-from .conftest import start_noop_cluster, wait_for
+from flashpoint.testing.harness import ClusterFactory, InProcessCluster, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -40,22 +37,14 @@ def _config(tmp_path: Path, kaas_workers: int) -> ClusterConfig:
 
 
 @pytest.fixture
-async def kaas_cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    c = await start_noop_cluster(_config(tmp_path, 1))  # noop: a host function to chain
-    pids: set[int] = set()
-    try:
-        # Worker processes may be spawned later (the warm pool refills after the KaaS start).
-        await wait_for("a warm KaaS executor in the pool",
-                       lambda: len(c.controller.kaas.pool.handles) == 1, 60)
-        pids = {w.proc.pid for h in c.hosts for w in h.workers.values()}
-        yield c
-    finally:
-        pids |= {w.proc.pid for h in c.hosts for w in h.workers.values()}
-        await asyncio.wait_for(c.stop(), 60)
-        for pid in pids:  # leak check: every worker process this cluster started has exited
-            status = Path(f"/proc/{pid}/status")
-            assert not status.exists() or "zombie" in status.read_text().lower(), \
-                f"worker {pid} leaked"
+async def kaas_cluster(make_cluster: ClusterFactory, tmp_path: Path) -> InProcessCluster:
+    """One host with the no-op model (a host function to chain) and one KaaS executor;
+    make_cluster stops it and checks every worker process it started has exited."""
+    c = await make_cluster(config=_config(tmp_path, 1))
+    # Worker processes may be spawned later (the warm pool refills after the KaaS start).
+    await wait_for("a warm KaaS executor in the pool",
+                   lambda: len(c.controller.kaas.pool.handles) == 1, 60)
+    return c
 
 
 def _expected(x: np.ndarray) -> np.ndarray:
@@ -69,7 +58,7 @@ async def _invoke(s: aiohttp.ClientSession, url: str, body: dict[str, Any]
         return r.status, await r.json()
 
 
-async def test_kernel_graphs_run_on_a_worker_process(kaas_cluster: LocalCluster) -> None:
+async def test_kernel_graphs_run_on_a_worker_process(kaas_cluster: InProcessCluster) -> None:
     ctl = kaas_cluster.controller
     url = ctl.url
     # The executor is a replica like any other: placed on a device, in the memory ledger.
@@ -136,7 +125,7 @@ async def test_kernel_graphs_run_on_a_worker_process(kaas_cluster: LocalCluster)
         assert [x["phase"] for x in cl["replicas"] if x["function"] == KAAS_FUNCTION] == ["warm"]
 
 
-async def test_a_dead_executor_worker_is_replaced(kaas_cluster: LocalCluster) -> None:
+async def test_a_dead_executor_worker_is_replaced(kaas_cluster: InProcessCluster) -> None:
     ctl = kaas_cluster.controller
     url = ctl.url
     (old,) = [h.executor_id for h in ctl.kaas.pool.handles]
@@ -160,7 +149,7 @@ async def test_a_dead_executor_worker_is_replaced(kaas_cluster: LocalCluster) ->
         assert np.allclose(y, _expected(W), rtol=1e-5, atol=1e-5)
 
 
-async def test_kaas_and_objects_through_a_standalone_gateway(kaas_cluster: LocalCluster) -> None:
+async def test_kaas_and_objects_through_a_standalone_gateway(kaas_cluster: InProcessCluster) -> None:
     ctl = kaas_cluster.controller
     cfg = kaas_cluster.config
     cfg = dataclasses.replace(cfg, gateway=dataclasses.replace(
@@ -218,15 +207,11 @@ async def test_kaas_and_objects_through_a_standalone_gateway(kaas_cluster: Local
         await asyncio.wait_for(gw.stop(), 30)
 
 
-async def test_without_kaas_workers_invoke_is_503(tmp_path: Path) -> None:
-    c = LocalCluster(_config(tmp_path, 0), hosts=0)
-    await asyncio.wait_for(c.start(), 30)
-    try:
-        async with aiohttp.ClientSession() as s:
-            status, err = await _invoke(s, c.controller.url, chain_request(4))
-            assert (status, err["code"]) == (503, "kaas_unavailable")
-            # The object store is there either way.
-            async with s.put(f"{c.controller.url}/v1/objects/k", data=b"\x00" * 8) as r:
-                assert r.status == 201
-    finally:
-        await asyncio.wait_for(c.stop(), 30)
+async def test_without_kaas_workers_invoke_is_503(make_cluster: ClusterFactory, tmp_path: Path) -> None:
+    c = await make_cluster(hosts=0, models=(), config=_config(tmp_path, 0), start_timeout_s=30)
+    async with aiohttp.ClientSession() as s:
+        status, err = await _invoke(s, c.controller.url, chain_request(4))
+        assert (status, err["code"]) == (503, "kaas_unavailable")
+        # The object store is there either way.
+        async with s.put(f"{c.controller.url}/v1/objects/k", data=b"\x00" * 8) as r:
+            assert r.status == 201

@@ -12,12 +12,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flashpoint.cluster import LocalCluster
 from flashpoint.config import load_config
 from flashpoint.errors import BadRequest
 from flashpoint.spec import FunctionSpec
-
-from .conftest import cluster_config, start_noop_cluster, wait_for
+from flashpoint.testing.harness import ClusterFactory, InProcessCluster, cluster_config, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -29,21 +27,17 @@ async def _scrape(session: aiohttp.ClientSession, url: str) -> str:
         return await r.text()
 
 
-async def _started(tmp_path, spec: FunctionSpec) -> LocalCluster:
+async def _started(make_cluster: ClusterFactory, tmp_path, spec: FunctionSpec) -> InProcessCluster:
     """One host with its metrics endpoint, ``spec`` registered on the no-op model and warm."""
-    cluster = await start_noop_cluster(cluster_config(tmp_path, metrics_listen="127.0.0.1:0"))
-    try:
-        ctl = cluster.controller
-        await ctl.register_function(spec)
-        await wait_for("a warm replica", lambda: ctl.get_function(spec.name).replicas_warm == 1)
-    except BaseException:
-        await asyncio.wait_for(cluster.stop(), 60)
-        raise
+    cluster = await make_cluster(config=cluster_config(tmp_path, metrics_listen="127.0.0.1:0"))
+    ctl = cluster.controller
+    await ctl.register_function(spec)
+    await wait_for("a warm replica", lambda: ctl.get_function(spec.name).replicas_warm == 1)
     return cluster
 
 
-async def test_controller_and_host_metrics_are_scrapeable(tmp_path) -> None:
-    cluster = await _started(tmp_path, FunctionSpec(name="counted", model="noop",
+async def test_controller_and_host_metrics_are_scrapeable(make_cluster: ClusterFactory, tmp_path) -> None:
+    cluster = await _started(make_cluster, tmp_path, FunctionSpec(name="counted", model="noop",
                                                     min_replicas=1))
     try:
         ctl = cluster.controller
@@ -85,42 +79,40 @@ def _replica_samples(text: str, host_id: str) -> dict[str, dict[tuple[str, str],
     return out
 
 
-async def test_host_metrics_show_each_replicas_inference_counters(tmp_path) -> None:
-    cluster = await _started(tmp_path, FunctionSpec(
+async def test_host_metrics_show_each_replicas_inference_counters(make_cluster: ClusterFactory,
+        tmp_path) -> None:
+    cluster = await _started(make_cluster, tmp_path, FunctionSpec(
         name="served", model="noop", min_replicas=1, max_replicas=1, batch_wait_ms=5.0))
-    try:
-        ctl = cluster.controller
-        host = cluster.hosts[0]
-        assert host.metrics is not None
-        (replica_id,) = [r.replica_id for r in host.state.replicas.values()
-                         if r.function == "served"]
-        x = {"x": np.ones((1, 2), np.float32)}
-        n = 0
-        for i in range(8):  # one by one ...
-            await asyncio.wait_for(ctl.invoke("served", x, request_id=f"s{i}"), 10)
-            n += 1
-        # ... and twelve at once, which the worker may batch
-        await asyncio.wait_for(asyncio.gather(
-            *(ctl.invoke("served", x, request_id=f"c{i}") for i in range(12))), 20)
-        n += 12
-        async with aiohttp.ClientSession() as s:
-            by_replica = _replica_samples(await _scrape(s, host.metrics.url), host.host_id)
-        # only the worker holding the replica shows up (not the warm pool's idle one)
-        assert list(by_replica) == [replica_id]
-        got = by_replica[replica_id]
-        assert got[("flashpoint_replica_requests_total", "")] == n == 20
-        assert got[("flashpoint_replica_failed_requests_total", "")] == 0
-        batches = got[("flashpoint_replica_batches_total", "")]
-        assert 1 <= batches <= n
-        assert got[("flashpoint_replica_batch_size_sum", "")] == n  # one row per request
-        assert got[("flashpoint_replica_batch_size_count", "")] == batches
-        assert got[("flashpoint_replica_batch_size_bucket", "+Inf")] == batches
-        assert got[("flashpoint_replica_run_seconds_count", "")] == batches
-        assert got[("flashpoint_replica_run_seconds_sum", "")] > 0
-        assert got[("flashpoint_replica_queue_seconds_count", "")] == n
-        assert got[("flashpoint_replica_queued_requests", "")] == 0  # all answered
-    finally:
-        await asyncio.wait_for(cluster.stop(), 60)
+    ctl = cluster.controller
+    host = cluster.hosts[0]
+    assert host.metrics is not None
+    (replica_id,) = [r.replica_id for r in host.state.replicas.values()
+                     if r.function == "served"]
+    x = {"x": np.ones((1, 2), np.float32)}
+    n = 0
+    for i in range(8):  # one by one ...
+        await asyncio.wait_for(ctl.invoke("served", x, request_id=f"s{i}"), 10)
+        n += 1
+    # ... and twelve at once, which the worker may batch
+    await asyncio.wait_for(asyncio.gather(
+        *(ctl.invoke("served", x, request_id=f"c{i}") for i in range(12))), 20)
+    n += 12
+    async with aiohttp.ClientSession() as s:
+        by_replica = _replica_samples(await _scrape(s, host.metrics.url), host.host_id)
+    # only the worker holding the replica shows up (not the warm pool's idle one)
+    assert list(by_replica) == [replica_id]
+    got = by_replica[replica_id]
+    assert got[("flashpoint_replica_requests_total", "")] == n == 20
+    assert got[("flashpoint_replica_failed_requests_total", "")] == 0
+    batches = got[("flashpoint_replica_batches_total", "")]
+    assert 1 <= batches <= n
+    assert got[("flashpoint_replica_batch_size_sum", "")] == n  # one row per request
+    assert got[("flashpoint_replica_batch_size_count", "")] == batches
+    assert got[("flashpoint_replica_batch_size_bucket", "+Inf")] == batches
+    assert got[("flashpoint_replica_run_seconds_count", "")] == batches
+    assert got[("flashpoint_replica_run_seconds_sum", "")] > 0
+    assert got[("flashpoint_replica_queue_seconds_count", "")] == n
+    assert got[("flashpoint_replica_queued_requests", "")] == 0  # all answered
 
 
 @pytest.mark.parametrize("value", ["9101", "host:", ":9101", "h:99999", "h:port"])
@@ -146,23 +138,21 @@ def _free_ports(n: int, tries: int = 50) -> int:
     raise AssertionError(f"no {n} consecutive free ports in {tries} tries")
 
 
-async def test_each_host_of_a_local_cluster_gets_its_own_metrics_port(tmp_path) -> None:
+async def test_each_host_of_a_local_cluster_gets_its_own_metrics_port(make_cluster: ClusterFactory,
+        tmp_path) -> None:
     # Two hosts in one process with one configured port: the second used to fail to bind.
     port = _free_ports(3)
-    cluster = await start_noop_cluster(
-        cluster_config(tmp_path, metrics_listen=f"127.0.0.1:{port}"), hosts=2)
-    try:
-        urls = [h.metrics.url for h in cluster.hosts if h.metrics is not None]
-        assert urls == [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
-        async with aiohttp.ClientSession() as s:
-            for host, url in zip(cluster.hosts, urls, strict=True):
-                text = await _scrape(s, url)
-                # each endpoint is its own host's: its worker gauges carry its id
-                hosts = {s.labels["host"] for fam in text_string_to_metric_families(text)
-                         if fam.name == "flashpoint_host_workers" for s in fam.samples}
-                assert hosts == {host.host_id}
-            # a host added later takes the next port
-            extra = await asyncio.wait_for(cluster.add_host(), 90)
-            assert extra.metrics is not None and extra.metrics.url == f"http://127.0.0.1:{port + 2}"
-    finally:
-        await asyncio.wait_for(cluster.stop(), 60)
+    cluster = await make_cluster(
+        hosts=2, config=cluster_config(tmp_path, metrics_listen=f"127.0.0.1:{port}"))
+    urls = [h.metrics.url for h in cluster.hosts if h.metrics is not None]
+    assert urls == [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+    async with aiohttp.ClientSession() as s:
+        for host, url in zip(cluster.hosts, urls, strict=True):
+            text = await _scrape(s, url)
+            # each endpoint is its own host's: its worker gauges carry its id
+            hosts = {s.labels["host"] for fam in text_string_to_metric_families(text)
+                     if fam.name == "flashpoint_host_workers" for s in fam.samples}
+            assert hosts == {host.host_id}
+        # a host added later takes the next port
+        extra = await asyncio.wait_for(cluster.add_host(), 90)
+        assert extra.metrics is not None and extra.metrics.url == f"http://127.0.0.1:{port + 2}"

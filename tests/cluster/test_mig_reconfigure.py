@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from .conftest import cluster_config, start_noop_cluster, wait_for
+from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 BODY = {"inputs": {"x": {"data": [1.0, 2.0], "shape": [1, 2], "datatype": "FP32"}}}
@@ -76,13 +76,14 @@ def _geometry(host: Any, gpu_index: int) -> list[str]:
     return sorted(d.mig_profile for d in host.devices if d.gpu_index == gpu_index)
 
 
-async def test_be_model_switch_reconfigures_gpus_to_4g_3g_without_failures(tmp_path):
+async def test_be_model_switch_reconfigures_gpus_to_4g_3g_without_failures(make_cluster: ClusterFactory,
+        tmp_path):
     run_dir = Path(f"/tmp/fpr-{os.getpid()}-{time.monotonic_ns() % 10**8}")
     cfg = cluster_config(tmp_path, fake_gpus=["A100-40GB", "A100-40GB"], fake_gpu_mig=True,
                          sharing_dir=str(run_dir), warm_pool_size=3)
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(
         cfg.controller, mig_reconfigure=True, mig_interval_s=0.5, mig_wait_limit=3))
-    c = await start_noop_cluster(cfg)
+    c = await make_cluster(config=cfg)
     host = c.hosts[0]
     pids = [w.proc.pid for w in host.workers.values()]
     strict = be = None

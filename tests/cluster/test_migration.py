@@ -21,13 +21,11 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from flashpoint.cluster import LocalCluster
 from flashpoint.gateway.backend import InvokeResult, StreamChunk
 from flashpoint.models.sources import publish_source
 from flashpoint.models.tiny_hf import make_causal_lm
 from flashpoint.registry import make_store
-
-from .conftest import cluster_config, wait_for
+from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -76,7 +74,7 @@ def lm(tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.mark.parametrize("how", ["host_drain", "scale_down"])
-async def test_streams_move_off_a_leaving_replica(
+async def test_streams_move_off_a_leaving_replica(make_cluster: ClusterFactory,
         tmp_path: Path, how: str, lm: tuple[Path, dict[str, tuple[list[int], str, int]]]) -> None:
     model_dir, refs = lm
     cfg = cluster_config(tmp_path)
@@ -86,93 +84,89 @@ async def test_streams_move_off_a_leaving_replica(
     store = make_store(cfg)
     await publish_source(store, "lm", model_dir)
     notice = tmp_path / "evict-host1"
-    c = LocalCluster(cfg, hosts=0, store=store)
-    await asyncio.wait_for(c.start(), 90)
-    try:
-        await c.add_host(kind="ondemand")
-        await c.add_host(kind="spot", spot_notice=f"file:{notice}", spot_poll_interval_s=0.05)
-        ctl = c.controller
-        await ctl.register_function(_spec(min_replicas=2, max_replicas=2))
-        await wait_for("two warm replicas", lambda: sum(
-            r.phase == "warm" and r.replica_id in ctl.workers
-            for r in ctl.state.replicas.values()) == 2, 120)
-        warm = {r.replica_id: r.host_id for r in ctl.state.replicas.values()}
-        if how == "host_drain" and "host1" not in warm.values():
-            pytest.fail(f"both replicas were placed on one host: {warm}")
+    c = await make_cluster(hosts=0, models=(), config=cfg, store=store, start_timeout_s=90)
+    await c.add_host(kind="ondemand")
+    await c.add_host(kind="spot", spot_notice=f"file:{notice}", spot_poll_interval_s=0.05)
+    ctl = c.controller
+    await ctl.register_function(_spec(min_replicas=2, max_replicas=2))
+    await wait_for("two warm replicas", lambda: sum(
+        r.phase == "warm" and r.replica_id in ctl.workers
+        for r in ctl.state.replicas.values()) == 2, 120)
+    warm = {r.replica_id: r.host_id for r in ctl.state.replicas.values()}
+    if how == "host_drain" and "host1" not in warm.values():
+        pytest.fail(f"both replicas were placed on one host: {warm}")
 
-        streams = [_Stream(PROMPTS[i % len(PROMPTS)]) for i in range(STREAMS)]
-        gaps_before = _gap_count()
+    streams = [_Stream(PROMPTS[i % len(PROMPTS)]) for i in range(STREAMS)]
+    gaps_before = _gap_count()
 
-        async def run(i: int, s: _Stream) -> None:
-            inputs = {"text": np.array([s.prompt.encode()], dtype=object),
-                      "max_tokens": np.array([MAX_TOKENS], dtype=np.int64),
-                      "temperature": np.array([0.0], dtype=np.float32)}
-            it = ctl.invoke_stream("llm", inputs, request_id=f"mig-{how}-{i}", timeout_s=120)
-            async for item in it:
-                if isinstance(item, StreamChunk):
-                    s.chunks.append(item)
-                else:
-                    s.result = item
-
-        tasks = [asyncio.ensure_future(run(i, s)) for i, s in enumerate(streams)]
-        try:
-            # mid-way: every stream has tokens, none is done
-            await wait_for("every stream under way", lambda: all(
-                len(s.chunks) >= 3 for s in streams), 60)
-            assert not any(s.result is not None for s in streams), "streams ended too soon"
-            on = {rid: ctl.dispatcher.inflight_of(rid) for rid in warm}
-            assert sorted(on.values()) == [STREAMS // 2, STREAMS // 2], on
-            if how == "host_drain":
-                leaving = next(r for r, h in warm.items() if h == "host1")
-                notice.write_text(json.dumps({"action": "terminate", "seconds": 120}))
+    async def run(i: int, s: _Stream) -> None:
+        inputs = {"text": np.array([s.prompt.encode()], dtype=object),
+                  "max_tokens": np.array([MAX_TOKENS], dtype=np.int64),
+                  "temperature": np.array([0.0], dtype=np.float32)}
+        it = ctl.invoke_stream("llm", inputs, request_id=f"mig-{how}-{i}", timeout_s=120)
+        async for item in it:
+            if isinstance(item, StreamChunk):
+                s.chunks.append(item)
             else:
-                await ctl.register_function(_spec(min_replicas=1, max_replicas=1))
-                await wait_for("a replica retired", lambda: any(
-                    r.phase == "stopping" for r in ctl.state.replicas.values()), 30)
-                leaving = next(r.replica_id for r in ctl.state.replicas.values()
-                               if r.phase == "stopping")
-            t_leave = time.monotonic()
-            await wait_for("the leaving replica stopped", lambda: leaving not in
-                           ctl.state.replicas, 60)
-            stopped_after_s = time.monotonic() - t_leave
-            async with asyncio.timeout(120):
-                await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+                s.result = item
 
-        moved = 0
-        for s in streams:
-            want_ids, want_text, prompt_tokens = refs[s.prompt]
-            assert s.result is not None
-            ids = [ch.token_id for ch in s.chunks]
-            assert [ch.index for ch in s.chunks] == list(range(len(s.chunks)))  # none lost or repeated
-            assert ids == want_ids, s.prompt
-            assert "".join(ch.text for ch in s.chunks) == want_text
-            out = s.result.outputs
-            assert out["token_ids"].tolist() == want_ids
-            assert out["completion_tokens"].reshape(-1)[0] == len(want_ids)
-            assert out["prompt_tokens"].reshape(-1)[0] == prompt_tokens
-            if s.result.timings_s.get("migrations"):
-                moved += 1
-                t = s.result.timings_s
-                gap = t["migration_gap"]
-                # bounded: a few of the stream's own token times (the sequences that moved
-                # together join the destination one prefill after another), never less than
-                # GAP_BOUND_S on a quiet machine
-                assert 0.0 < gap < max(GAP_BOUND_S, 10 * t["tpot"]), t
-                # it moved after its first 3 chunks; the destination prefilled what it had
-                assert 3 <= t["migrated_at"] < len(want_ids) and t["resume_prefill"] > 0, t
-                assert s.result.replica_id != leaving
-        # every sequence of the leaving replica that was still running moved (none finished
-        # on their own this early: each had MAX_TOKENS to go)
-        assert moved == STREAMS // 2, [s.result.timings_s for s in streams if s.result]
-        assert _gap_count() - gaps_before == moved
-        # the replica went as soon as its sequences had moved, not after they would have ended
-        assert stopped_after_s < 30.0
+    tasks = [asyncio.ensure_future(run(i, s)) for i, s in enumerate(streams)]
+    try:
+        # mid-way: every stream has tokens, none is done
+        await wait_for("every stream under way", lambda: all(
+            len(s.chunks) >= 3 for s in streams), 60)
+        assert not any(s.result is not None for s in streams), "streams ended too soon"
+        on = {rid: ctl.dispatcher.inflight_of(rid) for rid in warm}
+        assert sorted(on.values()) == [STREAMS // 2, STREAMS // 2], on
+        if how == "host_drain":
+            leaving = next(r for r, h in warm.items() if h == "host1")
+            notice.write_text(json.dumps({"action": "terminate", "seconds": 120}))
+        else:
+            await ctl.register_function(_spec(min_replicas=1, max_replicas=1))
+            await wait_for("a replica retired", lambda: any(
+                r.phase == "stopping" for r in ctl.state.replicas.values()), 30)
+            leaving = next(r.replica_id for r in ctl.state.replicas.values()
+                           if r.phase == "stopping")
+        t_leave = time.monotonic()
+        await wait_for("the leaving replica stopped", lambda: leaving not in
+                       ctl.state.replicas, 60)
+        stopped_after_s = time.monotonic() - t_leave
+        async with asyncio.timeout(120):
+            await asyncio.gather(*tasks)
     finally:
-        await asyncio.wait_for(c.stop(), 60)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    moved = 0
+    for s in streams:
+        want_ids, want_text, prompt_tokens = refs[s.prompt]
+        assert s.result is not None
+        ids = [ch.token_id for ch in s.chunks]
+        assert [ch.index for ch in s.chunks] == list(range(len(s.chunks)))  # none lost or repeated
+        assert ids == want_ids, s.prompt
+        assert "".join(ch.text for ch in s.chunks) == want_text
+        out = s.result.outputs
+        assert out["token_ids"].tolist() == want_ids
+        assert out["completion_tokens"].reshape(-1)[0] == len(want_ids)
+        assert out["prompt_tokens"].reshape(-1)[0] == prompt_tokens
+        if s.result.timings_s.get("migrations"):
+            moved += 1
+            t = s.result.timings_s
+            gap = t["migration_gap"]
+            # bounded: a few of the stream's own token times (the sequences that moved
+            # together join the destination one prefill after another), never less than
+            # GAP_BOUND_S on a quiet machine
+            assert 0.0 < gap < max(GAP_BOUND_S, 10 * t["tpot"]), t
+            # it moved after its first 3 chunks; the destination prefilled what it had
+            assert 3 <= t["migrated_at"] < len(want_ids) and t["resume_prefill"] > 0, t
+            assert s.result.replica_id != leaving
+    # every sequence of the leaving replica that was still running moved (none finished
+    # on their own this early: each had MAX_TOKENS to go)
+    assert moved == STREAMS // 2, [s.result.timings_s for s in streams if s.result]
+    assert _gap_count() - gaps_before == moved
+    # the replica went as soon as its sequences had moved, not after they would have ended
+    assert stopped_after_s < 30.0
 
 
 def _spec(**replicas: int) -> Any:

@@ -14,12 +14,10 @@ import aiohttp
 import numpy as np
 import pytest
 
-from flashpoint.cluster import LocalCluster
 from flashpoint.models import zoo
 from flashpoint.models.sources import publish
 from flashpoint.registry import make_store
-
-from .conftest import cluster_config, wait_for
+from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -72,14 +70,14 @@ class VersionedLoad:
         await asyncio.wait_for(asyncio.gather(*self._tasks), timeout_s)
 
 
-async def test_roll_out_canary_and_roll_back_under_load_fail_no_request(tmp_path: Path) -> None:
+async def test_roll_out_canary_and_roll_back_under_load_fail_no_request(make_cluster: ClusterFactory,
+        tmp_path: Path) -> None:
     cfg = cluster_config(tmp_path)
     store = make_store(cfg)
     manifest = await publish(store, "bert", "tiny", "1", model_name="bert", seed=0)
     await publish(store, "bert", "tiny", "2", model_name="bert", seed=1)
     references = {"1": zoo.build("bert", "tiny", seed=0)[0], "2": zoo.build("bert", "tiny", seed=1)[0]}
-    c = LocalCluster(cfg, hosts=2, store=store)
-    await asyncio.wait_for(c.start(), 90)
+    c = await make_cluster(hosts=2, models=(), config=cfg, store=store, start_timeout_s=90)
     url = c.controller.url
 
     def rollout() -> dict[str, Any]:
@@ -99,52 +97,49 @@ async def test_roll_out_canary_and_roll_back_under_load_fail_no_request(tmp_path
                 "max_replicas": 4, "keep_alive_s": 300, **extra}) as r:
             assert r.status == 201, await r.text()
 
-    try:
-        async with aiohttp.ClientSession() as s:
-            # A bad canary percentage is a typed 400, and changes nothing.
-            async with s.post(f"{url}/v1/functions", json={
-                    "name": FN, "model": "bert", "canary_pct": 150}) as r:
-                assert r.status == 400 and (await r.json())["code"] == "bad_request"
-            await deploy(s, "1")
-            await wait_for("two warm replicas of version 1", lambda: settled("1"), 90, rollout)
-            load = VersionedLoad(s, url, manifest.config, references)
-            await wait_for("requests served", lambda: len(load.answers) >= 20 or bool(
-                load.failures), 60, lambda: load.failures[:3])
+    async with aiohttp.ClientSession() as s:
+        # A bad canary percentage is a typed 400, and changes nothing.
+        async with s.post(f"{url}/v1/functions", json={
+                "name": FN, "model": "bert", "canary_pct": 150}) as r:
+            assert r.status == 400 and (await r.json())["code"] == "bad_request"
+        await deploy(s, "1")
+        await wait_for("two warm replicas of version 1", lambda: settled("1"), 90, rollout)
+        load = VersionedLoad(s, url, manifest.config, references)
+        await wait_for("requests served", lambda: len(load.answers) >= 20 or bool(
+            load.failures), 60, lambda: load.failures[:3])
 
-            # Roll out version 2: one replica at a time, while version 1 serves.
-            await deploy(s, "2")
-            async with s.get(f"{url}/v1/functions/{FN}") as r:
-                view = (await r.json())["rollout"]
-            assert view["phase"] == "rolling" and view["previous_version"] == "1", view
-            await wait_for("every replica on version 2", lambda: settled("2"), 120, rollout)
-            done = time.monotonic()
-            await wait_for("requests after the roll", lambda: len(load.since(done)) >= 20, 60,
-                           lambda: (len(load.since(done)), load.failures[:3]))
-            assert set(load.since(done)) == {"2"}, load.since(done)
-            assert "1" in [v for _, v in load.answers], "version 1 never answered"
+        # Roll out version 2: one replica at a time, while version 1 serves.
+        await deploy(s, "2")
+        async with s.get(f"{url}/v1/functions/{FN}") as r:
+            view = (await r.json())["rollout"]
+        assert view["phase"] == "rolling" and view["previous_version"] == "1", view
+        await wait_for("every replica on version 2", lambda: settled("2"), 120, rollout)
+        done = time.monotonic()
+        await wait_for("requests after the roll", lambda: len(load.since(done)) >= 20, 60,
+                       lambda: (len(load.since(done)), load.failures[:3]))
+        assert set(load.since(done)) == {"2"}, load.since(done)
+        assert "1" in [v for _, v in load.answers], "version 1 never answered"
 
-            # A canary of version 1: half of the replicas and requests.
-            await deploy(s, "1", canary_pct=50)
-            await wait_for("one replica of each version", lambda: settled("1", canary=True),
-                           120, rollout)
-            split = time.monotonic()
-            await wait_for("answers from both versions", lambda: {"1", "2"} <= set(
-                load.since(split)) and len(load.since(split)) >= 40, 60,
-                lambda: (load.since(split)[-10:], load.failures[:3]))
-            answers = load.since(split)
-            assert 0.25 <= answers.count("1") / len(answers) <= 0.75, answers
+        # A canary of version 1: half of the replicas and requests.
+        await deploy(s, "1", canary_pct=50)
+        await wait_for("one replica of each version", lambda: settled("1", canary=True),
+                       120, rollout)
+        split = time.monotonic()
+        await wait_for("answers from both versions", lambda: {"1", "2"} <= set(
+            load.since(split)) and len(load.since(split)) >= 40, 60,
+            lambda: (load.since(split)[-10:], load.failures[:3]))
+        answers = load.since(split)
+        assert 0.25 <= answers.count("1") / len(answers) <= 0.75, answers
 
-            # Roll back: version 1 everywhere.
-            await deploy(s, "1")
-            await wait_for("every replica back on version 1", lambda: settled("1"), 120, rollout)
-            back = time.monotonic()
-            await wait_for("requests after the roll-back", lambda: len(load.since(back)) >= 20,
-                           60, lambda: (len(load.since(back)), load.failures[:3]))
-            await load.stop()
-            assert set(load.since(back)) == {"1"}, load.since(back)
-            assert not load.failures, load.failures[:3]
-            async with s.get(f"{url}/v1/functions/{FN}") as r:
-                view = (await r.json())["rollout"]
-            assert view["phase"] == "stable" and view["previous_version"] is None, view
-    finally:
-        await asyncio.wait_for(c.stop(), 60)
+        # Roll back: version 1 everywhere.
+        await deploy(s, "1")
+        await wait_for("every replica back on version 1", lambda: settled("1"), 120, rollout)
+        back = time.monotonic()
+        await wait_for("requests after the roll-back", lambda: len(load.since(back)) >= 20,
+                       60, lambda: (len(load.since(back)), load.failures[:3]))
+        await load.stop()
+        assert set(load.since(back)) == {"1"}, load.since(back)
+        assert not load.failures, load.failures[:3]
+        async with s.get(f"{url}/v1/functions/{FN}") as r:
+            view = (await r.json())["rollout"]
+        assert view["phase"] == "stable" and view["previous_version"] is None, view

@@ -13,8 +13,7 @@ import tritonclient.http as triton
 from flashpoint.errors import DeadlineExceeded
 from flashpoint.models import zoo
 from flashpoint.spec import FunctionSpec
-
-from .conftest import wait_for
+from flashpoint.testing.harness import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 

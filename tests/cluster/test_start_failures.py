@@ -16,14 +16,12 @@ import aiohttp
 import pytest
 import tritonclient.http as triton
 
-from flashpoint.cluster import LocalCluster
 from flashpoint.gateway.standalone import StandaloneGateway
 from flashpoint.models import zoo
 from flashpoint.models.publish import publish_module
 from flashpoint.models.sources import publish
 from flashpoint.registry import make_store
-
-from .conftest import cluster_config, wait_for
+from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -50,7 +48,8 @@ def _ready(url: str, name: str) -> bool:
         client.close()
 
 
-async def test_failing_cold_start_fails_fast_says_why_and_is_not_ready(tmp_path: Path) -> None:
+async def test_failing_cold_start_fails_fast_says_why_and_is_not_ready(make_cluster: ClusterFactory,
+        tmp_path: Path) -> None:
     cfg = cluster_config(tmp_path)
     # A long back-off, so the checks below all fall inside it.
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(
@@ -58,8 +57,7 @@ async def test_failing_cold_start_fails_fast_says_why_and_is_not_ready(tmp_path:
     store = make_store(cfg)
     await publish(store, "noop", "tiny", "1", model_name="noop")
     await _publish_broken(store)
-    c = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(c.start(), 90)
+    c = await make_cluster(hosts=1, models=(), config=cfg, store=store, start_timeout_s=90)
     gw = None
     try:
         url, state = c.controller.url, c.controller.state

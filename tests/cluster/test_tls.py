@@ -4,7 +4,6 @@ that does not trust it is refused."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import ipaddress
@@ -19,8 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from flashpoint.rpc.client import TLS_CA_ENV
-
-from .conftest import cluster_config, start_noop_cluster
+from flashpoint.testing.harness import ClusterFactory, cluster_config
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -46,33 +44,31 @@ def _self_signed(tmp: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-async def test_gateway_and_rpc_over_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_gateway_and_rpc_over_tls(make_cluster: ClusterFactory,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cert, key = _self_signed(tmp_path)
     monkeypatch.setenv(TLS_CA_ENV, "")  # restored after the test (the host sets it)
     cfg = cluster_config(tmp_path, tls_ca_path=str(cert))
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(
         cfg.controller, tls_cert_path=str(cert), tls_key_path=str(key)))
-    c = await start_noop_cluster(cfg)  # the host registered over wss://
-    try:
-        url = c.controller.url
-        assert url.startswith("https://") and c.controller.rpc_url.startswith("wss://")
-        trust = ssl.create_default_context(cafile=str(cert))
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=trust)) as s:
-            async with s.post(f"{url}/v1/functions", json={"name": "tls-fn", "model": "noop"}) as r:
-                assert r.status == 201, await r.text()
-                inputs = (await r.json())["spec"]["inputs"]
-            body = {"inputs": {t["name"]: {"data": [1.0] * 4, "shape": [1, 4],
-                                           "datatype": t["datatype"]} for t in inputs}}
-            # The worker announced itself to the controller over wss:// to serve this.
-            async with s.post(f"{url}/v1/functions/tls-fn/invoke", json=body) as r:
-                assert r.status == 200, await r.text()
-        # Plain HTTP on the TLS port, and TLS without trusting the CA, are refused.
-        async with aiohttp.ClientSession() as s:
-            with pytest.raises(aiohttp.ClientError):
-                async with s.get(url.replace("https://", "http://") + "/healthz") as r:
-                    await r.read()
-            with pytest.raises(aiohttp.ClientConnectorCertificateError):
-                async with s.get(f"{url}/healthz") as r:
-                    await r.read()
-    finally:
-        await asyncio.wait_for(c.stop(), 30)
+    c = await make_cluster(config=cfg)  # the host registered over wss://
+    url = c.controller.url
+    assert url.startswith("https://") and c.controller.rpc_url.startswith("wss://")
+    trust = ssl.create_default_context(cafile=str(cert))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=trust)) as s:
+        async with s.post(f"{url}/v1/functions", json={"name": "tls-fn", "model": "noop"}) as r:
+            assert r.status == 201, await r.text()
+            inputs = (await r.json())["spec"]["inputs"]
+        body = {"inputs": {t["name"]: {"data": [1.0] * 4, "shape": [1, 4],
+                                       "datatype": t["datatype"]} for t in inputs}}
+        # The worker announced itself to the controller over wss:// to serve this.
+        async with s.post(f"{url}/v1/functions/tls-fn/invoke", json=body) as r:
+            assert r.status == 200, await r.text()
+    # Plain HTTP on the TLS port, and TLS without trusting the CA, are refused.
+    async with aiohttp.ClientSession() as s:
+        with pytest.raises(aiohttp.ClientError):
+            async with s.get(url.replace("https://", "http://") + "/healthz") as r:
+                await r.read()
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            async with s.get(f"{url}/healthz") as r:
+                await r.read()

@@ -22,8 +22,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
-from cluster.conftest import cluster_config, start_noop_cluster
 from cluster.test_start_failures import _publish_broken
+
+from flashpoint.testing.harness import ClusterFactory, cluster_config
 
 from .conftest import DEPLOY, PROMTOOL, Prometheus, need
 
@@ -96,7 +97,7 @@ async def _invoke(s: aiohttp.ClientSession, url: str, name: str) -> dict[str, An
     return body
 
 
-async def test_every_dashboard_panel_returns_data_from_a_real_prometheus(
+async def test_every_dashboard_panel_returns_data_from_a_real_prometheus(make_cluster: ClusterFactory,
         tmp_path: Path, prometheus: Prometheus) -> None:
     # One device per host with room for one replica: the second replica goes to the other
     # host and gets its bytes down a chain from the first.
@@ -105,115 +106,112 @@ async def test_every_dashboard_panel_returns_data_from_a_real_prometheus(
     # One failed start begins a long back-off: exactly one start of "bad" fails.
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(
         cfg.controller, max_start_failures=1, start_backoff_s=300.0, start_backoff_max_s=300.0))
-    c = await start_noop_cluster(cfg, hosts=2)
-    try:
-        await _publish_broken(c.store)
-        host_urls = [h.metrics.url for h in c.hosts if h.metrics is not None]
-        assert len(host_urls) == 2 and len(set(host_urls)) == 2
-        url = c.controller.url
-        await prometheus.start({CONTROLLER_JOB: [url.removeprefix("http://")],
-                                HOSTS_JOB: [u.removeprefix("http://") for u in host_urls]})
+    c = await make_cluster(hosts=2, config=cfg)
+    await _publish_broken(c.store)
+    host_urls = [h.metrics.url for h in c.hosts if h.metrics is not None]
+    assert len(host_urls) == 2 and len(set(host_urls)) == 2
+    url = c.controller.url
+    await prometheus.start({CONTROLLER_JOB: [url.removeprefix("http://")],
+                            HOSTS_JOB: [u.removeprefix("http://") for u in host_urls]})
 
-        async def all_up() -> tuple[bool, Any]:
-            up = await prometheus.query("up")
-            return len(up) == 3 and all(r["value"][1] == "1" for r in up), up
+    async def all_up() -> tuple[bool, Any]:
+        up = await prometheus.query("up")
+        return len(up) == 3 and all(r["value"][1] == "1" for r in up), up
 
-        await prometheus.wait("every target up", all_up, timeout_s=30)
+    await prometheus.wait("every target up", all_up, timeout_s=30)
 
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
-            # A function whose every start fails: its first request fails after the
-            # controller's streak of failed starts (tests/cluster/test_start_failures.py).
-            async with s.post(f"{url}/v1/functions", json={
-                    "name": "bad", "model": "broken", "timeout_s": 120}) as r:
-                assert r.status == 201, await r.text()
-            async with s.post(f"{url}/v1/functions/bad/invoke", json=BODY) as r:
-                err = await r.json()
-                assert r.status == 503 and err["code"] == "model_load_failed", err
-            failed_starts = err["details"]["failed_starts"]
-            # A scale from zero, then a second replica chained from the first one's host.
-            async with s.post(f"{url}/v1/functions", json={
-                    "name": "nf", "model": "noop", "slo_ms": 30_000}) as r:
-                assert r.status == 201, await r.text()
-            first = await _invoke(s, url, "nf")
-            assert first["cold"] is True
-            async with s.post(f"{url}/v1/functions", json={
-                    "name": "nf", "model": "noop", "slo_ms": 30_000, "min_replicas": 2}) as r:
-                assert r.status in (200, 201), await r.text()
-            state = c.controller.state
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+        # A function whose every start fails: its first request fails after the
+        # controller's streak of failed starts (tests/cluster/test_start_failures.py).
+        async with s.post(f"{url}/v1/functions", json={
+                "name": "bad", "model": "broken", "timeout_s": 120}) as r:
+            assert r.status == 201, await r.text()
+        async with s.post(f"{url}/v1/functions/bad/invoke", json=BODY) as r:
+            err = await r.json()
+            assert r.status == 503 and err["code"] == "model_load_failed", err
+        failed_starts = err["details"]["failed_starts"]
+        # A scale from zero, then a second replica chained from the first one's host.
+        async with s.post(f"{url}/v1/functions", json={
+                "name": "nf", "model": "noop", "slo_ms": 30_000}) as r:
+            assert r.status == 201, await r.text()
+        first = await _invoke(s, url, "nf")
+        assert first["cold"] is True
+        async with s.post(f"{url}/v1/functions", json={
+                "name": "nf", "model": "noop", "slo_ms": 30_000, "min_replicas": 2}) as r:
+            assert r.status in (200, 201), await r.text()
+        state = c.controller.state
 
-            async def two_warm() -> tuple[bool, Any]:
-                warm = [r for r in state.replicas.values()
-                        if r.function == "nf" and r.phase == "warm"]
-                return len(warm) == 2, [(r.replica_id, r.phase) for r in state.replicas.values()]
+        async def two_warm() -> tuple[bool, Any]:
+            warm = [r for r in state.replicas.values()
+                    if r.function == "nf" and r.phase == "warm"]
+            return len(warm) == 2, [(r.replica_id, r.phase) for r in state.replicas.values()]
 
-            await prometheus.wait("a second warm replica", two_warm, timeout_s=60)
-            # Requests in two waves a few scrapes apart, so every counter Prometheus saw
-            # born also grows inside the panels' rate windows.
-            requests = 1
-            for wave in range(2):
-                for _ in range(5):
-                    await _invoke(s, url, "nf")
-                await asyncio.gather(*(_invoke(s, url, "nf") for _ in range(10)))
-                requests += 15
-                if wave == 0:
-                    async def seen(n: int = requests) -> tuple[bool, Any]:
-                        got = await prometheus.query(
-                            f'sum(flashpoint_requests_total{{job="{CONTROLLER_JOB}",'
-                            f'function="nf",outcome="ok"}})')
-                        return bool(got) and float(got[0]["value"][1]) == n, got
+        await prometheus.wait("a second warm replica", two_warm, timeout_s=60)
+        # Requests in two waves a few scrapes apart, so every counter Prometheus saw
+        # born also grows inside the panels' rate windows.
+        requests = 1
+        for wave in range(2):
+            for _ in range(5):
+                await _invoke(s, url, "nf")
+            await asyncio.gather(*(_invoke(s, url, "nf") for _ in range(10)))
+            requests += 15
+            if wave == 0:
+                async def seen(n: int = requests) -> tuple[bool, Any]:
+                    got = await prometheus.query(
+                        f'sum(flashpoint_requests_total{{job="{CONTROLLER_JOB}",'
+                        f'function="nf",outcome="ok"}})')
+                    return bool(got) and float(got[0]["value"][1]) == n, got
 
-                    await prometheus.wait("the first wave scraped", seen, timeout_s=30)
+                await prometheus.wait("the first wave scraped", seen, timeout_s=30)
 
-            queries = panel_queries()
+        queries = panel_queries()
 
-            async def every_panel() -> tuple[bool, Any]:
-                empty = []
-                for title, expr in queries:
-                    if not _finite(await prometheus.query(expr)):
-                        empty.append((title, expr))
-                return not empty, f"panels without data: {empty}"
+        async def every_panel() -> tuple[bool, Any]:
+            empty = []
+            for title, expr in queries:
+                if not _finite(await prometheus.query(expr)):
+                    empty.append((title, expr))
+            return not empty, f"panels without data: {empty}"
 
-            await prometheus.wait(f"data in all {len(queries)} panel queries", every_panel,
-                                  timeout_s=60)
+        await prometheus.wait(f"data in all {len(queries)} panel queries", every_panel,
+                              timeout_s=60)
 
-            # What Prometheus holds is what the test did (once it scraped the last wave).
-            ctl = f'job="{CONTROLLER_JOB}"'
+        # What Prometheus holds is what the test did (once it scraped the last wave).
+        ctl = f'job="{CONTROLLER_JOB}"'
 
-            async def last_wave() -> tuple[bool, Any]:
-                ok = await prometheus.query(f'sum by (function) '
-                                            f'(flashpoint_requests_total{{{ctl},outcome="ok"}})')
-                return bool(ok) and _scalar(ok, function="nf") == requests, ok
+        async def last_wave() -> tuple[bool, Any]:
+            ok = await prometheus.query(f'sum by (function) '
+                                        f'(flashpoint_requests_total{{{ctl},outcome="ok"}})')
+            return bool(ok) and _scalar(ok, function="nf") == requests, ok
 
-            await prometheus.wait(f"{requests} requests of nf counted", last_wave, timeout_s=30)
-            failed = await prometheus.query(
-                f'sum by (function) (flashpoint_cold_starts_failed_total{{{ctl}}})')
-            assert _scalar(failed, function="bad") == failed_starts == 1
-            started = await prometheus.query(
-                f'sum by (tier) (flashpoint_replicas_started_total{{{ctl},function="nf"}})')
-            # the scale from zero read the registry (no host held the model); the second
-            # replica came down a chain from the first one's host
-            assert _scalar(started, tier="registry") == 1 and _scalar(started, tier="peer") == 1
-            replicas = await prometheus.query(f'flashpoint_function_replicas{{{ctl},phase="warm"}}')
-            assert _scalar(replicas, function="nf") == 2 and _scalar(replicas, function="bad") == 0
+        await prometheus.wait(f"{requests} requests of nf counted", last_wave, timeout_s=30)
+        failed = await prometheus.query(
+            f'sum by (function) (flashpoint_cold_starts_failed_total{{{ctl}}})')
+        assert _scalar(failed, function="bad") == failed_starts == 1
+        started = await prometheus.query(
+            f'sum by (tier) (flashpoint_replicas_started_total{{{ctl},function="nf"}})')
+        # the scale from zero read the registry (no host held the model); the second
+        # replica came down a chain from the first one's host
+        assert _scalar(started, tier="registry") == 1 and _scalar(started, tier="peer") == 1
+        replicas = await prometheus.query(f'flashpoint_function_replicas{{{ctl},phase="warm"}}')
+        assert _scalar(replicas, function="nf") == 2 and _scalar(replicas, function="bad") == 0
 
-            async def served() -> tuple[bool, Any]:
-                # every request was run by a replica's batcher, which counted it
-                got = await prometheus.query(f'sum(flashpoint_replica_requests_total'
-                                             f'{{job="{HOSTS_JOB}",function="nf"}})')
-                return bool(got) and float(got[0]["value"][1]) == requests, got
+        async def served() -> tuple[bool, Any]:
+            # every request was run by a replica's batcher, which counted it
+            got = await prometheus.query(f'sum(flashpoint_replica_requests_total'
+                                         f'{{job="{HOSTS_JOB}",function="nf"}})')
+            return bool(got) and float(got[0]["value"][1]) == requests, got
 
-            await prometheus.wait(f"the replicas' {requests} requests", served, timeout_s=30)
-            walls = await prometheus.query(
-                f'sum by (tier) (flashpoint_cold_start_wall_seconds_count{{{ctl},function="nf"}})')
-            assert _scalar(walls, tier="registry") == 1  # the one request that waited
-            phases = await prometheus.query(
-                f'sum by (phase) (flashpoint_cold_start_seconds_sum{{{ctl},function="nf",'
-                f'tier="registry"}})')
-            timed = {r["metric"]["phase"]: float(r["value"][1]) for r in phases}
-            for phase in ("decision", "obtain", "load", "first_inference", "request"):
-                assert phase in timed, timed
-                assert timed[phase] == pytest.approx(first["timings_s"][phase], abs=1e-6), phase
-            lost = await prometheus.query(f'flashpoint_hosts{{{ctl}}}')
-            assert _scalar(lost, state="alive") == 2 and _scalar(lost, state="lost") == 0
-    finally:
-        await asyncio.wait_for(c.stop(), 60)
+        await prometheus.wait(f"the replicas' {requests} requests", served, timeout_s=30)
+        walls = await prometheus.query(
+            f'sum by (tier) (flashpoint_cold_start_wall_seconds_count{{{ctl},function="nf"}})')
+        assert _scalar(walls, tier="registry") == 1  # the one request that waited
+        phases = await prometheus.query(
+            f'sum by (phase) (flashpoint_cold_start_seconds_sum{{{ctl},function="nf",'
+            f'tier="registry"}})')
+        timed = {r["metric"]["phase"]: float(r["value"][1]) for r in phases}
+        for phase in ("decision", "obtain", "load", "first_inference", "request"):
+            assert phase in timed, timed
+            assert timed[phase] == pytest.approx(first["timings_s"][phase], abs=1e-6), phase
+        lost = await prometheus.query(f'flashpoint_hosts{{{ctl}}}')
+        assert _scalar(lost, state="alive") == 2 and _scalar(lost, state="lost") == 0

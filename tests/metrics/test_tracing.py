@@ -22,11 +22,11 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
-from cluster.conftest import cluster_config, start_noop_cluster
 
 from flashpoint import tracing
 from flashpoint.controller.cold_timings import COLD_PHASES
 from flashpoint.gateway.standalone import StandaloneGateway
+from flashpoint.testing.harness import ClusterFactory, cluster_config
 
 pytest.importorskip("opentelemetry.sdk.trace", reason="needs the otel extra (opentelemetry-sdk)")
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
@@ -82,13 +82,13 @@ async def _invoke(s: aiohttp.ClientSession, url: str, traceparent: str | None) -
     return body
 
 
-async def test_a_request_and_its_cold_start_are_one_trace(
+async def test_a_request_and_its_cold_start_are_one_trace(make_cluster: ClusterFactory,
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         memory_spans: InMemorySpanExporter) -> None:
     worker_file = tmp_path / "worker-spans.jsonl"
     monkeypatch.setenv(tracing.TRACES_FILE_ENV, str(worker_file))  # the workers inherit it
     cfg = cluster_config(tmp_path)
-    c = await start_noop_cluster(cfg)
+    c = await make_cluster(config=cfg)
     gateway: StandaloneGateway | None = None
     try:
         url = c.controller.url

@@ -15,7 +15,7 @@ import asyncio
 import hashlib
 import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,8 @@ from flashpoint.models import build, example_inputs, run_example
 from flashpoint.models.sources import publish
 from flashpoint.registry import LocalStore
 from flashpoint.registry.manifest import Manifest
-from flashpoint.testing.netcluster import FAKE_AWS_ENV, REGISTRY, S3_PORT, UNSET_ENV, NetCluster, sha256_file
-from flashpoint.testing.netns import NetLab
+from flashpoint.testing.harness import ClusterFactory, NetnsCluster
+from flashpoint.testing.netcluster import REGISTRY, S3_PORT, NetCluster, sha256_file
 from flashpoint.transfer.obtain import DATAPLANE_FAULT_ENV
 
 pytestmark = pytest.mark.timeout(180)
@@ -63,29 +63,20 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Model:
 
 
 @pytest.fixture
-async def start_cluster(make_lab: Callable[..., NetLab], tmp_path: Path, model: Model,
-                        monkeypatch: pytest.MonkeyPatch
-                        ) -> AsyncIterator[Callable[..., Awaitable[NetCluster]]]:
-    """``await start_cluster(num_hosts, **kw)``: a running cluster whose S3 registry holds the
-    model; stopped and leak-checked at teardown."""
-    for key, value in FAKE_AWS_ENV.items():  # the root namespace's own S3 clients
-        monkeypatch.setenv(key, value)
-    for key in UNSET_ENV:
-        monkeypatch.delenv(key, raising=False)
-    clusters: list[NetCluster] = []
+async def start_cluster(make_cluster: ClusterFactory, model: Model
+                        ) -> Callable[..., Awaitable[NetCluster]]:
+    """``await start_cluster(num_hosts, **kw)``: a running netns cluster (``make_cluster(...,
+    netns=True)``: stopped and leak-checked at teardown) whose S3 registry holds the model;
+    returns its NetCluster (logs, kills, cache files). ``kw`` goes to NetCluster.start."""
 
     async def start(num_hosts: int, **kw: Any) -> NetCluster:
         kw.setdefault("rate_mbit", RATE_MBIT)
-        c = await NetCluster.start(make_lab, tmp_path, num_hosts, **kw)
-        clusters.append(c)
-        await c.publish(model.manifest, model.blob)
-        return c
+        c = await make_cluster(num_hosts, models=(), netns=True, **kw)
+        assert isinstance(c, NetnsCluster)
+        await c.net.publish(model.manifest, model.blob)
+        return c.net
 
-    try:
-        yield start
-    finally:
-        for c in clusters:
-            await c.aclose()
+    return start
 
 
 def _chain_of(c: NetCluster) -> tuple[str, list[str]]:

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashpoint.cluster import LocalCluster
 from flashpoint.config import load_config
 from flashpoint.models.sources import publish
 from flashpoint.registry import make_store
 from flashpoint.spec import FunctionSpec
+from flashpoint.testing.harness import ClusterFactory
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,7 +35,8 @@ async def _wait_for(what: str, cond: Callable[[], bool], timeout_s: float) -> No
     raise AssertionError(f"timed out after {timeout_s}s waiting for: {what}")
 
 
-async def test_sigstopped_worker_under_load_is_replaced_within_detection(tmp_path: Path) -> None:
+async def test_sigstopped_worker_under_load_is_replaced_within_detection(make_cluster: ClusterFactory,
+        tmp_path: Path) -> None:
     cfg = load_config(overrides={
         "log_level": "WARNING",
         "controller": {"listen_port": 0, "heartbeat_timeout_s": 3.0, "loop_interval_s": 0.05},
@@ -46,8 +47,7 @@ async def test_sigstopped_worker_under_load_is_replaced_within_detection(tmp_pat
     assert detection_s <= 2.0  # the bound, by default
     store = make_store(cfg)
     await publish(store, "noop", "tiny", "1", model_name="noop")
-    c = LocalCluster(cfg, hosts=2, store=store)
-    await asyncio.wait_for(c.start(), 90)
+    c = await make_cluster(hosts=2, models=(), config=cfg, store=store, start_timeout_s=90)
     ctl = c.controller
     victim_pid: int | None = None
     stop = asyncio.Event()

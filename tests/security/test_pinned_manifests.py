@@ -19,6 +19,7 @@ import pytest
 
 from flashpoint.errors import Forbidden, IntegrityError
 from flashpoint.registry.manifest import Manifest
+from flashpoint.testing.harness import ClusterFactory
 from flashpoint.transfer.admission import TransferAdmission
 from flashpoint.transfer.cache import HostCache
 from flashpoint.transfer.chain import send_chain
@@ -175,10 +176,9 @@ async def wait_for(what: str, cond: Any, timeout_s: float, state: Any = None) ->
 
 
 
-async def test_a_forged_push_changes_nothing_that_any_worker_loads(
+async def test_a_forged_push_changes_nothing_that_any_worker_loads(make_cluster: ClusterFactory,
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from flashpoint.host.actor import HostManager
-    from flashpoint.cluster import LocalCluster
     from flashpoint.models.sources import publish
     from flashpoint.registry import make_store
 
@@ -208,8 +208,7 @@ async def test_a_forged_push_changes_nothing_that_any_worker_loads(
     # Mallory's noop@1: a built-in entry point (a worker would load it without a word) over
     # other bytes, and another config.
     fpath, forged = _forge(tmp_path, real, config={**real.config, "forged": True})
-    c = LocalCluster(cfg, hosts=1, store=store)
-    await asyncio.wait_for(c.start(), 90)
+    c = await make_cluster(hosts=1, models=(), config=cfg, store=store, start_timeout_s=90)
     evil = Segment.open_complete(fpath, forged)
     try:
         host = c.hosts[0]

@@ -23,6 +23,7 @@ from flashpoint.pipeline.frames import FrameKind, encode_frame
 from flashpoint.pipeline.link import TAG_BYTES, ActivationLink
 from flashpoint.rpc.client import TLS_CA_ENV
 from flashpoint.rpc.tls import client_context, server_context
+from flashpoint.testing.harness import ClusterFactory
 from flashpoint.transfer.plan import Endpoint
 from flashpoint.transfer.wire import DataConn, listen_socket
 
@@ -69,18 +70,17 @@ def test_tls_files_are_checked_at_start(certs: Path, tmp_path: Path) -> None:
         client_context(str(tmp_path / "absent.pem"), setting="gateway")
 
 
-async def test_standalone_gateway_over_https_to_a_wss_controller(
+async def test_standalone_gateway_over_https_to_a_wss_controller(make_cluster: ClusterFactory,
         certs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cluster.conftest import cluster_config, start_noop_cluster
-
     from flashpoint.gateway.standalone import StandaloneGateway
+    from flashpoint.testing.harness import cluster_config
 
     monkeypatch.setenv(TLS_CA_ENV, "")  # restored after the test (the host sets it)
     cert, key, ca = (str(certs / n) for n in ("controller.pem", "controller.key", "ca.pem"))
     cfg = cluster_config(tmp_path, tls_ca_path=ca)
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(
         cfg.controller, tls_cert_path=cert, tls_key_path=key))
-    c = await start_noop_cluster(cfg)
+    c = await make_cluster(config=cfg)
     gw = None
     try:
         monkeypatch.setenv(TLS_CA_ENV, "")  # the gateway trusts its own tls_ca_path only

@@ -17,9 +17,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
-from cluster.conftest import cluster_config, start_noop_cluster
 
 from flashpoint.gateway.standalone import StandaloneGateway
+from flashpoint.testing.harness import ClusterFactory, cluster_config
 
 from .conftest import console_errors, screenshot, wait_until
 
@@ -134,11 +134,12 @@ async def _scale_from_zero_then_chain(url: str) -> tuple[dict, dict]:
     return invoked, status
 
 
-async def test_the_dashboard_shows_the_cluster_and_its_cold_start(tmp_path: Path,
+async def test_the_dashboard_shows_the_cluster_and_its_cold_start(make_cluster: ClusterFactory,
+        tmp_path: Path,
                                                                   browser: Any) -> None:
     # One device per host with room for one replica: the second replica goes to the other host.
     cfg = cluster_config(tmp_path, device_memory_bytes=100 << 20, worker_memory_bytes=64 << 20)
-    c = await start_noop_cluster(cfg, hosts=2)
+    c = await make_cluster(hosts=2, config=cfg)
     gw: StandaloneGateway | None = None
     try:
         invoked, status = await _scale_from_zero_then_chain(c.controller.url)
@@ -175,34 +176,32 @@ def _log_in(driver: Any, base: str, hosts: set[str]) -> None:
     assert errors == [], f"browser console errors: {errors}"
 
 
-async def test_a_key_protected_cluster_asks_for_the_key(tmp_path: Path, browser: Any) -> None:
+async def test_a_key_protected_cluster_asks_for_the_key(make_cluster: ClusterFactory,
+        tmp_path: Path, browser: Any) -> None:
     cfg = cluster_config(tmp_path)
     cfg = dataclasses.replace(cfg, gateway=dataclasses.replace(
         cfg.gateway, api_keys={ADMIN_KEY: "admin"}))
-    c = await start_noop_cluster(cfg, hosts=1)
-    try:
-        url = c.controller.url
-        async with aiohttp.ClientSession() as s:
-            async with s.get(f"{url}/ui") as r:  # the static shell holds no data
-                assert r.status == 200 and "text/html" in r.headers["Content-Type"]
-            async with s.get(f"{url}/v1/ui/state") as r:  # the data needs the key
-                assert r.status == 401 and (await r.json())["code"] == "unauthorized"
-            async with s.get(f"{url}/v1/status",
-                             headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as r:
-                hosts = {h["host_id"] for h in (await r.json())["hosts"]}
-        assert hosts
-        await asyncio.wait_for(asyncio.to_thread(_log_in, browser, url, hosts), 120)
-        # Live: a replica started after the page loaded appears without a reload.
-        auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
-        async with aiohttp.ClientSession(headers=auth) as s:
-            async with s.post(f"{url}/v1/functions", json={"name": "kf", "model": "noop"}) as r:
-                assert r.status == 201, await r.text()
-            async with s.post(f"{url}/v1/functions/kf/invoke", json=BODY) as r:
-                assert r.status == 200, await r.text()
-                rid = (await r.json())["replica_id"]
-        await asyncio.wait_for(asyncio.to_thread(
-            wait_until, browser, f"replica {rid} on the open page",
-            lambda d: rid in _ids(d, "cluster", "data-replica-id")), 60)
-        assert console_errors(browser) == []
-    finally:
-        await asyncio.wait_for(c.stop(), 60)
+    c = await make_cluster(hosts=1, config=cfg)
+    url = c.controller.url
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{url}/ui") as r:  # the static shell holds no data
+            assert r.status == 200 and "text/html" in r.headers["Content-Type"]
+        async with s.get(f"{url}/v1/ui/state") as r:  # the data needs the key
+            assert r.status == 401 and (await r.json())["code"] == "unauthorized"
+        async with s.get(f"{url}/v1/status",
+                         headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as r:
+            hosts = {h["host_id"] for h in (await r.json())["hosts"]}
+    assert hosts
+    await asyncio.wait_for(asyncio.to_thread(_log_in, browser, url, hosts), 120)
+    # Live: a replica started after the page loaded appears without a reload.
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with aiohttp.ClientSession(headers=auth) as s:
+        async with s.post(f"{url}/v1/functions", json={"name": "kf", "model": "noop"}) as r:
+            assert r.status == 201, await r.text()
+        async with s.post(f"{url}/v1/functions/kf/invoke", json=BODY) as r:
+            assert r.status == 200, await r.text()
+            rid = (await r.json())["replica_id"]
+    await asyncio.wait_for(asyncio.to_thread(
+        wait_until, browser, f"replica {rid} on the open page",
+        lambda d: rid in _ids(d, "cluster", "data-replica-id")), 60)
+    assert console_errors(browser) == []

@@ -365,7 +365,7 @@ def test_changed_model_rolls_old_replicas_over_instead_of_retiring_them():
     rid = _warm_one(st, 0.0)
     assert st.handle(FunctionUpserted(spec(max_replicas=2), MIB)) == []
     # The old version keeps serving; the next tick starts the new one beside it
-    # (tests/unit/test_rollout.py follows the whole roll).
+    # (tests/controller/test_rollout.py follows the whole roll).
     assert st.handle(FunctionUpserted(spec(model_version="2"), MIB)) == []
     cmds = st.handle(Tick(1.0, {"fn": load(inflight=1, last=1.0)}))
     (dep,) = of(cmds, DeployReplica)

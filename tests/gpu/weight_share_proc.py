@@ -1,4 +1,4 @@
-"""A process on one weights slot (tests/unit/test_weight_share.py).
+"""A process on one weights slot (tests/gpu/test_weight_share.py).
 
 ``writer DIR KEY N CHUNKS DELAY_S READERS`` claims the slot, waits until READERS readers
 poll it, writes an arange of N float32 in CHUNKS steps (sleeping between them) and only

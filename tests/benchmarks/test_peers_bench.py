@@ -4,6 +4,7 @@ the suite."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -11,14 +12,26 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 PEERS = Path(__file__).resolve().parents[2] / "bench" / "peers"
-sys.path.insert(0, str(PEERS))
 
-import netns  # noqa: E402
-import report  # noqa: E402
+
+def _load(name: str) -> ModuleType:
+    """bench/peers/<name>.py under a name of its own: on sys.path as plain ``netns`` it
+    would shadow the tests/netns package (whose conftest pytest imports as ``netns.conftest``)."""
+    spec = importlib.util.spec_from_file_location(f"bench_peers_{name}", PEERS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+netns = _load("netns")
+report = _load("report")
 
 
 def _warm(platform: str, setting: str, conc: int, rps: float, p50: float = 1.0,

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from gpu.fake_mps import install_fake_mps
 
-from flashpoint.host.gpu import HostGpu
 from flashpoint.config import HostConfig, load_config
 from flashpoint.errors import BadRequest, GpuBusy, InvalidGeometry, MigUnavailable, NotFound
+from flashpoint.host.gpu import HostGpu
 from flashpoint.procs import pid_alive
-
-from .fake_mps import install_fake_mps
+from flashpoint.testing.harness import ClusterFactory
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -96,10 +96,7 @@ async def test_deploys_refused_while_draining_and_mig_off_is_typed(run_dir):
         await gpu.stop()
 
 
-async def test_apply_mig_over_rpc_and_controller_sees_slices(tmp_path):
-    from flashpoint.cluster import LocalCluster
-    from flashpoint.registry import make_store
-
+async def test_apply_mig_over_rpc_and_controller_sees_slices(make_cluster: ClusterFactory, tmp_path):
     cfg = load_config(overrides={
         "log_level": "WARNING",
         "controller": {"listen_port": 0, "heartbeat_timeout_s": 3.0, "loop_interval_s": 0.05},
@@ -107,28 +104,24 @@ async def test_apply_mig_over_rpc_and_controller_sees_slices(tmp_path):
                  "cache_dir": str(tmp_path / "cache"), "fake_gpus": ["A100-80GB"],
                  "fake_gpu_mig": True},
     }).with_home(tmp_path)
-    c = LocalCluster(cfg, hosts=1, store=make_store(cfg))
-    await asyncio.wait_for(c.start(), 60)
-    try:
-        host_id = c.hosts[0].host_id
-        conn = c.controller.hosts[host_id].conn
-        assert c.controller.state.hosts[host_id].devices == {}
-        with pytest.raises(InvalidGeometry) as e:  # the typed error crosses the wire
-            await conn.call("apply_mig", {"gpu_index": 0, "geometry": ["5g"]}, timeout_s=10)
-        assert e.value.code == "invalid_geometry"
-        reply = await conn.call("apply_mig", {"gpu_index": 0, "geometry": ["4g", "3g"]},
-                                timeout_s=10)
-        ids = sorted(s["device_id"] for s in reply["slices"])
-        assert len(ids) == 2
-        deadline = time.monotonic() + 10
-        while sorted(c.controller.state.hosts[host_id].devices) != ids:
-            assert time.monotonic() < deadline, c.controller.state.hosts[host_id].devices
-            await asyncio.sleep(0.05)
-        mem = {d.device_id: d.memory_bytes for d in c.controller.state.hosts[host_id].devices.values()}
-        assert set(mem.values()) == {40 << 30}  # A100-80GB: 4g.40gb and 3g.40gb
-        assert sorted(d.mig_profile for d in c.hosts[0].devices) == ["3g.40gb", "4g.40gb"]
-    finally:
-        await asyncio.wait_for(c.stop(), 30)
+    c = await make_cluster(hosts=1, models=(), config=cfg, start_timeout_s=60)
+    host_id = c.hosts[0].host_id
+    conn = c.controller.hosts[host_id].conn
+    assert c.controller.state.hosts[host_id].devices == {}
+    with pytest.raises(InvalidGeometry) as e:  # the typed error crosses the wire
+        await conn.call("apply_mig", {"gpu_index": 0, "geometry": ["5g"]}, timeout_s=10)
+    assert e.value.code == "invalid_geometry"
+    reply = await conn.call("apply_mig", {"gpu_index": 0, "geometry": ["4g", "3g"]},
+                            timeout_s=10)
+    ids = sorted(s["device_id"] for s in reply["slices"])
+    assert len(ids) == 2
+    deadline = time.monotonic() + 10
+    while sorted(c.controller.state.hosts[host_id].devices) != ids:
+        assert time.monotonic() < deadline, c.controller.state.hosts[host_id].devices
+        await asyncio.sleep(0.05)
+    mem = {d.device_id: d.memory_bytes for d in c.controller.state.hosts[host_id].devices.values()}
+    assert set(mem.values()) == {40 << 30}  # A100-80GB: 4g.40gb and 3g.40gb
+    assert sorted(d.mig_profile for d in c.hosts[0].devices) == ["3g.40gb", "4g.40gb"]
 
 
 async def test_weight_slot_only_for_real_gpus_with_share_weights(run_dir):

@@ -1,5 +1,5 @@
 """Host-side GPU sharing on fake NVML devices: MPS daemons per GPU/MIG unit against the
-fake ``nvidia-cuda-mps-control`` (tests/unit/fake_mps_control.py), the absent-binary case,
+fake ``nvidia-cuda-mps-control`` (tests/gpu/fake_mps_control.py), the absent-binary case,
 the worker env, and the config check. The tokens mode is in tests/gpu_hook/test_host_tokens.py
 (it needs the hook and the fake libcuda built)."""
 
