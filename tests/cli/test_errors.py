@@ -33,7 +33,8 @@ pytestmark = pytest.mark.timeout(300)
      ["unknown key 'controler' in the top level", "did you mean 'controller'?"]),
     ('log_level = "LOUD"\n', ["log_level = 'LOUD'", "one of DEBUG, INFO"]),
     ('[registry]\nkind = "locl"\n', ["[registry] kind = 'locl'", "one of local, s3 (did you mean 'local'?)"]),
-    ('[gateway.api_keys]\nkey-of-the-ops-team = "root"\n', ["api key role must be one of", "'invoke', 'admin'", "not 'root'"]),
+    ('[gateway.api_keys]\nkey-of-the-ops-team = "root"\n',
+     ["api key role must be one of", "'invoke', 'admin'", "not 'root'"]),
     ("[host]\nfake_gpus = \"A100\"\n", ["[host] fake_gpus = 'A100'", "a list"]),
     ("[controller\nlisten_port = 1\n", ["not valid TOML", "line 1"]),
 ])

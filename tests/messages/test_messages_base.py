@@ -28,7 +28,8 @@ class Sample(Message):
 
 
 def test_round_trip_through_the_frame_codec():
-    msg = Sample(replica_id="r-1", count=3, blob=b"\x00\x01", hosts=("h1", "h2"), part=Part(offset_bytes=9), cached=frozenset({"m@1"}))
+    msg = Sample(replica_id="r-1", count=3, blob=b"\x00\x01", hosts=("h1", "h2"),
+                 part=Part(offset_bytes=9), cached=frozenset({"m@1"}))
     wire = frames.encode(frames.Request(id=1, method="deploy", payload=to_payload(msg),
                                         timeout_s=5.0))
     back = from_payload(Sample, frames.decode(wire).payload, method="deploy")

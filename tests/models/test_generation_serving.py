@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from flashpoint.worker.generation import GenerationLoop
 from flashpoint.errors import InvalidInput, KvCacheFull, KvCacheTooSmall
 from flashpoint.models import serving
 from flashpoint.models.publish import load_module, read_files
 from flashpoint.models.sources import publish_source
 from flashpoint.models.tiny_hf import make_causal_lm
 from flashpoint.registry.local import LocalStore
+from flashpoint.worker.generation import GenerationLoop
 
 pytestmark = pytest.mark.timeout(120)
 

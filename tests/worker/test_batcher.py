@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from flashpoint.worker.batcher import Batcher
 from flashpoint.errors import FlashpointError, ModelFailed, Unavailable
+from flashpoint.worker.batcher import Batcher
 
 T = 2.0  # bound on every await
 
