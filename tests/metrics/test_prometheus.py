@@ -103,7 +103,9 @@ async def test_every_dashboard_panel_returns_data_from_a_real_prometheus(make_cl
     # host and gets its bytes down a chain from the first.
     cfg = cluster_config(tmp_path, metrics_listen="127.0.0.1:0",
                          device_memory_bytes=100 << 20, worker_memory_bytes=64 << 20)
-    # One failed start begins a long back-off: exactly one start of "bad" fails.
+    # Function names no other test uses: the controller's metrics are process-wide, and a
+    # suite run has served other functions named "nf" before this test counts requests.
+    # One failed start begins a long back-off: exactly one start of "prom-bad" fails.
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(
         cfg.controller, max_start_failures=1, start_backoff_s=300.0, start_backoff_max_s=300.0))
     c = await make_cluster(hosts=2, config=cfg)
@@ -124,26 +126,26 @@ async def test_every_dashboard_panel_returns_data_from_a_real_prometheus(make_cl
         # A function whose every start fails: its first request fails after the
         # controller's streak of failed starts (tests/cluster/test_start_failures.py).
         async with s.post(f"{url}/v1/functions", json={
-                "name": "bad", "model": "broken", "timeout_s": 120}) as r:
+                "name": "prom-bad", "model": "broken", "timeout_s": 120}) as r:
             assert r.status == 201, await r.text()
-        async with s.post(f"{url}/v1/functions/bad/invoke", json=BODY) as r:
+        async with s.post(f"{url}/v1/functions/prom-bad/invoke", json=BODY) as r:
             err = await r.json()
             assert r.status == 503 and err["code"] == "model_load_failed", err
         failed_starts = err["details"]["failed_starts"]
         # A scale from zero, then a second replica chained from the first one's host.
         async with s.post(f"{url}/v1/functions", json={
-                "name": "nf", "model": "noop", "slo_ms": 30_000}) as r:
+                "name": "prom-nf", "model": "noop", "slo_ms": 30_000}) as r:
             assert r.status == 201, await r.text()
-        first = await _invoke(s, url, "nf")
+        first = await _invoke(s, url, "prom-nf")
         assert first["cold"] is True
         async with s.post(f"{url}/v1/functions", json={
-                "name": "nf", "model": "noop", "slo_ms": 30_000, "min_replicas": 2}) as r:
+                "name": "prom-nf", "model": "noop", "slo_ms": 30_000, "min_replicas": 2}) as r:
             assert r.status in (200, 201), await r.text()
         state = c.controller.state
 
         async def two_warm() -> tuple[bool, Any]:
             warm = [r for r in state.replicas.values()
-                    if r.function == "nf" and r.phase == "warm"]
+                    if r.function == "prom-nf" and r.phase == "warm"]
             return len(warm) == 2, [(r.replica_id, r.phase) for r in state.replicas.values()]
 
         await prometheus.wait("a second warm replica", two_warm, timeout_s=60)
@@ -152,14 +154,14 @@ async def test_every_dashboard_panel_returns_data_from_a_real_prometheus(make_cl
         requests = 1
         for wave in range(2):
             for _ in range(5):
-                await _invoke(s, url, "nf")
-            await asyncio.gather(*(_invoke(s, url, "nf") for _ in range(10)))
+                await _invoke(s, url, "prom-nf")
+            await asyncio.gather(*(_invoke(s, url, "prom-nf") for _ in range(10)))
             requests += 15
             if wave == 0:
                 async def seen(n: int = requests) -> tuple[bool, Any]:
                     got = await prometheus.query(
                         f'sum(flashpoint_requests_total{{job="{CONTROLLER_JOB}",'
-                        f'function="nf",outcome="ok"}})')
+                        f'function="prom-nf",outcome="ok"}})')
                     return bool(got) and float(got[0]["value"][1]) == n, got
 
                 await prometheus.wait("the first wave scraped", seen, timeout_s=30)
@@ -182,32 +184,33 @@ async def test_every_dashboard_panel_returns_data_from_a_real_prometheus(make_cl
         async def last_wave() -> tuple[bool, Any]:
             ok = await prometheus.query(f'sum by (function) '
                                         f'(flashpoint_requests_total{{{ctl},outcome="ok"}})')
-            return bool(ok) and _scalar(ok, function="nf") == requests, ok
+            return bool(ok) and _scalar(ok, function="prom-nf") == requests, ok
 
-        await prometheus.wait(f"{requests} requests of nf counted", last_wave, timeout_s=30)
+        await prometheus.wait(f"{requests} requests of prom-nf counted", last_wave, timeout_s=30)
         failed = await prometheus.query(
             f'sum by (function) (flashpoint_cold_starts_failed_total{{{ctl}}})')
-        assert _scalar(failed, function="bad") == failed_starts == 1
+        assert _scalar(failed, function="prom-bad") == failed_starts == 1
         started = await prometheus.query(
-            f'sum by (tier) (flashpoint_replicas_started_total{{{ctl},function="nf"}})')
+            f'sum by (tier) (flashpoint_replicas_started_total{{{ctl},function="prom-nf"}})')
         # the scale from zero read the registry (no host held the model); the second
         # replica came down a chain from the first one's host
         assert _scalar(started, tier="registry") == 1 and _scalar(started, tier="peer") == 1
         replicas = await prometheus.query(f'flashpoint_function_replicas{{{ctl},phase="warm"}}')
-        assert _scalar(replicas, function="nf") == 2 and _scalar(replicas, function="bad") == 0
+        assert _scalar(replicas, function="prom-nf") == 2
+        assert _scalar(replicas, function="prom-bad") == 0
 
         async def served() -> tuple[bool, Any]:
             # every request was run by a replica's batcher, which counted it
             got = await prometheus.query(f'sum(flashpoint_replica_requests_total'
-                                         f'{{job="{HOSTS_JOB}",function="nf"}})')
+                                         f'{{job="{HOSTS_JOB}",function="prom-nf"}})')
             return bool(got) and float(got[0]["value"][1]) == requests, got
 
         await prometheus.wait(f"the replicas' {requests} requests", served, timeout_s=30)
         walls = await prometheus.query(
-            f'sum by (tier) (flashpoint_cold_start_wall_seconds_count{{{ctl},function="nf"}})')
+            f'sum by (tier) (flashpoint_cold_start_wall_seconds_count{{{ctl},function="prom-nf"}})')
         assert _scalar(walls, tier="registry") == 1  # the one request that waited
         phases = await prometheus.query(
-            f'sum by (phase) (flashpoint_cold_start_seconds_sum{{{ctl},function="nf",'
+            f'sum by (phase) (flashpoint_cold_start_seconds_sum{{{ctl},function="prom-nf",'
             f'tier="registry"}})')
         timed = {r["metric"]["phase"]: float(r["value"][1]) for r in phases}
         for phase in ("decision", "obtain", "load", "first_inference", "request"):
