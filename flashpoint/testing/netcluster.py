@@ -41,6 +41,7 @@ import boto3
 from flashpoint.config import generate_secret
 from flashpoint.registry import S3Store
 from flashpoint.registry.manifest import Manifest
+from flashpoint.testing.leaks import alive, cmdline, descendants
 from flashpoint.testing.netns import NetLab
 
 REGISTRY, CONTROLLER, FIRST_HOST = 0, 1, 2
@@ -91,40 +92,6 @@ def write_toml(path: Path, data: dict[str, Any]) -> Path:
 
 
 # -- /proc helpers (no psutil here) -------------------------------------------------------
-
-
-def _ppid_and_state(pid: int) -> tuple[int, str] | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), fields[0]
-
-
-def alive(pid: int) -> bool:
-    st = _ppid_and_state(pid)
-    return st is not None and st[1] not in ("Z", "X")
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (scan of /proc; this kernel has no task/*/children)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (st := _ppid_and_state(int(entry))) is not None and st[1] != "Z":
-            children.setdefault(st[0], []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 def established_tcp(pid: int) -> int:
@@ -333,7 +300,7 @@ class NetCluster:
 
     def worker_pids(self, host_id: str) -> list[int]:
         proc = self.procs[host_id]
-        pids = [p for p in descendants(proc.pid) if "flashpoint.worker.actor" in _cmdline(p)]
+        pids = [p for p in descendants(proc.pid) if "flashpoint.worker.actor" in cmdline(p)]
         self.seen_pids.update(pids)
         return pids
 
@@ -501,7 +468,7 @@ class NetCluster:
             for f in self._files:
                 f.close()
         left = sorted(p for p in self.seen_pids if alive(p))
-        assert not left, f"processes left behind: {[(p, _cmdline(p)) for p in left]}"
+        assert not left, f"processes left behind: {[(p, cmdline(p)) for p in left]}"
 
 
 _NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
