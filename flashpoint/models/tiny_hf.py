@@ -2,8 +2,8 @@
 tests and the benchmarks (this machine reaches no model hub, and none is needed).
 
 Each is what a user's ``save_pretrained`` directory holds: ``config.json``,
-``model.safetensors`` and the tokenizer files (a WordPiece tokenizer trained with
-``tokenizers`` on a few sentences), built from a seed so the same call gives the same
+``model.safetensors`` and the tokenizer files (a WordPiece tokenizer whose vocabulary
+comes from a few sentences), built from a seed so the same call gives the same
 bytes.
 """
 
@@ -36,18 +36,39 @@ SIZES: dict[str, dict[str, int]] = {
 }
 
 
+def wordpiece_vocab(size: int = 200) -> dict[str, int]:
+    """A WordPiece vocabulary over :data:`SENTENCES`, the same in every process: the special
+    tokens, every letter alone and as a ``##`` continuation, every whole word, then word
+    endings (``##`` pieces, longest first) up to ``size`` entries.
+
+    Built here rather than by ``tokenizers``' ``WordPieceTrainer``: the trainer breaks ties
+    between equally frequent merges in hash-map order, which changes from one process to the
+    next, so every run got a different tokenizer and the random model behind it generated
+    different text (a test that needed a dozen characters before EOS passed here and failed
+    on another machine)."""
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words = sorted({w for s in SENTENCES for w in s.lower().split()})
+    letters = sorted({c for w in words for c in w})
+    pieces = special + letters + [f"##{c}" for c in letters] + words
+    endings = sorted({f"##{w[i:]}" for w in words for i in range(1, len(w) - 1)},
+                     key=lambda e: (-len(e), e))
+    for e in endings:
+        if len(pieces) >= size:
+            break
+        if e not in pieces:
+            pieces.append(e)
+    return {p: i for i, p in enumerate(pieces)}
+
+
 def build_tokenizer(directory: Path, vocab_size: int | None = None) -> Any:
-    """A BERT-style WordPiece tokenizer trained on :data:`SENTENCES`, saved to
+    """A BERT-style WordPiece tokenizer over :data:`SENTENCES` (:func:`wordpiece_vocab`), saved to
     ``directory`` as a ``transformers`` fast tokenizer; returns it."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok = Tokenizer(models.WordPiece(wordpiece_vocab(), unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=special)
-    tok.train_from_iterator(list(SENTENCES), trainer)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
@@ -195,19 +216,16 @@ LLAMA_CHAT_TEMPLATE = (
 
 
 def build_causal_tokenizer(directory: Path, *, chat_template: str | None = None) -> Any:
-    """A WordPiece tokenizer for a causal LM, trained on :data:`SENTENCES` and saved to
+    """A WordPiece tokenizer for a causal LM over :data:`SENTENCES`, saved to
     ``directory``: a text starts with the BOS token ``[CLS]`` and ends with nothing (the
     model continues it); ``[SEP]`` is EOS, ``[PAD]`` pads; decoding joins word pieces."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok = Tokenizer(models.WordPiece(wordpiece_vocab(), unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=special)
-    tok.train_from_iterator(list(SENTENCES), trainer)
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A", pair="[CLS] $A $B:1",
         special_tokens=[("[CLS]", tok.token_to_id("[CLS]"))])

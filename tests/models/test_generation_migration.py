@@ -31,7 +31,9 @@ PROMPT = "a spot eviction drains the host"
 @pytest.fixture(scope="module")
 def pushed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
     tmp = tmp_path_factory.mktemp("mig")
-    d = make_causal_lm(tmp / "llama", family="llama")
+    # seed 2: its greedy text from PROMPT has no repeats and no EOS within 16 tokens, so a
+    # stop string from its middle first occurs there (seed 0 repeats one word)
+    d = make_causal_lm(tmp / "llama", family="llama", seed=2)
     store = LocalStore(tmp / "reg")
     m = asyncio.run(publish_source(store, "lm", d))
     blob = store.blob_path("lm", "1").read_bytes()
