@@ -28,6 +28,7 @@ class AuditAction(StrEnum):
     ROLLOUT = "rollout"  # a registered function's model version (or canary split) changed
     DELETE = "delete"
     MIG_CHANGE = "mig_change"
+    PROFILE = "profile"  # a profiler run stored profiles on a function (controller/profiler.py)
 
 
 @dataclass(frozen=True)

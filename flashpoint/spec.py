@@ -93,6 +93,105 @@ class FastProfileSpec:
                                self.batch)
 
 
+def _number(d: dict[str, Any], key: str, what: str, lo: float = 0.0, hi: float = 1e12) -> float:
+    """``d[key]`` as a float in ``[lo, hi]`` (BadRequest naming ``what.key`` otherwise)."""
+    v = d.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
+        raise BadRequest(f"{what}.{key} must be a number in [{lo}, {hi}]")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class ProteanSliceSpec:
+    """PROTEAN's profile of a function on one slice type (seed: ``policy/protean.py``
+    ``SliceProfile``): ``solo_s`` one batch's time alone, ``fbr`` its fractional bandwidth
+    requirement fitted from co-location runs (``policy/protean_fit.py``); ``fbr_bounded``:
+    no co-located run saturated, so ``fbr`` is only the upper bound the runs allow."""
+
+    slice: str
+    solo_s: float
+    fbr: float
+    fbr_bounded: bool = False
+    mem_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> ProteanSliceSpec:
+        keys = {"slice", "solo_s", "fbr", "fbr_bounded", "mem_bytes"}
+        if not isinstance(d, dict) or set(d) - keys or not isinstance(d.get("slice"), str) \
+                or not 1 <= len(d["slice"]) <= 32:
+            raise BadRequest(f"each protean_profile slice is an object of {sorted(keys)} "
+                             "with a slice name of 1-32 characters")
+        mem = d.get("mem_bytes", 0)
+        if not isinstance(mem, int) or isinstance(mem, bool) or mem < 0:
+            raise BadRequest("protean_profile.mem_bytes must be an integer >= 0")
+        return cls(d["slice"], _number(d, "solo_s", "protean_profile", 0.0, 3600.0),
+                   _number(d, "fbr", "protean_profile", 0.0, 1000.0),
+                   bool(d.get("fbr_bounded", False)), mem)
+
+
+@dataclass(frozen=True)
+class ProteanProfileSpec:
+    """PROTEAN's per-slice profile of a function at batch size ``batch`` (``flashpoint
+    profile --protean`` measures it: a Solo run and co-located runs, FBR fitted)."""
+
+    batch: int
+    slices: tuple[ProteanSliceSpec, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "slices": [s.to_dict() for s in self.slices]}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> ProteanProfileSpec:
+        if not isinstance(d, dict) or set(d) - {"batch", "slices"}:
+            raise BadRequest("protean_profile must be an object with 'batch' and 'slices'")
+        batch, raw = d.get("batch", 1), d.get("slices")
+        if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= 1024:
+            raise BadRequest("protean_profile.batch must be an integer in 1..1024")
+        if not isinstance(raw, list) or not 1 <= len(raw) <= 16:
+            raise BadRequest("protean_profile.slices must be a list of 1..16 slices")
+        slices = tuple(ProteanSliceSpec.from_dict(s) for s in raw)
+        if len({s.slice for s in slices}) != len(slices):
+            raise BadRequest("protean_profile.slices names a slice twice")
+        return cls(batch, slices)
+
+
+@dataclass(frozen=True)
+class DiluProfileSpec:
+    """Dilu's HGSS result for a function (``policy/dilu_profile.py``): SM ``request`` and
+    ``limit`` as fractions of one GPU at inference batch size ``ibs``, the throughput there,
+    and how many trials the search ran. Without an explicit ``sm_share`` the controller
+    takes the share from it (``share_placement.resolve_share``)."""
+
+    sm_request: float
+    sm_limit: float
+    ibs: int
+    throughput_rps: float
+    trials: int = 0
+
+    def __post_init__(self) -> None:
+        if not (0 < self.sm_request <= self.sm_limit <= 1):
+            raise BadRequest("dilu_profile needs 0 < sm_request <= sm_limit <= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> DiluProfileSpec:
+        keys = {"sm_request", "sm_limit", "ibs", "throughput_rps", "trials"}
+        if not isinstance(d, dict) or set(d) - keys:
+            raise BadRequest(f"dilu_profile must be an object of {sorted(keys)}")
+        ints = [d.get("ibs", 1), d.get("trials", 0)]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints) \
+                or not 1 <= ints[0] <= 1024:
+            raise BadRequest("dilu_profile.ibs must be an integer in 1..1024, trials >= 0")
+        return cls(_number(d, "sm_request", "dilu_profile", 0.0, 1.0),
+                   _number(d, "sm_limit", "dilu_profile", 0.0, 1.0), ints[0],
+                   _number(d, "throughput_rps", "dilu_profile"), ints[1])
+
+
 @dataclass(frozen=True)
 class FunctionSpec:
     """A registered function: a model version plus serving and scaling parameters."""
@@ -133,6 +232,10 @@ class FunctionSpec:
     # configuration meeting the SLO: policy/share_placement.resolve_share, which asks
     # policy/fastgshare.share_from_profile).
     fast_profile: FastProfileSpec | None = None
+    # PROTEAN's Solo time and FBR per slice type, and Dilu's HGSS <request, limit>: measured
+    # by `flashpoint profile` (controller/profiler.py) like fast_profile, or given here.
+    protean_profile: ProteanProfileSpec | None = None
+    dilu_profile: DiluProfileSpec | None = None
     # PROTEAN's per-batch device memory of this model (profiled; 0 = the replica's bytes):
     # the footprint the MIG reconfigurator turns best-effort demand into (policy/protean.py).
     batch_memory_bytes: int = 0
@@ -172,9 +275,9 @@ class FunctionSpec:
         if self.gpu_memory_bytes < 0:
             raise BadRequest("gpu_memory_bytes must be >= 0")
         if (self.sm_limit or self.time_quota or self.gpu_memory_bytes) and not (
-                self.sm_share or self.fast_profile):
+                self.sm_share or self.fast_profile or self.dilu_profile):
             raise BadRequest("sm_limit, time_quota and gpu_memory_bytes need an sm_share "
-                             "(or a fast_profile to choose it from)")
+                             "(or a fast_profile or dilu_profile to choose it from)")
         if self.fast_profile is not None:
             self.fast_profile.to_profile(self.name)  # a broken grid is refused at registration
         if self.batch_memory_bytes < 0:
@@ -192,6 +295,8 @@ class FunctionSpec:
         d["inputs"] = [t.to_dict() for t in self.inputs]
         d["outputs"] = [t.to_dict() for t in self.outputs]
         d["fast_profile"] = self.fast_profile.to_dict() if self.fast_profile else None
+        d["protean_profile"] = self.protean_profile.to_dict() if self.protean_profile else None
+        d["dilu_profile"] = self.dilu_profile.to_dict() if self.dilu_profile else None
         return d
 
     @classmethod
@@ -211,6 +316,10 @@ class FunctionSpec:
             kw[key] = tuple(TensorSpec.from_dict(t) for t in raw)
         if kw.get("fast_profile") is not None:
             kw["fast_profile"] = FastProfileSpec.from_dict(kw["fast_profile"])
+        if kw.get("protean_profile") is not None:
+            kw["protean_profile"] = ProteanProfileSpec.from_dict(kw["protean_profile"])
+        if kw.get("dilu_profile") is not None:
+            kw["dilu_profile"] = DiluProfileSpec.from_dict(kw["dilu_profile"])
         for key in ("max_batch_size", "min_replicas", "max_replicas", "replica_concurrency",
                     "max_stages", "gpu_memory_bytes", "batch_memory_bytes"):
             if key in kw and (not isinstance(kw[key], int) or isinstance(kw[key], bool)):

@@ -1,5 +1,5 @@
 """The commands that call a running cluster's HTTP API: ``deploy``, ``invoke``,
-``functions``, ``delete`` and ``status``.
+``functions``, ``delete``, ``status`` and ``profile``.
 
 An error answer becomes the typed error it stands for (``client.error_from_body``) with
 its HTTP status in ``details["http_status"]``; nothing listening at the URL becomes
@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 from flashpoint.cli.failures import HTTP_STATUS, no_cluster
-from flashpoint.cli.parser import spec_fields
-from flashpoint.cli.tables import function_lines, status_lines
+from flashpoint.cli.parser import profile_body, spec_fields
+from flashpoint.cli.tables import function_lines, profile_lines, status_lines
 from flashpoint.errors import BadRequest
 from flashpoint.progress import rolling
 
@@ -26,7 +26,7 @@ HTTP_TIMEOUT_S = 120.0
 
 
 async def http(method: str, url: str, body: Any = None, key: str | None = None,
-               base: str = "") -> Any:
+               base: str = "", timeout_s: float = HTTP_TIMEOUT_S) -> Any:
     """``method url`` with a JSON body; the JSON answer (or its text when not JSON).
     ``base`` is the cluster URL the error names when nothing answers."""
     import aiohttp
@@ -34,7 +34,7 @@ async def http(method: str, url: str, body: Any = None, key: str | None = None,
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         async with aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)) as s:
+                timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
             async with s.request(method, url, json=body, headers=headers) as r:
                 text = await r.text()
     except aiohttp.InvalidURL:
@@ -144,6 +144,12 @@ async def run(args: argparse.Namespace) -> int:
     elif args.cmd == "functions":
         functions = await http("GET", f"{url}/v1/functions", None, key, url)
         print(json.dumps(functions, indent=2) if args.json else "\n".join(function_lines(functions)))
+    elif args.cmd == "profile":
+        body = profile_body(args)
+        # the run's own limit (default 600 s) plus slack for the answer
+        answer = await http("POST", f"{url}/v1/functions/{args.function}/profile", body, key,
+                            url, timeout_s=float(body.get("timeout_s", 600.0)) + 30.0)
+        print(json.dumps(answer, indent=2) if args.json else "\n".join(profile_lines(answer)))
     elif args.cmd == "delete":
         answer = await http("DELETE", f"{url}/v1/functions/{args.function}", None, key, url)
         print(json.dumps(answer, indent=2))

@@ -11,7 +11,8 @@ from flashpoint.cli import failures, parser
 from flashpoint.config import ClusterConfig, load_config
 
 # Commands whose own output is the point: library logs below WARNING would drown it.
-QUIET = ("demo", "deploy", "invoke", "functions", "delete", "status", "model", "keys")
+QUIET = ("demo", "deploy", "invoke", "functions", "delete", "status", "model", "keys",
+         "profile")
 SERVERS = ("up", "controller", "gateway", "host")
 
 

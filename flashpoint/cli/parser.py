@@ -54,11 +54,18 @@ SPEC_FLAGS: dict[str, tuple[str, str]] = {
     "fast_profile": ("--fast-profile", "FaST-GShare profile as JSON, or @FILE holding it: "
                      '{"batch": N, "points": [{"sm_share", "quota", "throughput_rps", '
                      '"p99_latency_s"}, ...]}'),
+    "protean_profile": ("--protean-profile", "PROTEAN profile as JSON or @FILE (what "
+                        "`flashpoint profile --protean` stores): {\"batch\": N, \"slices\": "
+                        '[{"slice", "solo_s", "fbr", "fbr_bounded", "mem_bytes"}, ...]}'),
+    "dilu_profile": ("--dilu-profile", "Dilu HGSS result as JSON or @FILE (what `flashpoint "
+                     'profile --dilu` stores): {"sm_request", "sm_limit", "ibs", '
+                     '"throughput_rps", "trials"}'),
     "inputs": ("--input", "an input tensor NAME:DTYPE:SHAPE, e.g. x:FP32:-1,16 (repeat for "
                "each)"),
     "outputs": ("--output", "an output tensor NAME:DTYPE:SHAPE (repeat for each)"),
 }
-_STRUCTURED = ("fast_profile", "inputs", "outputs")
+_JSON_FIELDS = ("fast_profile", "protean_profile", "dilu_profile")  # JSON text or @FILE
+_STRUCTURED = (*_JSON_FIELDS, "inputs", "outputs")
 
 
 class Parser(argparse.ArgumentParser):
@@ -206,19 +213,24 @@ def _add_api(sub: Any) -> None:
                            ("invoke", "invoke a function"),
                            ("functions", "list the registered functions"),
                            ("delete", "delete a function (its replicas stop)"),
-                           ("status", "cluster status: hosts, replicas, functions")):
+                           ("status", "cluster status: hosts, replicas, functions"),
+                           ("profile", "measure a function's FaST (SM share x quota grid), "
+                            "PROTEAN (Solo, FBR) and Dilu (HGSS) profiles with trials on a "
+                            "GPU-sharing host, and store them on it")):
         sp = _sub(sub, name, helptext)
         sp.add_argument("--url", default=os.environ.get(URL_ENV, DEFAULT_URL),
                         help=f"the cluster's API (default ${URL_ENV}, else {DEFAULT_URL})")
         sp.add_argument("--api-key", default=os.environ.get(KEY_ENV),
                         help=f"API key for a cluster with [gateway] api_keys (default ${KEY_ENV})")
-        if name in ("functions", "status"):
+        if name in ("functions", "status", "profile"):
             sp.add_argument("--json", action="store_true",
                             help="print the API's JSON instead of tables")
         if name == "deploy":
             _add_deploy(sp)
         if name == "delete":
             sp.add_argument("function", help="the function's name")
+        if name == "profile":
+            _add_profile(sp)
         if name == "invoke":
             sp.add_argument("function", help="the function's name")
             given = sp.add_mutually_exclusive_group(required=True)
@@ -228,6 +240,74 @@ def _add_api(sub: Any) -> None:
                                help="a text for a text model (repeat for several)")
             given.add_argument("--image", action="append", type=Path,
                                help="an image file (JPEG/PNG) for an image model (repeatable)")
+
+
+def grid(text: str) -> tuple[list[float], list[float]]:
+    """An argparse type: ``SHARES x QUOTAS``, each a comma list of fractions in (0, 1],
+    e.g. ``0.25,0.5,1x0.5,1``."""
+    parts = text.lower().split("x")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: want SM shares x quotas, e.g. 0.5,1x0.5,1")
+    frac = number_in(0.0, 1.0, lo_open=True)
+    try:
+        shares, quotas = ([frac(v) for v in p.split(",") if v.strip()] for p in parts)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    if not shares or not quotas:
+        raise argparse.ArgumentTypeError(f"{text!r}: give at least one SM share and one quota")
+    return shares, quotas
+
+
+def _add_profile(sp: Parser) -> None:
+    sp.add_argument("function", help="the function's name")
+    sp.add_argument("--grid", type=grid, metavar="SHARESxQUOTAS",
+                    help="FaST's grid: SM shares x time quotas, comma lists of fractions "
+                         "(default 0.5,1x0.5,1; the paper's is 7 x 5)")
+    sp.add_argument("--no-fast", dest="fast", action="store_false",
+                    help="skip the FaST grid (then ask for --protean or --dilu)")
+    sp.add_argument("--protean", action="store_true",
+                    help="also measure PROTEAN's Solo run and a co-located run, and fit FBR")
+    sp.add_argument("--colocate", type=int_in(2, 8), metavar="N",
+                    help="replicas in PROTEAN's co-located run (default 2)")
+    sp.add_argument("--dilu", action="store_true",
+                    help="also run Dilu's HGSS search (needs --slo-ms or the function's)")
+    sp.add_argument("--max-ibs", dest="dilu_max_ibs", type=int_in(1, 1024), metavar="N",
+                    help="largest inference batch HGSS tries (default 8)")
+    sp.add_argument("--slo-ms", type=number_in(0, lo_open=True), metavar="MS",
+                    help="latency objective for HGSS (default: the function's slo_ms)")
+    sp.add_argument("--batch", type=int_in(1, 1024), metavar="N",
+                    help="batch size of the FaST and PROTEAN trials (default 1)")
+    sp.add_argument("--requests", type=int_in(1, 10_000), metavar="N",
+                    help="measured requests per trial (default 20)")
+    sp.add_argument("--inputs", help='one request\'s tensors as JSON, {"x": {"data", "shape", '
+                    '"datatype"}} (default: zeros of the declared inputs)')
+    sp.add_argument("--timeout-s", type=number_in(0, 3600, lo_open=True), metavar="SECONDS",
+                    help="give up after this many seconds (default 600)")
+
+
+def profile_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/functions/{name}/profile`` from the flags given."""
+    import json
+
+    from flashpoint.errors import BadRequest
+
+    body: dict[str, Any] = {}
+    if args.grid is not None:
+        body["sm_shares"], body["quotas"] = args.grid
+    if not args.fast:
+        body["fast"] = False
+    for key in ("protean", "dilu"):
+        if getattr(args, key):
+            body[key] = True
+    for key in ("colocate", "dilu_max_ibs", "slo_ms", "batch", "requests", "timeout_s"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
+    if args.inputs is not None:
+        try:
+            body["inputs"] = json.loads(args.inputs)
+        except ValueError as e:
+            raise BadRequest(f"--inputs is not JSON: {e}") from None
+    return body
 
 
 def _add_deploy(sp: Parser) -> None:
@@ -241,7 +321,7 @@ def _add_deploy(sp: Parser) -> None:
         if f.name in ("inputs", "outputs"):
             sp.add_argument(flag, dest=f.name, action="append", metavar="NAME:DTYPE:SHAPE",
                             help=helptext)
-        elif f.name == "fast_profile":
+        elif f.name in _JSON_FIELDS:
             sp.add_argument(flag, dest=f.name, metavar="JSON|@FILE", help=helptext)
         elif f.name == "canary_pct":
             # no range here: the controller's check (FunctionSpec) answers a typed 400
@@ -283,11 +363,11 @@ def spec_fields(args: argparse.Namespace) -> dict[str, Any]:
             continue
         if f.name in ("inputs", "outputs"):
             value = [parse_tensor_spec(t).to_dict() for t in value]
-        elif f.name == "fast_profile":
+        elif f.name in _JSON_FIELDS:
             text = Path(value[1:]).read_text() if value.startswith("@") else value
             try:
                 value = json.loads(text)
             except ValueError as e:
-                raise BadRequest(f"--fast-profile is not JSON: {e}") from None
+                raise BadRequest(f"{SPEC_FLAGS[f.name][0]} is not JSON: {e}") from None
         body[f.name] = value
     return body

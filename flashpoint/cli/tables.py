@@ -76,3 +76,33 @@ def _cell(value: Any) -> str:
     if value is None or value == "":
         return "-"
     return str(value)
+
+
+def profile_lines(answer: dict[str, Any]) -> list[str]:
+    """A profiler run (``POST /v1/functions/{name}/profile``): its trials as a table, then
+    the profiles stored and the share the function resolves to now."""
+    rows = []
+    for t in answer.get("trials", []):
+        p = t["point"]
+        rows.append((f"{p['sm_share']:g}", f"{p['time_quota']:g}", p["batch"], p["replicas"],
+                     t["ok"], t["failed"], f"{t['throughput_rps']:.1f}",
+                     f"{t['p99_latency_s'] * 1000:.1f}", t.get("device")))
+    out = [f"TRIALS of {answer.get('function')} ({len(rows)})"]
+    out += table(("SM", "QUOTA", "BATCH", "REPLICAS", "OK", "FAILED", "RPS", "P99 MS", "DEVICE"),
+                 rows)
+    protean = answer.get("protean_profile")
+    if protean:
+        out.append(f"PROTEAN  slice {protean['slice']}: solo {protean['solo_s'] * 1000:.1f} ms, "
+                   f"FBR {protean['fbr']:.3f}" + (" (upper bound)" if protean["fbr_bounded"]
+                                                  else ""))
+    dilu = answer.get("dilu_profile")
+    if dilu:
+        out.append(f"DILU     request {dilu['sm_request']:g}, limit {dilu['sm_limit']:g} at "
+                   f"IBS {dilu['ibs']}: {dilu['throughput_rps']:.1f} rps ({dilu['trials']} "
+                   "trials)")
+    out += [f"note: {n}" for n in answer.get("notes", [])]
+    share = answer.get("share") or {}
+    out.append(f"stored: {', '.join(answer.get('stored', [])) or 'nothing'}; share now "
+               f"sm {share.get('sm_share', 0):g}, quota {share.get('time_quota', 0):g}"
+               + (f" ({share['reason']})" if share.get("reason") else ""))
+    return out

@@ -36,6 +36,7 @@ from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.migration import Migrator
 from flashpoint.controller.persist import FunctionTable
 from flashpoint.controller.pipeline_target import PipelineTarget
+from flashpoint.controller.profiler import Profiler
 from flashpoint.controller.requests import RequestPath
 from flashpoint.controller.state import events as cs  # the state's events and commands
 from flashpoint.controller.state.core import ControllerState
@@ -146,6 +147,8 @@ class Controller(Actor):
                                     self.streams, self._cold_marks, self.mig, self.spawn,
                                     self._wake.set, self._started_s, self.ui,
                                     self.tokens, self.functions.manifests, self.metrics)
+        # trial-driven FaST / PROTEAN / Dilu profiles (controller/profiler.py)
+        self.profiler = Profiler(self.functions, self.state, self.requests, self._wake.set)
         # live migration of streamed generations off leaving replicas (controller/migration.py)
         self.requests.migration = self.migration = Migrator(
             self.state, self.dispatcher, self.streams, self.workers, self.spawn,
@@ -176,7 +179,7 @@ class Controller(Actor):
         tls = server_context(self.cc.tls_cert_path, self.cc.tls_key_path, setting="controller")
         gw = self.config.gateway
         app = web.Application(client_max_size=gw.max_body_bytes)
-        add_routes(app, self, gw, kaas=self.kaas,
+        add_routes(app, self, gw, kaas=self.kaas, profiler=self.profiler,
                    process_registry=prometheus_client.REGISTRY).metrics.also += (state_registry(
                        self.state, self.dispatcher.queued, self.dispatcher.inflight),)
         # Each peer proves its own key and may call only what its role needs (rpc/roles.py).

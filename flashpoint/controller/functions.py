@@ -57,6 +57,9 @@ class FunctionCatalog:
         # (Manifest.to_json is memoised) and sent as is with every deploy.
         self.manifests: dict[str, Manifest] = {}
         self._plans = PlanCache()
+        # name -> the spec as registered (the state's copy has its share resolved from a
+        # profile); what a new profile replaces its profile fields of (store_profiles)
+        self.registered: dict[str, FunctionSpec] = {}
 
     async def manifest(self, model: str, version: str) -> Manifest:
         """The registry's manifest of ``model@version``: what every deploy and transfer of
@@ -81,6 +84,7 @@ class FunctionCatalog:
         if persist:
             await self.table.upsert(spec)
         self._apply(cs.FunctionUpserted(spec, int(manifest.blob_size), plans, whole_cold_s))
+        self.registered[spec.name] = spec
         return spec
 
     async def _plan_table(self, spec: FunctionSpec, manifest: Manifest) -> tuple[Any, float]:
@@ -117,7 +121,25 @@ class FunctionCatalog:
             raise FunctionNotFound(f"function {name!r} is not registered")
         await self.table.delete(name)
         self._apply(cs.FunctionDeleted(name))
+        self.registered.pop(name, None)
         self._forget(name)
+
+    def registered_spec(self, name: str) -> FunctionSpec:
+        """Function ``name``'s spec as registered, before a profile filled in its share
+        (FunctionNotFound when it is not registered)."""
+        self._record(name)
+        return self.registered.get(name) or self._record(name).spec
+
+    async def store_profiles(self, name: str, **profiles: Any) -> FunctionSpec:
+        """Replace the profile fields (``fast_profile``, ``protean_profile``,
+        ``dilu_profile``) of function ``name``'s registered spec with ``profiles`` and
+        register it again, persisted: the state resolves its share from them as at any
+        registration (its replicas keep theirs; new ones get the new share)."""
+        if set(profiles) - {"fast_profile", "protean_profile", "dilu_profile"}:
+            raise BadRequest(f"not profile fields: {sorted(profiles)}")
+        spec = dataclasses.replace(self.registered_spec(name), **profiles)
+        await self.register(spec)
+        return spec
 
     def info(self, fn: FunctionRecord) -> FunctionInfo:
         """``fn`` as the gateway shows it: readiness, replica counts, queue, rollout."""

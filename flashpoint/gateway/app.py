@@ -21,6 +21,7 @@ from flashpoint.gateway.metrics import GatewayMetrics
 from flashpoint.gateway.middleware import make_middleware
 from flashpoint.gateway.native import NativeRoutes
 from flashpoint.gateway.openai import OpenAIRoutes
+from flashpoint.gateway.profile import ProfileBackend, ProfileRoutes
 from flashpoint.gateway.ui import UiRoutes
 from flashpoint.kaas.backend import KaasBackend
 
@@ -38,13 +39,15 @@ def add_routes(app: web.Application, backend: InvokeBackend,
                config: GatewayConfig | None = None, *,
                registry: CollectorRegistry | None = None,
                kaas: KaasBackend | None = None,
-               process_registry: CollectorRegistry | None = None) -> GatewayContext:
+               process_registry: CollectorRegistry | None = None,
+               profiler: ProfileBackend | None = None) -> GatewayContext:
     """Mount the gateway on ``app``; ``registry`` defaults to a private Prometheus registry.
 
     ``process_registry`` (the process-wide default one, for the controller and a stand-alone
     gateway) is rendered by ``/metrics`` after the gateway's own metrics.
     ``kaas`` (optional) enables ``/v1/kaas/invoke``, ``/v1/objects`` and the native invoke's
-    ``store_outputs``.
+    ``store_outputs``. ``profiler`` (optional; the controller's) enables
+    ``POST /v1/functions/{name}/profile``.
     """
     config = config or GatewayConfig()
     ctx = GatewayContext.create(backend, config, GatewayMetrics(registry))
@@ -59,6 +62,8 @@ def add_routes(app: web.Application, backend: InvokeBackend,
         from flashpoint.gateway.kaas import KaasRoutes
 
         defs += KaasRoutes(ctx, kaas).route_defs()
+    if profiler is not None:
+        defs += ProfileRoutes(ctx, profiler).route_defs()
     defs.append(web.get("/metrics", _metrics_handler(ctx)))
     for d in defs:
         route = app.router.add_route(d.method, d.path, d.handler)

@@ -68,6 +68,19 @@ class ProfileSource(Protocol):
     def to_profile(self, function: str) -> fastgshare.FunctionProfile: ...
 
 
+class DiluSource(Protocol):
+    """A function's Dilu HGSS result as stored (``spec.DiluProfileSpec``)."""
+
+    @property
+    def sm_request(self) -> float: ...
+    @property
+    def sm_limit(self) -> float: ...
+    @property
+    def ibs(self) -> int: ...
+    @property
+    def throughput_rps(self) -> float: ...
+
+
 class SharedFunction(Protocol):
     """What :func:`resolve_share` reads of a function (``spec.FunctionSpec`` has it; a
     frozen dataclass, so the answer is a copy). Named here so that policy/ does not import
@@ -83,30 +96,41 @@ class SharedFunction(Protocol):
     def slo_ms(self) -> float: ...
     @property
     def fast_profile(self) -> ProfileSource | None: ...
+    @property
+    def dilu_profile(self) -> DiluSource | None: ...
 
 
 SpecT = TypeVar("SpecT", bound=SharedFunction)
 
 
-def resolve_share(spec: SpecT) -> tuple[SpecT, str]:
+def resolve_share(spec: SpecT, policy: str = "fastgshare") -> tuple[SpecT, str]:
     """``spec`` (a dataclass such as ``FunctionSpec``) with its GPU share filled in from its
-    FaST profile, and why.
+    profiles, and why.
 
     An explicit ``sm_share`` wins (returned unchanged, reason ""); so does a spec without a
-    profile. Otherwise :func:`fastgshare.share_from_profile` picks the configuration from
-    the profile and ``slo_ms``: its SM share becomes ``sm_share`` and its quota
-    ``time_quota``; an ``sm_limit`` below the chosen share is raised to it.
+    profile. Otherwise the profile of the placement ``policy`` is read first, the other one
+    when the spec has only that: FaST's (:func:`fastgshare.share_from_profile` picks the
+    configuration from the profile and ``slo_ms``: its SM share becomes ``sm_share`` and its
+    quota ``time_quota``; an ``sm_limit`` below the chosen share is raised to it), or
+    Dilu's HGSS result (its request becomes ``sm_share``, its limit ``sm_limit``).
     """
-    if spec.sm_share > 0 or spec.fast_profile is None:
+    if spec.sm_share > 0 or (spec.fast_profile is None and spec.dilu_profile is None):
         return spec, ""
-    choice = fastgshare.share_from_profile(spec.fast_profile.to_profile(spec.name),
-                                           spec.slo_ms / 1000.0)
-    limit = max(spec.sm_limit, choice.sm_share) if spec.sm_limit else 0.0
-    reason = (f"fast profile {choice.config}: {choice.throughput_rps:.1f} rps, "
-              f"p99 {choice.p99_latency_s * 1000:.1f} ms"
-              + ("" if choice.slo_met else f", no configuration meets slo_ms={spec.slo_ms}"))
-    return replace(spec, sm_share=choice.sm_share, time_quota=choice.time_quota,
-                   sm_limit=limit), reason
+    dilu_first = policy == "dilu" and spec.dilu_profile is not None
+    if spec.fast_profile is not None and not dilu_first:
+        choice = fastgshare.share_from_profile(spec.fast_profile.to_profile(spec.name),
+                                               spec.slo_ms / 1000.0)
+        limit = max(spec.sm_limit, choice.sm_share) if spec.sm_limit else 0.0
+        reason = (f"fast profile {choice.config}: {choice.throughput_rps:.1f} rps, "
+                  f"p99 {choice.p99_latency_s * 1000:.1f} ms"
+                  + ("" if choice.slo_met else f", no configuration meets slo_ms={spec.slo_ms}"))
+        return replace(spec, sm_share=choice.sm_share, time_quota=choice.time_quota,
+                       sm_limit=limit), reason
+    d = spec.dilu_profile
+    assert d is not None  # one of the two profiles is there (checked above)
+    reason = (f"dilu profile: request {d.sm_request:g}, limit {d.sm_limit:g} at IBS {d.ibs}, "
+              f"{d.throughput_rps:.1f} rps")
+    return replace(spec, sm_share=d.sm_request, sm_limit=d.sm_limit), reason
 
 
 @dataclass(frozen=True)

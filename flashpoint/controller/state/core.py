@@ -138,7 +138,7 @@ class ControllerState(Scaling, Sourcing):
         """Register or replace a function. A new model version does not touch its replicas
         here: the ticks roll them over (:meth:`_roll`) while the old version serves."""
         old = self.functions.get(ev.spec.name)
-        spec, share_reason = resolve_share(ev.spec)  # FaST profile -> sm_share
+        spec, share_reason = resolve_share(ev.spec, self.share_policy)  # profile -> sm_share
         rec = FunctionRecord(spec, ev.model_bytes, plans=ev.plans,
                              whole_cold_s=ev.whole_cold_s, share_reason=share_reason)
         if old is not None:
