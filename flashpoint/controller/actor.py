@@ -148,7 +148,8 @@ class Controller(Actor):
                                     self._wake.set, self._started_s, self.ui,
                                     self.tokens, self.functions.manifests, self.metrics)
         # trial-driven FaST / PROTEAN / Dilu profiles (controller/profiler.py)
-        self.profiler = Profiler(self.functions, self.state, self.requests, self._wake.set)
+        self.profiler = Profiler(self.functions, self.state, self.requests, self.hosts,
+                                 self._apply, self._wake.set)
         # live migration of streamed generations off leaving replicas (controller/migration.py)
         self.requests.migration = self.migration = Migrator(
             self.state, self.dispatcher, self.streams, self.workers, self.spawn,

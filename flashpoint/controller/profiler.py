@@ -32,12 +32,15 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from flashpoint.controller.functions import FunctionCatalog
+from flashpoint.controller.handles import HostHandle
 from flashpoint.controller.requests import RequestPath
+from flashpoint.controller.state import events as cs
 from flashpoint.controller.state.core import ControllerState
 from flashpoint.controller.state.records import ReplicaPhase, ReplicaRecord
 from flashpoint.errors import (
@@ -93,14 +96,26 @@ def sample_inputs(spec: FunctionSpec) -> dict[str, np.ndarray]:
     return out
 
 
+@dataclass
+class _Shadow:
+    """A deployed shadow function: its spec, the point its replicas run at now, their ids."""
+
+    spec: FunctionSpec
+    point: pt.TrialPoint
+    replica_ids: list[str]
+
+
 class Profiler:
     """Runs profiles (one at a time per function) for the controller that owns it."""
 
     def __init__(self, functions: FunctionCatalog, state: ControllerState,
-                 requests: RequestPath, wake: Callable[[], None]) -> None:
+                 requests: RequestPath, hosts: dict[str, HostHandle],
+                 apply: Callable[[cs.Event], None], wake: Callable[[], None]) -> None:
         self.functions = functions
         self.state = state
         self.requests = requests
+        self.hosts = hosts  # the controller's handles, by host id
+        self._apply = apply  # feeds an event to the controller's state (and runs its commands)
         self._wake = wake
         self._running: set[str] = set()
         self._seq = itertools.count()
@@ -143,10 +158,10 @@ class Profiler:
                  stored=answer["stored"], share_reason=rec.share_reason)
         return answer
 
-    # one trial -----------------------------------------------------------------------------
-    async def trial(self, spec: FunctionSpec, point: pt.TrialPoint,
-                    arrays: dict[str, np.ndarray], requests: int) -> pt.TrialResult:
-        """Deploy ``point`` as a shadow function, drive ``requests`` requests, remove it."""
+    # trials ------------------------------------------------------------------------------
+    async def deploy(self, spec: FunctionSpec, point: pt.TrialPoint) -> _Shadow:
+        """A shadow function of ``spec`` at ``point``, its replicas warm and placed with a
+        share (the caller removes it: :meth:`remove`)."""
         shadow = dataclasses.replace(
             spec, name=f"{spec.name[:48]}{SHADOW_MARK}{next(self._seq) % 10_000}",
             max_batch_size=point.batch, min_replicas=point.replicas,
@@ -159,12 +174,39 @@ class Profiler:
         self._wake()
         try:
             reps = await self._warm(shadow.name, point.replicas)
-            return await self._drive(shadow, point, arrays, requests, reps)
-        finally:
-            try:
-                await self.functions.delete(shadow.name)
-            except FunctionNotFound:
-                pass
+        except BaseException:
+            await self.remove(shadow.name)
+            raise
+        return _Shadow(shadow, point, [r.replica_id for r in reps])
+
+    async def remove(self, name: str) -> None:
+        """Delete a shadow function (its replicas stop)."""
+        try:
+            await self.functions.delete(name)
+        except FunctionNotFound:
+            pass
+
+    async def reshare(self, sh: _Shadow, point: pt.TrialPoint) -> bool:
+        """Give ``sh``'s one replica ``point``'s share live, if its host can (tokens: the
+        token manager's quota changes; MPS fixes a share at the worker's start) and it is
+        alone on its device (a bigger share must not over-commit another replica's GPU).
+        False when it cannot: the caller deploys anew."""
+        if sh.point.replicas != 1 or point.replicas != 1 or sh.point.batch != point.batch:
+            return False
+        rep = self.state.replicas.get(sh.replica_ids[0])
+        host = self.state.hosts.get(rep.host_id) if rep is not None else None
+        handle = self.hosts.get(rep.host_id) if rep is not None else None
+        if rep is None or rep.share is None or host is None or handle is None \
+                or host.gpu_sharing != "tokens" or rep.phase != ReplicaPhase.WARM:
+            return False
+        if any(r.replica_id != rep.replica_id and r.host_id == rep.host_id
+               and r.device_id == rep.device_id for r in self.state.replicas.values()):
+            return False
+        share = pt.trial_share(self.state.share_policy, point, rep.share)
+        await handle.set_replica_share(rep.replica_id, share.to_wire())
+        self._apply(cs.ReplicaShareChanged(rep.replica_id, share))
+        sh.point = point
+        return True
 
     async def _warm(self, name: str, count: int) -> list[ReplicaRecord]:
         """The ``count`` warm replicas of shadow ``name``, each placed with a share."""
@@ -190,10 +232,14 @@ class Profiler:
         raise Unavailable(f"trial replicas of {name!r} not warm after {WARM_TIMEOUT_S:g} s "
                           f"({why})")
 
-    async def _drive(self, shadow: FunctionSpec, point: pt.TrialPoint,
-                     arrays: dict[str, np.ndarray], requests: int,
-                     reps: list[ReplicaRecord]) -> pt.TrialResult:
-        name = shadow.name
+    async def drive(self, sh: _Shadow, arrays: dict[str, np.ndarray],
+                    requests: int) -> pt.TrialResult:
+        """One trial on ``sh`` as it is now: a warm-up request per replica (not measured),
+        then ``requests`` requests from ``batch × replicas`` closed-loop clients."""
+        name, point = sh.spec.name, sh.point
+        reps = [r for r in (self.state.replicas.get(i) for i in sh.replica_ids) if r is not None]
+        if len(reps) != len(sh.replica_ids):
+            raise Unavailable(f"a trial replica of {name!r} went away")
         await asyncio.gather(*(self.requests.invoke(name, arrays, request_id=f"{name}-w{i}")
                                for i in range(point.replicas)))  # warm-up: not measured
         latencies: list[float] = []
@@ -217,7 +263,7 @@ class Profiler:
             raise errors[-1]  # the trial served nothing: its last error says why
         devices = sorted({f"{r.host_id}/{r.device_id}" for r in reps})
         result = pt.summarise(point, latencies, len(errors), wall_s, ",".join(devices),
-                              self._slice(reps[0]))
+                              self._slice(reps[0]), sh.spec.name)
         log.info("profile_trial", function=name, point=point.to_dict(), ok=result.ok,
                  failed=result.failed, throughput_rps=round(result.throughput_rps, 3),
                  p99_ms=round(result.p99_latency_s * 1000, 3), device=result.device)
@@ -239,14 +285,31 @@ class _Run:
         self.p, self.spec, self.req, self.arrays = profiler, spec, req, arrays
         self.done: dict[pt.TrialPoint, pt.TrialResult] = {}
         self.notes: list[str] = []
+        self.shadow: _Shadow | None = None  # the trial replicas deployed now
+        self.deploys = 0
 
     async def measure(self, point: pt.TrialPoint) -> pt.TrialResult:
-        if point not in self.done:
-            self.done[point] = await self.p.trial(self.spec, point, self.arrays,
-                                                  self.req.requests)
+        """``point``'s trial (each point once): on the shadow deployed now, its share
+        changed live where the host allows, else on a new one."""
+        if point in self.done:
+            return self.done[point]
+        if self.shadow is None or not await self.p.reshare(self.shadow, point):
+            if self.shadow is not None:
+                old, self.shadow = self.shadow, None
+                await self.p.remove(old.spec.name)
+            self.shadow = await self.p.deploy(self.spec, point)
+            self.deploys += 1
+        self.done[point] = await self.p.drive(self.shadow, self.arrays, self.req.requests)
         return self.done[point]
 
     async def run(self) -> pt.ProfileReport:
+        try:
+            return await self._run()
+        finally:
+            if self.shadow is not None:
+                await self.p.remove(self.shadow.spec.name)
+
+    async def _run(self) -> pt.ProfileReport:
         req, name = self.req, self.spec.name
         fast = protean = dilu = None
         if req.fast:
@@ -254,15 +317,16 @@ class _Run:
             fast = pt.fast_profile(name, results, req.batch)
         if req.protean:
             solo = await self.measure(req.solo_point())
+        if req.dilu:  # before the co-located run: its one-replica trials reuse the shadow
+            dilu = await self._hgss()
+        if req.protean:
             co = await self.measure(req.colocated_point())
             try:
                 protean = pt.protean_fit(name, solo, [co])
             except BadRequest as e:
                 self.notes.append(f"protean: {e.message}")
-        if req.dilu:
-            dilu = await self._hgss()
         return pt.ProfileReport(name, req, tuple(self.done.values()), fast, protean, dilu,
-                                tuple(self.notes))
+                                tuple(self.notes), self.deploys)
 
     async def _hgss(self) -> Any:
         slo_ms = self.req.slo_ms or self.spec.slo_ms

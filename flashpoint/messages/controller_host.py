@@ -337,7 +337,7 @@ class StageReady(Message, frozen=True):
 class ShareSet(Message, frozen=True):
     """``set_replica_share``'s reply: the replica's tenant and the share now in force."""
 
-    tenant: str
+    tenant: int  # the token manager's tenant number (gpu/host_sharing.py)
     share: dict[str, Any]
 
 

@@ -31,6 +31,7 @@ from flashpoint.errors import BadRequest
 from flashpoint.policy.dilu_profile import HgssParams, HgssResult, Trial
 from flashpoint.policy.fastgshare import FunctionProfile, ProfilePoint
 from flashpoint.policy.protean_fit import CoLocationRun, FbrFit, fit_fbr
+from flashpoint.policy.share_placement import ReplicaShare
 
 MAX_GRID_VALUES = 8  # per axis: the paper's grid is 7 SM shares x 5 quotas
 MAX_REQUESTS = 10_000  # per trial
@@ -67,6 +68,7 @@ class TrialResult:
     mean_latency_s: float
     device: str = ""
     slice: str = "7g"
+    trial_function: str = ""  # the shadow function it ran as (its requests' metric label)
 
     @property
     def co_located(self) -> bool:
@@ -79,16 +81,30 @@ class TrialResult:
 
 
 def summarise(point: TrialPoint, latencies_s: Sequence[float], failed: int, wall_s: float,
-              device: str = "", slice_: str = "7g") -> TrialResult:
+              device: str = "", slice_: str = "7g", trial_function: str = "") -> TrialResult:
     """A trial's numbers from its served requests' latencies and its measured wall time:
     throughput = served / wall, p99 by nearest rank (no interpolation past the data)."""
     ok = len(latencies_s)
     if ok == 0 or wall_s <= 0:
-        return TrialResult(point, ok, failed, max(wall_s, 0.0), 0.0, 0.0, 0.0, device, slice_)
+        return TrialResult(point, ok, failed, max(wall_s, 0.0), 0.0, 0.0, 0.0, device, slice_,
+                           trial_function)
     ordered = sorted(latencies_s)
     p99 = ordered[max(0, math.ceil(0.99 * ok) - 1)]
     return TrialResult(point, ok, failed, wall_s, ok / wall_s, p99, sum(ordered) / ok,
-                       device, slice_)
+                       device, slice_, trial_function)
+
+
+def trial_share(policy: str, point: TrialPoint, current: ReplicaShare) -> ReplicaShare:
+    """The share a trial replica gets when ``point`` is applied to it live: what placement
+    would give a replica of that spec under ``policy`` (``share_placement``: FaST's time
+    request = limit = quota; Dilu's request = SM share, limit = the cap), its memory and
+    class kept."""
+    if policy == "dilu":
+        limit = min(1.0, max(point.sm_limit, point.sm_share))
+        return ReplicaShare(limit, point.sm_share, limit, current.memory_bytes,
+                            current.slo_sensitive)
+    return ReplicaShare(point.sm_share, point.time_quota, point.time_quota,
+                        current.memory_bytes, current.slo_sensitive)
 
 
 def _fractions(raw: Any, what: str) -> tuple[float, ...]:
@@ -249,6 +265,7 @@ class ProfileReport:
     protean: ProteanResult | None = None
     dilu: HgssResult | None = None
     notes: tuple[str, ...] = ()
+    deploys: int = 0  # trial deployments (the others changed a replica's share live)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -258,5 +275,5 @@ class ProfileReport:
                 "batch": self.fast.batch, "points": [asdict(p) for p in self.fast.points]},
             "protean_profile": None if self.protean is None else asdict(self.protean),
             "dilu_profile": None if self.dilu is None else asdict(self.dilu),
-            "notes": list(self.notes),
+            "notes": list(self.notes), "deploys": self.deploys,
         }

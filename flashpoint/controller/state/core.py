@@ -29,6 +29,7 @@ from flashpoint.controller.state.events import (
     HostHeartbeat,
     HostRegistered,
     ReplicaFailed,
+    ReplicaShareChanged,
     ReplicasRetired,
     ReplicaStopped,
     ReplicaWarmed,
@@ -128,6 +129,10 @@ class ControllerState(Scaling, Sourcing):
                 return []
             case UnitsUnblocked():
                 self.blocked.difference_update((event.host_id, d) for d in event.device_ids)
+                return []
+            case ReplicaShareChanged():
+                if (rep := self.replicas.get(event.replica_id)) is not None:
+                    rep.share = event.share
                 return []
             case ReplicasRetired():
                 return self._retire([self.replicas[r] for r in event.replica_ids

@@ -193,9 +193,19 @@ class ReplicasRetired:
     replica_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ReplicaShareChanged:
+    """A replica's host accepted a new share for it, live (``set_replica_share``: the
+    profiler's trials on a tokens host); placement accounts for the new one from now on."""
+
+    replica_id: str
+    share: ReplicaShare
+
+
 Event = (HostRegistered | HostHeartbeat | HostDraining | FunctionUpserted | FunctionDeleted
          | ReplicaWarmed | ReplicaFailed | ReplicaStopped | StageReady | GroupLinked
-         | GroupAnswered | Tick | UnitsBlocked | UnitsUnblocked | ReplicasRetired)
+         | GroupAnswered | Tick | UnitsBlocked | UnitsUnblocked | ReplicasRetired
+         | ReplicaShareChanged)
 
 
 # Commands ----------------------------------------------------------------------------------
