@@ -23,6 +23,9 @@ pytestmark = pytest.mark.timeout(300)
 PROFILE = {"batch": 4, "points": [
     {"sm_share": s, "quota": q, "throughput_rps": 100.0 * s * q, "p99_latency_s": 0.05 / (s * q)}
     for s in (0.5, 1.0) for q in (0.5, 1.0)]}
+PROTEAN = {"batch": 2, "slices": [{"slice": "7g", "solo_s": 0.01, "fbr": 0.4,
+                                   "fbr_bounded": False, "mem_bytes": 1 << 20}]}
+DILU = {"sm_request": 0.3, "sm_limit": 0.6, "ibs": 4, "throughput_rps": 80.0, "trials": 5}
 # Every field of FunctionSpec a user sets: its flag, the text given, and the value the
 # registered function must then hold (none of them the default).
 FIELDS: dict[str, tuple[str, list[str], Any]] = {
@@ -42,6 +45,8 @@ FIELDS: dict[str, tuple[str, list[str], Any]] = {
     "time_quota": ("--time-quota", ["0.5"], 0.5),
     "gpu_memory_bytes": ("--gpu-memory-bytes", [str(1 << 30)], 1 << 30),
     "fast_profile": ("--fast-profile", [json.dumps(PROFILE)], PROFILE),
+    "protean_profile": ("--protean-profile", [json.dumps(PROTEAN)], PROTEAN),
+    "dilu_profile": ("--dilu-profile", [json.dumps(DILU)], DILU),
     "batch_memory_bytes": ("--batch-memory-bytes", [str(1 << 20)], 1 << 20),
     "canary_pct": ("--canary", ["40"], 40.0),
     "inputs": ("--input", ["x:FP32:-1,3", "mask:INT64:-1"],

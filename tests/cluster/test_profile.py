@@ -30,6 +30,11 @@ GRID = {(0.5, 0.5), (0.5, 1.0), (1.0, 0.5), (1.0, 1.0)}
 REQUESTS = 12
 
 
+def protean_slice(p: dict) -> dict:
+    """The stored slice entry of the answer's PROTEAN profile."""
+    return {k: p[k] for k in ("slice", "solo_s", "fbr", "fbr_bounded")}
+
+
 def _served(prefix: str) -> float:
     """Requests the controller counted as served for functions named ``prefix``*."""
     total = 0.0
@@ -75,7 +80,7 @@ async def test_flashpoint_profile_stores_a_grid_that_share_resolution_reads(
         served_before = _served(f"{FN}.prof-")
         rc, out, err = await _cli(
             "profile", FN, "--url", url, "--grid", "0.5,1x0.5,1", "--requests", str(REQUESTS),
-            "--protean", "--dilu", "--slo-ms", "60000", "--max-ibs", "2", "--json",
+            "--protean", "--dilu", "--slo-ms", "60000", "--max-ibs", "1", "--json",
             "--timeout-s", "140")
         assert rc == 0, err
         answer = json.loads(out)
@@ -96,9 +101,9 @@ async def test_flashpoint_profile_stores_a_grid_that_share_resolution_reads(
         # the controller's own accounting: measured requests plus one warm-up per replica
         warmups = sum(t["point"]["replicas"] for t in trials)
         assert _served(f"{FN}.prof-") - served_before == len(trials) * REQUESTS + warmups
-        # one replica served every one-replica trial of batch 1 (its share changed live on
-        # the tokens host); IBS 2 and the co-located pair needed their own
-        assert answer["deploys"] == 3
+        # one replica served every one-replica trial (its share changed live on the tokens
+        # host); the co-located pair needed its own
+        assert answer["deploys"] == 2
         # trials ran on the sharing GPU; no trial function is left behind
         assert {t["device"] for t in trials} == {f"{c.hosts[0].host_id}/cuda:0"}
         assert set(c.controller.state.functions) == {FN}
@@ -107,10 +112,13 @@ async def test_flashpoint_profile_stores_a_grid_that_share_resolution_reads(
         protean = answer["protean_profile"]
         assert protean["slice"] == "7g" and protean["solo_s"] > 0 and protean["fbr"] >= 0
         assert any(t["point"]["replicas"] == 2 and t["co_located"] for t in trials)
-        # Dilu: with a 30 s budget HGSS accepts its first SMR (10%) and doubles IBS to 2
+        # Dilu: with a 30 s budget HGSS accepts its first SMR (10%) at IBS 1 (the largest
+        # asked for here), limit twice the request
         dilu = answer["dilu_profile"]
-        assert (dilu["sm_request"], dilu["sm_limit"], dilu["ibs"]) == (0.1, 0.2, 2)
-        assert dilu["trials"] == 2
+        assert (dilu["sm_request"], dilu["sm_limit"], dilu["ibs"], dilu["trials"]) == (
+            0.1, 0.2, 1, 1)
+        assert any(t["point"] == {"sm_share": 0.1, "time_quota": 0.1, "batch": 1,
+                                  "replicas": 1, "sm_limit": 0.1} for t in trials)
 
         # stored on the function (and persisted), and share resolution reads it
         async with aiohttp.ClientSession() as s:
@@ -118,7 +126,8 @@ async def test_flashpoint_profile_stores_a_grid_that_share_resolution_reads(
                 info = await r.json()
         stored = info["spec"]
         assert stored["fast_profile"] == fast
-        assert stored["dilu_profile"]["ibs"] == 2 and stored["protean_profile"]["slices"]
+        assert stored["dilu_profile"] == {k: dilu[k] for k in stored["dilu_profile"]} and stored["protean_profile"]["slices"][0] == {
+            **protean_slice(protean), "mem_bytes": 0}
         persisted = {spec.name: spec for spec in await c.controller.functions.table.load()}
         assert persisted[FN].fast_profile is not None
         assert persisted[FN].sm_share == 0.0  # the registered spec: the share is resolved

@@ -13,12 +13,19 @@ from flashpoint.controller.state.events import (
     DeviceRecord,
     FunctionUpserted,
     HostRegistered,
+    ReplicaShareChanged,
     Tick,
 )
 from flashpoint.errors import BadRequest
 from flashpoint.policy.fastgshare import share_from_profile
 from flashpoint.policy.share_placement import ReplicaShare, resolve_share
-from flashpoint.spec import FastProfileSpec, FunctionSpec
+from flashpoint.spec import (
+    DiluProfileSpec,
+    FastProfileSpec,
+    FunctionSpec,
+    ProteanProfileSpec,
+    ProteanSliceSpec,
+)
 
 from .test_controller_state import load, of
 
@@ -103,3 +110,60 @@ def test_controller_state_places_a_profiled_function_with_the_chosen_share():
         fast_profile=PROFILE, gpu_memory_bytes=2 * GIB), 100 << 20))
     assert of(st.handle(Tick(0.2, {"fn": load()})), DeployReplica) == []
     assert st.functions["fn"].unplaced
+
+
+DILU = DiluProfileSpec(0.3, 0.6, 4, 80.0, 5)
+
+
+def test_resolve_share_reads_a_dilu_profile_and_the_policy_picks_between_two():
+    spec, why = resolve_share(FunctionSpec(name="fn", model="m", dilu_profile=DILU))
+    assert (spec.sm_share, spec.sm_limit, spec.time_quota) == (0.3, 0.6, 0.0)
+    assert why.startswith("dilu profile: request 0.3, limit 0.6 at IBS 4")
+    both = FunctionSpec(name="fn", model="m", slo_ms=50, fast_profile=PROFILE, dilu_profile=DILU)
+    assert resolve_share(both)[0].sm_share == 0.5  # FaST's, under fastgshare
+    assert resolve_share(both, "dilu")[0].sm_share == 0.3  # Dilu's, under dilu
+    only_fast = FunctionSpec(name="fn", model="m", slo_ms=50, fast_profile=PROFILE)
+    assert resolve_share(only_fast, "dilu")[0].sm_share == 0.5  # the one it has
+    explicit = FunctionSpec(name="fn", model="m", sm_share=0.2, dilu_profile=DILU)
+    assert resolve_share(explicit, "dilu") == (explicit, "")
+
+
+def test_protean_and_dilu_profiles_round_trip_and_bad_ones_are_refused():
+    protean = ProteanProfileSpec(2, (ProteanSliceSpec("7g", 0.01, 0.4, False, 1 << 20),
+                                     ProteanSliceSpec("3g", 0.02, 0.9, True)))
+    spec = FunctionSpec(name="fn", model="m", protean_profile=protean, dilu_profile=DILU,
+                        time_quota=0.5)  # a quota needs a share, or a profile to pick it
+    assert FunctionSpec.from_dict(spec.to_dict()) == spec
+    for bad in ({"protean_profile": {"batch": 1, "slices": []}},
+                {"protean_profile": {"batch": 1, "slices": [{"slice": "7g", "solo_s": -1,
+                                                             "fbr": 0.1}]}},
+                {"protean_profile": {"batch": 1, "slices": [
+                    {"slice": "7g", "solo_s": 1, "fbr": 0.1}] * 2}},
+                {"dilu_profile": {"sm_request": 0.5, "sm_limit": 0.4, "ibs": 1,
+                                  "throughput_rps": 1}},
+                {"dilu_profile": {"sm_request": 0.5, "sm_limit": 0.5, "ibs": 0,
+                                  "throughput_rps": 1}},
+                {"dilu_profile": {"sm_request": 0.5}}):
+        with pytest.raises(BadRequest):
+            FunctionSpec.from_dict({"name": "fn", "model": "m", **bad})
+    with pytest.raises(BadRequest):  # a quota with neither a share nor a profile
+        FunctionSpec(name="fn", model="m", time_quota=0.5)
+
+
+def test_a_live_share_change_is_what_placement_accounts_from_then_on():
+    st = ControllerState(heartbeat_timeout_s=5.0, replica_overhead_bytes=0)
+    st.handle(HostRegistered("h0", (DeviceRecord("cuda:0", "cuda", 40 * GIB),), 64 * GIB,
+                             frozenset(), (), 0.0, gpu_sharing="tokens"))
+    st.handle(FunctionUpserted(FunctionSpec(name="fn", model="m", min_replicas=1,
+                                            sm_share=0.25, time_quota=0.5,
+                                            gpu_memory_bytes=GIB), 100 << 20))
+    (deploy,) = of(st.handle(Tick(0.1, {"fn": load()})), DeployReplica)
+    bigger = ReplicaShare(1.0, 1.0, 1.0, GIB)
+    assert st.handle(ReplicaShareChanged(deploy.replica_id, bigger)) == []
+    assert st.replicas[deploy.replica_id].share == bigger
+    assert st.handle(ReplicaShareChanged("gone", bigger)) == []  # unknown: nothing
+    # the GPU is full now: a second function's replica finds no room on it
+    st.handle(FunctionUpserted(FunctionSpec(name="g", model="m", min_replicas=1,
+                                            sm_share=0.25, time_quota=0.5,
+                                            gpu_memory_bytes=GIB), 100 << 20))
+    assert of(st.handle(Tick(0.2, {"fn": load(), "g": load()})), DeployReplica) == []
