@@ -126,8 +126,9 @@ async def test_flashpoint_profile_stores_a_grid_that_share_resolution_reads(
                 info = await r.json()
         stored = info["spec"]
         assert stored["fast_profile"] == fast
-        assert stored["dilu_profile"] == {k: dilu[k] for k in stored["dilu_profile"]} and stored["protean_profile"]["slices"][0] == {
-            **protean_slice(protean), "mem_bytes": 0}
+        assert stored["dilu_profile"] == {k: dilu[k] for k in stored["dilu_profile"]}
+        assert stored["protean_profile"]["slices"][0] == {**protean_slice(protean),
+                                                          "mem_bytes": 0}
         persisted = {spec.name: spec for spec in await c.controller.functions.table.load()}
         assert persisted[FN].fast_profile is not None
         assert persisted[FN].sm_share == 0.0  # the registered spec: the share is resolved
