@@ -313,6 +313,10 @@ class _Run:
         req, name = self.req, self.spec.name
         fast = protean = dilu = None
         if req.fast:
+            if self.p.state.share_policy == "dilu" and len(req.quotas) > 1:
+                self.notes.append("fast: under share_policy \"dilu\" a replica's time share "
+                                  "is its SM share (its request), so the grid's quotas were "
+                                  "not applied")
             results = [await self.measure(p) for p in req.fast_grid()]
             fast = pt.fast_profile(name, results, req.batch)
         if req.protean:
