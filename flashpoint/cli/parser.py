@@ -123,7 +123,7 @@ def build() -> Parser:
                       help="requests in flight at once (default 8)")
     sim = _sub(sub, "sim", "the data-centre simulator")
     ssub = sim.add_subparsers(dest="sim_cmd", required=True, metavar="SUBCOMMAND")
-    from flashpoint.sim.experiments import add_arguments as sim_arguments
+    from flashpoint.sim.reproduce import add_arguments as sim_arguments
 
     sim_arguments(ssub.add_parser("reproduce", help="the thesis's evaluation grid, as a report"))
     return p
