@@ -32,9 +32,9 @@ GRID = ((0.5, 0.5, 1.0, 0.05), (0.5, 1.0, 4.0, 0.03), (1.0, 0.5, 2.5, 0.04),
 SMALL, EFF = (0.5, 0.5), (0.5, 1.0)  # (sm_share, time quota)
 
 
-def new_state() -> ControllerState:
+def new_state(share_policy: str = "fastgshare") -> ControllerState:
     st = ControllerState(heartbeat_timeout_s=5.0, replica_overhead_bytes=0,
-                         autoscaler=make_autoscaler("rpr"))
+                         autoscaler=make_autoscaler("rpr"), share_policy=share_policy)
     st.handle(HostRegistered("h0", (DeviceRecord("cuda:0", "cuda", 40 * GIB),
                                     DeviceRecord("cuda:1", "cuda", 40 * GIB)), 64 * GIB,
                              frozenset(), (), 0.0, gpu_sharing="tokens"))
@@ -102,3 +102,12 @@ def test_explicit_share_and_other_autoscalers_keep_one_shape():
     cmds = st.handle(Tick(0.1, {"rpr-fn": FunctionLoad(0, 0, None, arrival_rate=9.0)}))
     assert {shape(d) for d in of(cmds, DeployReplica)} == {(0.25, 0.5)}
     assert st.functions["rpr-fn"].reason.startswith("rpr:unprofiled")
+
+
+def test_dilu_placement_keeps_the_registered_share():
+    # Dilu reserves no quota, so a shape could not be read back: RPR still counts replicas
+    # (each taken as p_eff), every one with the registered share
+    st = new_state("dilu")
+    (first,) = of(tick(st, 0.1, 0.0), DeployReplica)
+    (second,) = of(tick(st, 1.0, 4.5), DeployReplica)
+    assert first.share == second.share and first.share.time_request == EFF[0]

@@ -78,7 +78,7 @@ class Scaling(GroupLifecycle, Placement):
         if decision.desired > current:
             if self.backing_off(spec.name, now_s) is not None:
                 return []  # its starts keep failing: no new one before retry_at_s
-            if fn.configs and decision.mix:
+            if self._shaped(fn) and decision.mix:
                 return self._scale_to_mix(fn, warm + starting, decision.mix,
                                           decision.desired, now_s, load)
             return self._scale_up(fn, decision.desired - current, now_s, load)
@@ -97,7 +97,7 @@ class Scaling(GroupLifecycle, Placement):
                 group = self.groups[gid]
                 excess -= sum(r in self.replicas for r in group.stages)
                 cmds += self._stop_group(group, "retired")
-            if fn.configs and decision.mix and excess > 0:
+            if self._shaped(fn) and decision.mix and excess > 0:
                 # RPR's mix says which shapes go: lowest RPR first (policy/rpr.py)
                 whole = [r for r in warm + starting if r.group_id not in self.groups]
                 return cmds + self._scale_to_mix(fn, whole, decision.mix,
@@ -109,6 +109,13 @@ class Scaling(GroupLifecycle, Placement):
                        if r.group_id not in self.groups]
             return cmds + self._retire(victims[: max(0, excess)])
         return []
+
+    def _shaped(self, fn: FunctionRecord) -> bool:
+        """Whether ``fn``'s replicas take the shapes of RPR's mix: it has profiled
+        configurations and placement is FaST's, whose rectangles are (SM share × quota).
+        Dilu reserves an SM request and limit but no quota, so a shape could not be read
+        back from its share: there every replica keeps the registered share."""
+        return bool(fn.configs) and self.share_policy == "fastgshare"
 
     def _config_of(self, fn: FunctionRecord, rep: ReplicaRecord) -> str:
         """The name of the profiled configuration ``rep`` runs in, read from its share
