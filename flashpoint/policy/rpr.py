@@ -21,6 +21,10 @@ Corrections to the paper (seed 001 §4.1, §9 items 10–11):
   on the smallest S·Q, then the name.
 - R is FaST-GShare's "predicted load"; there is no predictor here, so R = λ, the smoothed
   arrival rate.
+
+The decision is a count and a mix (replicas per configuration); :func:`choose_changes`
+turns a mix into the replicas to start (each in its configuration's SM share and quota) or
+retire (lowest RPR first), which ``controller/state/scaling.py`` carries out.
 """
 
 from __future__ import annotations
