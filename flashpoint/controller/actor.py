@@ -272,6 +272,7 @@ class Controller(Actor):
                         self.spawn(self._stop_on_host(host, cmd.replica_id), f"stop:{cmd.replica_id}")
                 case cs.ForgetReplica():
                     self.dispatcher.remove_replica(cmd.replica_id)
+                    self.requests.forget_replica(cmd.replica_id)
                     self.kaas.replica_gone(cmd.replica_id)
                     self._stage_endpoints.pop(cmd.replica_id, None)
                     self._stage_timings.pop(cmd.replica_id, None)

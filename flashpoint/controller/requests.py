@@ -112,6 +112,7 @@ class RequestPath:
         self._last_request: dict[str, float] = {}
         self._arrivals = RateMeter()
         self._completions = RateMeter()
+        self._replica_completions = RateMeter()  # per replica (or group) id
         self._invocations: dict[str, int] = {}  # accepted per function, since start
         self._exec_s: dict[str, float] = {}  # EWMA of one request's service time
         self._backlog_wake_s = 0.0
@@ -127,6 +128,7 @@ class RequestPath:
         inputs for this tick (queue, in flight, λ, μ, service time, the oldest's wait)."""
         self._arrivals.update(now)
         self._completions.update(now)
+        self._replica_completions.update(now)
         self.tokens.step(now)
         return {
             name: FunctionLoad(self.dispatcher.queued(name), self.dispatcher.inflight(name),
@@ -134,9 +136,16 @@ class RequestPath:
                                self._completions.rate(name), self._exec_s.get(name, 0.0),
                                now - oldest.enqueued_s if (oldest := self._oldest(name))
                                else 0.0, self._invocations.get(name, 0),
-                               tokens=self.tokens.load(name))
-            for name in self.state.functions
+                               tokens=self.tokens.load(name),
+                               replica_rates=self._replica_rates(name) if fn.configs else {})
+            for name, fn in self.state.functions.items()
         }
+
+    def _replica_rates(self, name: str) -> dict[str, float]:
+        """Requests per second each replica of ``name`` completed lately (only RPR's
+        profiled functions ask: it ranks their replicas, policy/rpr.py)."""
+        return {r.replica_id: self._replica_completions.rate(r.replica_id)
+                for r in self.state.replicas_of(name)}
 
     def forget(self, name: str) -> None:
         """Drop what was measured for a deleted function."""
@@ -144,6 +153,10 @@ class RequestPath:
         self._ok_metrics.pop(name, None)
         self.slo.pop(name, None)
         self.tokens.forget(name)
+
+    def forget_replica(self, replica_id: str) -> None:
+        """Drop what was measured for a replica that is gone."""
+        self._replica_completions.forget(replica_id)
 
     def fail_function(self, cmd: FailFunction) -> None:
         """Fail what waits for ``cmd.name`` with the error the state's command names."""
@@ -258,6 +271,7 @@ class RequestPath:
             for _ in ps:
                 self.dispatcher.release(rid)
             self._completions.add(ps[0].function, len(ps))
+            self._replica_completions.add(rid, len(ps))
             self.pump(ps[0].function)
 
     def _slo_failed(self, spec: FunctionSpec, best_effort: bool) -> None:

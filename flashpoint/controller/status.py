@@ -30,6 +30,10 @@ def cluster_status(ctl: Any, *, now_s: float, uptime_s: float) -> dict[str, Any]
              "timings_s": r.timings_s,
              "stage": list(r.stage) if r.stage is not None else None,
              "group_id": r.group_id,
+             # its GPU share on a sharing host and, for a FaST-profiled function, the
+             # configuration (shape) RPR gave it
+             "share": r.share.to_wire() if r.share is not None else None,
+             "config": ctl.state.replica_config(r),
              "source": w.source if (w := ctl.workers.get(r.replica_id)) is not None else ""}
             for r in ctl.state.replicas.values()
         ],

@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 from flashpoint.errors import BadRequest
 from flashpoint.policy import dilu, fastgshare
+from flashpoint.policy.replica_config import ReplicaConfig
 
 POLICY_NAMES = ("fastgshare", "dilu")
 SHARING_MODES = ("mps", "tokens")  # host modes that enforce a share ([host] gpu_sharing)
@@ -107,6 +108,15 @@ def resolve_share(spec: SpecT) -> tuple[SpecT, str]:
               + ("" if choice.slo_met else f", no configuration meets slo_ms={spec.slo_ms}"))
     return replace(spec, sm_share=choice.sm_share, time_quota=choice.time_quota,
                    sm_limit=limit), reason
+
+
+def profile_configs(spec: SharedFunction) -> tuple[ReplicaConfig, ...]:
+    """The configurations RPR may give ``spec``'s replicas (policy/rpr.py): its FaST
+    profile's grid when the profile chooses the share, none when ``sm_share`` is explicit
+    (the share is then the user's, for every replica) or there is no profile."""
+    if spec.sm_share > 0 or spec.fast_profile is None:
+        return ()
+    return spec.fast_profile.to_profile(spec.name).configs()
 
 
 @dataclass(frozen=True)
