@@ -64,11 +64,15 @@ class ProteanProfiles:
 
     entries: tuple[SliceProfile, ...]
 
+    def __post_init__(self) -> None:
+        # An index, not a scan: the dispatcher asks for profiles on every routing round.
+        object.__setattr__(self, "_index", {(e.model, e.slice): e for e in self.entries})
+
     def get(self, model: str, slice_: str) -> SliceProfile:
-        for e in self.entries:
-            if e.model == model and e.slice == slice_:
-                return e
-        raise BadRequest(f"no PROTEAN profile for model {model!r} on slice {slice_!r}")
+        e = self._index.get((model, slice_))  # type: ignore[attr-defined]
+        if e is None:
+            raise BadRequest(f"no PROTEAN profile for model {model!r} on slice {slice_!r}")
+        return e
 
     def rdf(self, model: str, slice_: str) -> float:
         """Resource Deficiency Factor: Solo(slice) / Solo(7g) (digest §2.3)."""

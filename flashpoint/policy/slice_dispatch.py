@@ -37,6 +37,7 @@ Pure: no clock, no I/O (tests/core/test_import_rule.py).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -96,6 +97,7 @@ class SliceRoutingDecision:
     tags: Mapping[str, float] = field(default_factory=dict)  # slice_id -> Alg. 1's BE tag
 
 
+@functools.lru_cache(maxsize=64)  # one per function's FBR: built once, not every round
 def _profiles(request_fbr: float) -> ProteanProfiles:
     """One request on every slice type: a unit of memory (a credit), Solo ∝ 1/compute."""
     return ProteanProfiles(tuple(
@@ -131,7 +133,7 @@ def route_to_slices(snap: SliceRoutingSnapshot) -> SliceRoutingDecision:
                                t_low=snap.t_low, t_high=snap.t_high)
 
     def strict_placed(d: Distribution) -> bool:
-        return all(d.slice_of(f"s{i}") is not None for i in range(n_strict))
+        return sum(sid is not None for bid, sid in d.assignments if bid[0] == "s") == n_strict
 
     d = distribute(n_be)
     if not strict_placed(d):
