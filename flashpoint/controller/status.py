@@ -49,6 +49,10 @@ def cluster_status(ctl: Any, *, now_s: float, uptime_s: float) -> dict[str, Any]
         "slo": [{"function": name, "met": c.met, "missed": c.missed,
                  "compliance": c.compliance} for name, c in ctl.requests.slo.items()
                 if name in ctl.state.functions],
+        # requests answered on MIG slices, by class and slice profile (PROTEAN's Alg. 1)
+        "slices": [{"function": name, "request_class": cls, "slice": prof, "served": n}
+                   for name, by in ctl.requests.slices.items() if name in ctl.state.functions
+                   for (cls, prof), n in sorted(by.items())],
         "cost": ctl.cost.report(now),
         "replacements": list(ctl.replacements),
         "mig": ctl.mig.status() if ctl.mig is not None else None,

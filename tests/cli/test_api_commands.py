@@ -43,6 +43,7 @@ FIELDS: dict[str, tuple[str, list[str], Any]] = {
     "gpu_memory_bytes": ("--gpu-memory-bytes", [str(1 << 30)], 1 << 30),
     "fast_profile": ("--fast-profile", [json.dumps(PROFILE)], PROFILE),
     "batch_memory_bytes": ("--batch-memory-bytes", [str(1 << 20)], 1 << 20),
+    "batch_fbr": ("--batch-fbr", ["0.4"], 0.4),
     "canary_pct": ("--canary", ["40"], 40.0),
     "inputs": ("--input", ["x:FP32:-1,3", "mask:INT64:-1"],
                [{"name": "x", "datatype": "FP32", "shape": [-1, 3]},
