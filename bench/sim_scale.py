@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from flashpoint.sim.cluster import Technique
+from flashpoint.sim.cluster_config import Technique
 from flashpoint.sim.engine import Engine
 from flashpoint.sim.experiments import FULL, rate_trace, request_log, run_one
 from flashpoint.sim.models import thesis_model

@@ -206,6 +206,18 @@ class ControllerConfig:
     mig_drain_grace_s: float = 30.0
     mig_drain_timeout_s: float = 120.0
     mig_apply_timeout_s: float = 120.0
+    # PROTEAN's job distribution (Alg. 1, flashpoint/policy/slice_dispatch.py) in the
+    # dispatcher: "protean" routes the requests of a function whose accepting replicas all
+    # sit on MIG slices (strict ones to the slice of least slowdown η, best-effort ones
+    # packed into the smallest slices); "least_loaded" routes them as anywhere else.
+    # Functions with a replica off MIG are routed least-loaded either way.
+    slice_dispatch: str = "protean"
+    # PROTEAN's T_low and T_high, BE occupancies (0 <= t_low < t_high <= 1), for both
+    # algorithms: Alg. 2 keeps (4g,2g,1g) only while the predicted BE occupancy of [1g,2g]
+    # lies between them; Alg. 1 keeps strict requests off a slice tagged above t_high and
+    # ignores a BE tag below t_low for strict work.
+    protean_t_low: float = 0.05
+    protean_t_high: float = 0.95
 
     def __post_init__(self) -> None:
         make_autoscaler(self.autoscaler, self.autoscaler_params)  # BadRequest names the fault
@@ -223,6 +235,9 @@ class ControllerConfig:
             raise BadRequest("controller.mig_*: interval_s > 0, wait_limit >= 0, alpha and "
                              "fleet_fraction in (0, 1], 0 <= drain_grace_s <= "
                              "drain_timeout_s, apply_timeout_s > 0")
+        if not 0.0 <= self.protean_t_low < self.protean_t_high <= 1.0:
+            raise BadRequest("controller.protean_t_low and protean_t_high: need 0 <= t_low < "
+                             f"t_high <= 1, got {self.protean_t_low} and {self.protean_t_high}")
         from flashpoint.policy.share_placement import POLICY_NAMES as SHARE_POLICIES
 
         if self.share_policy not in SHARE_POLICIES:

@@ -31,12 +31,15 @@ ZERO_DURATIONS = frozenset({
 })
 # Counts that must be at least 1 (a zero would stall or divide by zero); others are >= 0.
 POSITIVE_COUNTS = frozenset({"torch_threads", "max_queued_per_function", "max_start_failures"})
+# Numbers that are fractions in [0, 1] (PROTEAN's BE occupancy thresholds).
+FRACTIONS = frozenset({"protean_t_low", "protean_t_high"})
 # Keys whose values are one of a fixed set (a typo would otherwise surface much later).
 CHOICES: dict[str, tuple[str, ...]] = {
     "log_level": ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
     "registry.kind": ("local", "s3"),
     "host.kind": ("ondemand", "spot"),
     "controller.cloud": ("aws", "azure", "gcp"),
+    "controller.slice_dispatch": ("protean", "least_loaded"),
     "gateway.api_keys.*": ("invoke", "admin"),  # each key's role
 }
 
@@ -152,6 +155,9 @@ def _check_float(where: str, name: str, value: Any) -> float:
     elif name.endswith("_bps"):
         if value <= 0:
             raise _expected(where, value, "a rate in bytes (or bits) per second > 0")
+    elif name in FRACTIONS:
+        if not 0 <= value <= 1:
+            raise _expected(where, value, "a fraction in [0, 1]")
     elif value < 0:
         raise _expected(where, value, "a number >= 0")
     return float(value)

@@ -239,6 +239,10 @@ class FunctionSpec:
     # PROTEAN's per-batch device memory of this model (profiled; 0 = the replica's bytes):
     # the footprint the MIG reconfigurator turns best-effort demand into (policy/protean.py).
     batch_memory_bytes: int = 0
+    # PROTEAN's fractional bandwidth requirement of one batch of this model (Eq. 1, fitted
+    # from co-location runs by policy/protean_fit.py; 0 = not profiled): the interference
+    # term of η when the dispatcher routes requests over MIG slices (policy/slice_dispatch.py).
+    batch_fbr: float = 0.0
     # Version roll-outs (policy/rollout.py): the percentage of requests, and of replicas, sent
     # to model_version while replicas of the version registered before it serve the rest (a
     # canary); 100 = roll every replica to model_version, one at a time.
@@ -282,6 +286,8 @@ class FunctionSpec:
             self.fast_profile.to_profile(self.name)  # a broken grid is refused at registration
         if self.batch_memory_bytes < 0:
             raise BadRequest("batch_memory_bytes must be >= 0")
+        if not 0.0 <= self.batch_fbr <= 100.0:
+            raise BadRequest("batch_fbr must be in [0, 100]")
         if not 0.0 < self.canary_pct <= 100.0:
             raise BadRequest("canary_pct must be a percentage in (0, 100]")
 
@@ -325,7 +331,7 @@ class FunctionSpec:
             if key in kw and (not isinstance(kw[key], int) or isinstance(kw[key], bool)):
                 raise BadRequest(f"{key} must be an integer")
         for key in ("batch_wait_ms", "keep_alive_s", "timeout_s", "compute", "slo_ms",
-                    "sm_share", "sm_limit", "time_quota", "canary_pct"):
+                    "sm_share", "sm_limit", "time_quota", "canary_pct", "batch_fbr"):
             if key in kw and (not isinstance(kw[key], (int, float)) or isinstance(kw[key], bool)):
                 raise BadRequest(f"{key} must be a number")
         for key in ("name", "model", "model_version"):

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.cmd == "sim":  # pure and offline: no config, logging or event loop
-        from flashpoint.sim.experiments import cli as sim_cli
+        from flashpoint.sim.reproduce import cli as sim_cli
 
         return sim_cli(args)
     if args.cmd == "secret":  # offline: reads no config

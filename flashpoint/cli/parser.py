@@ -49,6 +49,8 @@ SPEC_FLAGS: dict[str, tuple[str, str]] = {
                          "(default: the model's bytes plus the replica overhead)"),
     "batch_memory_bytes": ("--batch-memory-bytes", "device memory of one batch, bytes "
                            "(MIG reconfiguration's demand; default: the replica's bytes)"),
+    "batch_fbr": ("--batch-fbr", "PROTEAN's fractional bandwidth requirement of one batch "
+                  "(0..100; routing over MIG slices; default 0: not profiled)"),
     "canary_pct": ("--canary", "send PCT%% of requests (and replicas) to --version, the rest "
                    "to the version before it, until a deploy without --canary"),
     "fast_profile": ("--fast-profile", "FaST-GShare profile as JSON, or @FILE holding it: "
@@ -130,7 +132,7 @@ def build() -> Parser:
                       help="requests in flight at once (default 8)")
     sim = _sub(sub, "sim", "the data-centre simulator")
     ssub = sim.add_subparsers(dest="sim_cmd", required=True, metavar="SUBCOMMAND")
-    from flashpoint.sim.experiments import add_arguments as sim_arguments
+    from flashpoint.sim.reproduce import add_arguments as sim_arguments
 
     sim_arguments(ssub.add_parser("reproduce", help="the thesis's evaluation grid, as a report"))
     return p

@@ -105,7 +105,8 @@ class Controller(Actor):
                                      start_backoff_s=self.cc.start_backoff_s,
                                      start_backoff_max_s=self.cc.start_backoff_max_s)
         self.state.epoch = f"{int(time.time()) % 100000:05d}-"
-        self.dispatcher = Dispatcher()
+        self.dispatcher = Dispatcher(self.cc.slice_dispatch, self.cc.protean_t_low,
+                                     self.cc.protean_t_high)
         self.streams = StreamRegistry()  # streamed generation requests (gateway/streams.py)
         self.tokens = TokenLedger()  # generation load and metrics in tokens (token_metrics.py)
         self.kaas = KaasPool(self.cc, lambda: self.state.kaas_broken)
@@ -276,6 +277,7 @@ class Controller(Actor):
                         self.spawn(self._stop_on_host(host, cmd.replica_id), f"stop:{cmd.replica_id}")
                 case cs.ForgetReplica():
                     self.dispatcher.remove_replica(cmd.replica_id)
+                    self.requests.forget_replica(cmd.replica_id)
                     self.kaas.replica_gone(cmd.replica_id)
                     self._stage_endpoints.pop(cmd.replica_id, None)
                     self._stage_timings.pop(cmd.replica_id, None)
@@ -314,9 +316,12 @@ class Controller(Actor):
             elif rep.phase == ReplicaPhase.WARM and rep.replica_id in self.workers \
                     and not self.dispatcher.has_replica(rep.replica_id):
                 fn = self.state.functions.get(rep.function)
-                if fn is not None:
-                    self.dispatcher.add_replica(rep.replica_id, rep.function,
-                                                fn.spec.replica_concurrency, rep.model_key)
+                if fn is not None:  # on a MIG slice, PROTEAN's Alg. 1 routes to it
+                    self.dispatcher.add_replica(
+                        rep.replica_id, rep.function, fn.spec.replica_concurrency,
+                        rep.model_key, slice_id=f"{rep.host_id}/{rep.device_id}",
+                        mig_profile=self.state.mig_profile(rep.host_id, rep.device_id),
+                        fbr=fn.spec.batch_fbr / fn.spec.max_batch_size)
         for name in self.state.functions:
             self.requests.pump(name)
 

@@ -9,6 +9,10 @@ A canary (``set_canary``, policy/rollout.py) sends a set percentage of a functio
 to its replicas of one model version and the rest to the others, by a deterministic
 credit count (no randomness: 25 % is exactly every fourth request while both sides have
 room; a side without room lends its turn to the other, so nothing waits for a split).
+A function whose accepting replicas all sit on MIG slices (and no canary) is routed by
+PROTEAN's job distribution instead (``slice_policy`` "protean", the default;
+policy/slice_dispatch.py, Alg. 1): strict requests to the slice of least slowdown η,
+best-effort ones packed into the smallest slices, strict still before best-effort.
 Pure state: the controller actor does the sending.
 """
 
@@ -18,6 +22,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from flashpoint.errors import BadRequest
+from flashpoint.policy.slice_dispatch import (
+    SliceReplica,
+    SliceRoutingSnapshot,
+    route_to_slices,
+    short_profile,
+)
+
+SLICE_POLICIES = ("protean", "least_loaded")
+
 
 @dataclass
 class _Slot:
@@ -26,6 +40,10 @@ class _Slot:
     inflight: int = 0
     accepting: bool = True
     pool: str = ""  # the model version it runs (a canary splits requests by it)
+    slice_id: str = ""  # the MIG slice it runs on ("host/device"; "" = not on a MIG slice)
+    mig_profile: str = ""  # that slice's profile, "4g.20gb"
+    slice: str = ""  # its short name, "4g" (Alg. 1's slice type)
+    fbr: float = 0.0  # FBR of one request of its function in flight (PROTEAN Eq. 1)
 
 
 @dataclass
@@ -38,17 +56,41 @@ class _Canary:
 class Dispatcher:
     """Queues of opaque request items and the replicas that may take them."""
 
-    def __init__(self) -> None:
+    def __init__(self, slice_policy: str = "protean", t_low: float = 0.05,
+                 t_high: float = 0.95) -> None:
+        """``slice_policy``: how requests of a function whose replicas all sit on MIG
+        slices are routed ("protean": Alg. 1; "least_loaded"); ``t_low``/``t_high``:
+        PROTEAN's BE occupancy thresholds for Alg. 1 (``[controller] protean_t_*``)."""
+        if slice_policy not in SLICE_POLICIES:
+            raise BadRequest(f"slice_policy {slice_policy!r}: one of {list(SLICE_POLICIES)}")
+        if not 0.0 <= t_low < t_high <= 1.0:
+            raise BadRequest(f"need 0 <= t_low < t_high <= 1, got {t_low}, {t_high}")
+        self._protean = slice_policy == "protean"
+        self._t_low, self._t_high = t_low, t_high
         # function -> (strict FIFO, best-effort FIFO)
         self._queues: dict[str, tuple[deque[Any], deque[Any]]] = {}
         self._slots: dict[str, _Slot] = {}
         self._by_function: dict[str, set[str]] = {}
+        self._by_slice: dict[str, set[str]] = {}  # MIG slice -> replicas on it (any function)
         self._canary: dict[str, _Canary] = {}
 
     # replicas -------------------------------------------------------------------------
-    def add_replica(self, replica_id: str, function: str, credits: int, pool: str = "") -> None:
-        self._slots[replica_id] = _Slot(function, max(1, credits), pool=pool)
+    def add_replica(self, replica_id: str, function: str, credits: int, pool: str = "", *,
+                    slice_id: str = "", mig_profile: str = "", fbr: float = 0.0) -> None:
+        """A target that takes up to ``credits`` requests of ``function`` at once. On a MIG
+        slice: ``slice_id`` names the slice (replicas on one slice share it),
+        ``mig_profile`` its profile ("4g.20gb"), ``fbr`` one request's FBR."""
+        try:
+            short = short_profile(mig_profile) if slice_id and mig_profile else ""
+        except BadRequest:
+            short = ""  # a profile Alg. 1 has no RDF for: routed as any other replica
+        self._slots[replica_id] = _Slot(function, max(1, credits), pool=pool,
+                                        slice_id=slice_id if short else "",
+                                        mig_profile=mig_profile if short else "",
+                                        slice=short, fbr=max(0.0, fbr))
         self._by_function.setdefault(function, set()).add(replica_id)
+        if short:
+            self._by_slice.setdefault(slice_id, set()).add(replica_id)
 
     def set_canary(self, function: str, pool: str, pct: float) -> None:
         """Send ``pct`` percent of ``function``'s requests to its replicas in ``pool``, the
@@ -69,6 +111,17 @@ class Dispatcher:
         slot = self._slots.pop(replica_id, None)
         if slot is not None:
             self._by_function.get(slot.function, set()).discard(replica_id)
+            if slot.slice_id:
+                on = self._by_slice.get(slot.slice_id)
+                if on is not None:
+                    on.discard(replica_id)
+                    if not on:
+                        del self._by_slice[slot.slice_id]
+
+    def mig_profile_of(self, replica_id: str) -> str:
+        """The MIG profile of the slice ``replica_id`` runs on ("" = none, or unknown)."""
+        slot = self._slots.get(replica_id)
+        return slot.mig_profile if slot is not None else ""
 
     def has_replica(self, replica_id: str) -> bool:
         return replica_id in self._slots
@@ -141,12 +194,35 @@ class Dispatcher:
         canary = self._canary.get(function)
         if canary is not None:
             return self._assign_split(canary, strict, best_effort, candidates)
+        if self._protean and candidates and all(c[1].slice for c in candidates):
+            return self._assign_slices(strict, best_effort, candidates)
         while (strict or best_effort) and candidates:
             rid, slot = min(candidates, key=lambda c: (c[1].inflight / c[1].credits, c[0]))
             if slot.inflight >= slot.credits:
                 break
             slot.inflight += 1
             out.append(((strict or best_effort).popleft(), rid))
+        return out
+
+    def _assign_slices(self, strict: deque[Any], best_effort: deque[Any],
+                       candidates: list[tuple[str, _Slot]]) -> list[tuple[Any, str]]:
+        """PROTEAN Alg. 1 over the slices of the function's replicas (slice_dispatch.py)."""
+        replicas = tuple(SliceReplica(rid, slot.slice_id, slot.slice,
+                                      slot.credits - slot.inflight)
+                         for rid, slot in candidates if slot.inflight < slot.credits)
+        if not replicas:
+            return []
+        slots = self._slots
+        resident = {sid: sum(slots[r].fbr * slots[r].inflight for r in self._by_slice[sid])
+                    for sid in {r.slice_id for r in replicas}}
+        d = route_to_slices(SliceRoutingSnapshot(
+            replicas, len(strict), len(best_effort), candidates[0][1].fbr, resident,
+            self._t_low, self._t_high))
+        out: list[tuple[Any, str]] = []
+        for queue, chosen in ((strict, d.strict), (best_effort, d.best_effort)):
+            for rid in chosen:
+                slots[rid].inflight += 1
+                out.append((queue.popleft(), rid))
         return out
 
     @staticmethod

@@ -132,10 +132,11 @@ class FunctionCatalog:
 
     async def store_profiles(self, name: str, **profiles: Any) -> FunctionSpec:
         """Replace the profile fields (``fast_profile``, ``protean_profile``,
-        ``dilu_profile``) of function ``name``'s registered spec with ``profiles`` and
-        register it again, persisted: the state resolves its share from them as at any
-        registration (its replicas keep theirs; new ones get the new share)."""
-        if set(profiles) - {"fast_profile", "protean_profile", "dilu_profile"}:
+        ``dilu_profile``, ``batch_fbr``) of function ``name``'s registered spec with
+        ``profiles`` and register it again, persisted: the state resolves its share from
+        them as at any registration (its replicas keep theirs; new ones get the new
+        share)."""
+        if set(profiles) - {"fast_profile", "protean_profile", "dilu_profile", "batch_fbr"}:
             raise BadRequest(f"not profile fields: {sorted(profiles)}")
         spec = dataclasses.replace(self.registered_spec(name), **profiles)
         await self.register(spec)

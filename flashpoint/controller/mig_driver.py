@@ -108,7 +108,8 @@ class MigDriver:
         self.clock = clock
         self.mig = MigReconfigState(
             ReconfigParams(alpha=cc.mig_alpha, wait_limit=cc.mig_wait_limit,
-                           fleet_fraction=cc.mig_fleet_fraction),
+                           fleet_fraction=cc.mig_fleet_fraction, t_low=cc.protean_t_low,
+                           t_high=cc.protean_t_high),
             interval_s=cc.mig_interval_s, drain_grace_s=cc.mig_drain_grace_s,
             drain_timeout_s=cc.mig_drain_timeout_s)
         self.be_outstanding: dict[str, int] = {}  # function -> BE requests queued/in flight

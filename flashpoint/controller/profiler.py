@@ -146,10 +146,11 @@ class Profiler:
                                    f"{req.timeout_s:g}") from None
         finally:
             self._running.discard(name)
-        stored = await self.functions.store_profiles(name, **_profile_fields(report, req))
+        fields = _profile_fields(report, req, spec.max_batch_size)
+        stored = await self.functions.store_profiles(name, **fields)
         rec = self.state.functions[name]
         answer = report.to_dict()
-        answer["stored"] = sorted(_profile_fields(report, req))
+        answer["stored"] = sorted(fields)
         answer["share"] = {"sm_share": rec.spec.sm_share, "sm_limit": rec.spec.sm_limit,
                            "time_quota": rec.spec.time_quota,
                            "reason": rec.share_reason or ("explicit sm_share kept"
@@ -359,8 +360,11 @@ class _Run:
         return result
 
 
-def _profile_fields(report: pt.ProfileReport, req: pt.ProfileRequest) -> dict[str, Any]:
-    """The spec fields the report fills (each only when it was measured)."""
+def _profile_fields(report: pt.ProfileReport, req: pt.ProfileRequest,
+                    max_batch_size: int) -> dict[str, Any]:
+    """The spec fields the report fills (each only when it was measured). PROTEAN's FBR is
+    also the function's ``batch_fbr`` (the slice dispatcher's), scaled from the trials'
+    batch to ``max_batch_size`` (a batch's bandwidth taken as proportional to its size)."""
     out: dict[str, Any] = {}
     if report.fast is not None:
         out["fast_profile"] = FastProfileSpec(report.fast.batch, tuple(
@@ -369,6 +373,7 @@ def _profile_fields(report: pt.ProfileReport, req: pt.ProfileRequest) -> dict[st
         p = report.protean
         out["protean_profile"] = ProteanProfileSpec(req.batch, (ProteanSliceSpec(
             p.slice, p.solo_s, p.fbr, p.fbr_bounded),))
+        out["batch_fbr"] = min(100.0, p.fbr * max_batch_size / req.batch)
     if report.dilu is not None:
         d = report.dilu
         out["dilu_profile"] = DiluProfileSpec(d.sm_request, d.sm_limit, d.ibs,

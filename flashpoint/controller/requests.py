@@ -60,6 +60,10 @@ REQUESTS = Counter("flashpoint_requests_total", "Invocations by outcome", ["func
 SLO = Counter("flashpoint_slo_requests_total",
               "Strict requests of functions with an SLO, by whether they met it",
               ["function", "outcome"])
+SLICE_REQUESTS = Counter("flashpoint_slice_requests_total",
+                         "Requests answered by replicas on MIG slices, by request class and "
+                         "the slice's MIG profile (PROTEAN's job distribution)",
+                         ["function", "request_class", "slice"])
 LATENCY = Histogram("flashpoint_request_seconds", "End-to-end invoke latency", ["function"],
                     buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
 MAX_DISPATCH_ATTEMPTS = 3
@@ -112,12 +116,17 @@ class RequestPath:
         self._last_request: dict[str, float] = {}
         self._arrivals = RateMeter()
         self._completions = RateMeter()
+        self._replica_completions = RateMeter()  # per replica (or group) id
         self._invocations: dict[str, int] = {}  # accepted per function, since start
         self._exec_s: dict[str, float] = {}  # EWMA of one request's service time
         self._backlog_wake_s = 0.0
         self._pump_pending: set[str] = set()
         self._ok_metrics: dict[str, tuple[Any, Any]] = {}  # function -> (ok counter, latency)
         self.slo: dict[str, SloCompliance] = {}  # strict requests within the function's SLO
+        # function -> (request class, MIG profile) -> requests answered by a replica on such a
+        # slice (which slices PROTEAN's Alg. 1 sent each class to); with their counters
+        self.slices: dict[str, dict[tuple[str, str], int]] = {}
+        self._slice_metrics: dict[tuple[str, str, str], Any] = {}
         # live migration (controller/migration.py), set by the Controller: streamed requests
         # it tracks, and hand-off replies it sends on
         self.migration: Migrator | None = None
@@ -127,6 +136,7 @@ class RequestPath:
         inputs for this tick (queue, in flight, λ, μ, service time, the oldest's wait)."""
         self._arrivals.update(now)
         self._completions.update(now)
+        self._replica_completions.update(now)
         self.tokens.step(now)
         return {
             name: FunctionLoad(self.dispatcher.queued(name), self.dispatcher.inflight(name),
@@ -134,16 +144,30 @@ class RequestPath:
                                self._completions.rate(name), self._exec_s.get(name, 0.0),
                                now - oldest.enqueued_s if (oldest := self._oldest(name))
                                else 0.0, self._invocations.get(name, 0),
-                               tokens=self.tokens.load(name))
-            for name in self.state.functions
+                               tokens=self.tokens.load(name),
+                               replica_rates=self._replica_rates(name) if fn.configs else {})
+            for name, fn in self.state.functions.items()
         }
+
+    def _replica_rates(self, name: str) -> dict[str, float]:
+        """Requests per second each replica of ``name`` completed lately (only RPR's
+        profiled functions ask: it ranks their replicas, policy/rpr.py)."""
+        return {r.replica_id: self._replica_completions.rate(r.replica_id)
+                for r in self.state.replicas_of(name)}
 
     def forget(self, name: str) -> None:
         """Drop what was measured for a deleted function."""
         self._last_request.pop(name, None)
         self._ok_metrics.pop(name, None)
         self.slo.pop(name, None)
+        self.slices.pop(name, None)
+        for key in [k for k in self._slice_metrics if k[0] == name]:
+            del self._slice_metrics[key]
         self.tokens.forget(name)
+
+    def forget_replica(self, replica_id: str) -> None:
+        """Drop what was measured for a replica that is gone."""
+        self._replica_completions.forget(replica_id)
 
     def fail_function(self, cmd: FailFunction) -> None:
         """Fail what waits for ``cmd.name`` with the error the state's command names."""
@@ -237,6 +261,7 @@ class RequestPath:
             took = (time.monotonic() - now) / len(live)  # a batch shares the replica's time
             prev = self._exec_s.get(live[0].function)
             self._exec_s[live[0].function] = took if prev is None else prev + 0.2 * (took - prev)
+            mig_profile = self.dispatcher.mig_profile_of(rid)
             for p, reply in zip(live, replies, strict=True):
                 if p.future.done() or (self.migration is not None
                                        and self.migration.handled(p, reply, rid)):
@@ -245,6 +270,8 @@ class RequestPath:
                     self._retry_or_fail(p, from_wire(reply["error"]))
                 else:
                     p.future.set_result((reply, rid))
+                    if mig_profile:
+                        self._served_on_slice(p, mig_profile)
         except Exception as exc:
             err = exc if isinstance(exc, FlashpointError) else FlashpointError(repr(exc))
             if isinstance(err, PeerLost) and isinstance(handle, WorkerHandle):
@@ -258,7 +285,19 @@ class RequestPath:
             for _ in ps:
                 self.dispatcher.release(rid)
             self._completions.add(ps[0].function, len(ps))
+            self._replica_completions.add(rid, len(ps))
             self.pump(ps[0].function)
+
+    def _served_on_slice(self, p: Pending, mig_profile: str) -> None:
+        """Count ``p`` as answered on a slice of ``mig_profile`` (metrics and status)."""
+        cls = RequestClass.BEST_EFFORT if p.best_effort else RequestClass.STRICT
+        key = (p.function, str(cls), mig_profile)
+        counter = self._slice_metrics.get(key)
+        if counter is None:  # label lookups cost more than the increments on this path
+            counter = self._slice_metrics[key] = SLICE_REQUESTS.labels(*key)
+        counter.inc()
+        served = self.slices.setdefault(p.function, {})
+        served[key[1:]] = served.get(key[1:], 0) + 1
 
     def _slo_failed(self, spec: FunctionSpec, best_effort: bool) -> None:
         """A strict request with an SLO that got no answer missed it (PROTEAN counts only

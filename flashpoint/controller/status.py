@@ -30,6 +30,10 @@ def cluster_status(ctl: Any, *, now_s: float, uptime_s: float) -> dict[str, Any]
              "timings_s": r.timings_s,
              "stage": list(r.stage) if r.stage is not None else None,
              "group_id": r.group_id,
+             # its GPU share on a sharing host and, for a FaST-profiled function, the
+             # configuration (shape) RPR gave it
+             "share": r.share.to_wire() if r.share is not None else None,
+             "config": ctl.state.replica_config(r),
              "source": w.source if (w := ctl.workers.get(r.replica_id)) is not None else ""}
             for r in ctl.state.replicas.values()
         ],
@@ -45,6 +49,10 @@ def cluster_status(ctl: Any, *, now_s: float, uptime_s: float) -> dict[str, Any]
         "slo": [{"function": name, "met": c.met, "missed": c.missed,
                  "compliance": c.compliance} for name, c in ctl.requests.slo.items()
                 if name in ctl.state.functions],
+        # requests answered on MIG slices, by class and slice profile (PROTEAN's Alg. 1)
+        "slices": [{"function": name, "request_class": cls, "slice": prof, "served": n}
+                   for name, by in ctl.requests.slices.items() if name in ctl.state.functions
+                   for (cls, prof), n in sorted(by.items())],
         "cost": ctl.cost.report(now),
         "replacements": list(ctl.replacements),
         "mig": ctl.mig.status() if ctl.mig is not None else None,

@@ -16,8 +16,9 @@ from flashpoint.errors import BadRequest, FunctionNotFound
 from flashpoint.gateway.admission import Admission
 from flashpoint.gateway.auth import ApiKeyAuth, Principal, Role
 from flashpoint.gateway.backend import FunctionInfo, InvokeBackend
+from flashpoint.gateway.json_codec import load_json
 from flashpoint.gateway.metrics import GatewayMetrics
-from flashpoint.gateway.oip import CodecLimits, load_json
+from flashpoint.gateway.oip import CodecLimits
 from flashpoint.ids import new_id
 from flashpoint.spec import FunctionSpec
 

@@ -24,7 +24,7 @@ from aiohttp import web
 
 import flashpoint
 from flashpoint.errors import BadRequest, ModelNotFound, Unavailable
-from flashpoint.gateway import oip
+from flashpoint.gateway import json_codec, oip
 from flashpoint.gateway.admission import effective_timeout_s
 from flashpoint.gateway.auth import Role
 from flashpoint.gateway.body import read_body
@@ -45,7 +45,7 @@ def _decode(raw: bytes, header_length: str | None, limits: oip.CodecLimits) -> o
     head, binary = oip.split_body(raw, header_length)
     if not head:
         raise BadRequest("inference request JSON header is empty")
-    return oip.decode_infer_request(oip.load_json(head, limits.max_json_depth), binary, limits)
+    return oip.decode_infer_request(json_codec.load_json(head, limits.max_json_depth), binary, limits)
 
 
 class KServeRoutes:

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from flashpoint.audit import AuditAction
 from flashpoint.errors import BadRequest, FlashpointError, FunctionNotFound, PayloadTooLarge
-from flashpoint.gateway import oip
+from flashpoint.gateway import json_codec, oip
 from flashpoint.gateway.admission import effective_timeout_s
 from flashpoint.gateway.auth import Principal, Role
 from flashpoint.gateway.body import body_if_complete, read_body
@@ -224,7 +224,7 @@ class NativeRoutes:
         if raw is None:
             raw = await read_body(request, config)
         if raw and len(raw) < OFFLOAD_BYTES:
-            body = oip.load_json(raw, config.max_json_depth)
+            body = json_codec.load_json(raw, config.max_json_depth)
             inputs, req_timeout_s = decode_native_inputs(body, ctx.limits)
         else:
             body = await parse_json_body(ctx, raw)
@@ -256,7 +256,7 @@ class NativeRoutes:
         }
         if stored:
             payload["stored"] = stored
-        encoded = oip.dump_json(payload)
+        encoded = json_codec.dump_json(payload)
         if len(encoded) < config.response_compression_min_bytes:
             return web.Response(body=encoded, content_type="application/json")
         resp = web.Response(status=200, content_type="application/json")

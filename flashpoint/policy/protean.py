@@ -23,6 +23,12 @@ Corrections to the paper, following the digest:
 Choices the paper leaves open (digest §7.17), made here and configurable: how tags enter η
 (the FBRs of the BE batches first-fit puts on the slice are added), α, T_low, T_high, and the
 fleet cap rounding (⌊0.3·n⌋, at least 1, so a one-GPU host can still reconfigure).
+T_low and T_high are BE occupancies (digest §2.5); Alg. 2 judges the BE slice set's
+predicted occupancy by them, and Alg. 1 reads a slice's tag (its BE occupancy) the same
+way: a slice tagged above T_high is kept for BE work (strict batches go elsewhere, as at
+tag 1), and one tagged below T_low counts as untagged for strict work (its BE share is too
+small to matter). :func:`distribute_jobs` defaults to (0, 1), the paper as printed; the
+controller passes ``[controller] protean_t_low``/``protean_t_high`` to both algorithms.
 
 Pure: no clock (``now`` is not needed), no NVML, no asyncio (tests/core/test_import_rule.py).
 """
@@ -58,11 +64,15 @@ class ProteanProfiles:
 
     entries: tuple[SliceProfile, ...]
 
+    def __post_init__(self) -> None:
+        # An index, not a scan: the dispatcher asks for profiles on every routing round.
+        object.__setattr__(self, "_index", {(e.model, e.slice): e for e in self.entries})
+
     def get(self, model: str, slice_: str) -> SliceProfile:
-        for e in self.entries:
-            if e.model == model and e.slice == slice_:
-                return e
-        raise BadRequest(f"no PROTEAN profile for model {model!r} on slice {slice_!r}")
+        e = self._index.get((model, slice_))  # type: ignore[attr-defined]
+        if e is None:
+            raise BadRequest(f"no PROTEAN profile for model {model!r} on slice {slice_!r}")
+        return e
 
     def rdf(self, model: str, slice_: str) -> float:
         """Resource Deficiency Factor: Solo(slice) / Solo(7g) (digest §2.3)."""
@@ -91,6 +101,7 @@ class SliceSnapshot:
     slice: str  # "1g", "2g", "3g", "4g", "7g"
     available_mem_bytes: int
     resident_models: tuple[str, ...] = ()  # batches already running there (their FBRs count)
+    resident_fbr: float = 0.0  # summed FBR of other work running there, not named by model
 
 
 @dataclass(frozen=True)
@@ -115,8 +126,17 @@ def _slice_order(s: SliceSnapshot) -> tuple[int, str]:
     return (int(s.slice.rstrip("g")), s.slice_id)
 
 
-def distribute_jobs(snap: DistributionSnapshot, profiles: ProteanProfiles) -> Distribution:
-    """Algorithm 1: BE tagging, then strict by argmin η, BE first-fit (digest §2.4)."""
+def distribute_jobs(snap: DistributionSnapshot, profiles: ProteanProfiles, *,
+                    t_low: float = 0.0, t_high: float = 1.0) -> Distribution:
+    """Algorithm 1: BE tagging, then strict by argmin η, BE first-fit (digest §2.4).
+
+    ``t_low``/``t_high`` (0 <= t_low < t_high <= 1): a slice tagged above ``t_high`` is
+    off limits to strict batches, one tagged below ``t_low`` keeps all its free memory for
+    them (module docstring). Among slices of equal η a strict batch takes the larger one,
+    then the one with more memory left for strict work (so equal slices share the load).
+    """
+    if not 0.0 <= t_low < t_high <= 1.0:
+        raise BadRequest(f"need 0 <= t_low < t_high <= 1, got {t_low}, {t_high}")
     order = sorted(snap.slices, key=_slice_order)  # smallest slice first
     be = [b for b in snap.queue if not b.strict]
     strict = [b for b in snap.queue if b.strict]  # two-class reorder, FIFO inside a class
@@ -135,7 +155,8 @@ def distribute_jobs(snap: DistributionSnapshot, profiles: ProteanProfiles) -> Di
     # before the strict one, since strict batches come first); strict work gets untagged memory.
     free = {s.slice_id: s.available_mem_bytes for s in order}
     fbrs: dict[str, list[float]] = {
-        s.slice_id: [profiles.get(m, s.slice).fbr for m in s.resident_models] for s in order}
+        s.slice_id: [s.resident_fbr, *(profiles.get(m, s.slice).fbr for m in s.resident_models)]
+        for s in order}
     out: dict[str, str | None] = {}
     for b in be:
         for s in order:
@@ -147,23 +168,28 @@ def distribute_jobs(snap: DistributionSnapshot, profiles: ProteanProfiles) -> Di
                 break
         else:
             out[b.batch_id] = None
-    strict_free = {s.slice_id: min(free[s.slice_id],
-                                   int(s.available_mem_bytes * (1.0 - tags[s.slice_id])))
+    # The epsilon keeps float error from losing a unit: 3 * (1 - 1/3) must stay 2.
+    strict_free = {s.slice_id: free[s.slice_id] if tags[s.slice_id] < t_low else
+                   min(free[s.slice_id],
+                       math.floor(s.available_mem_bytes * (1.0 - tags[s.slice_id]) + 1e-9))
                    for s in order}
     etas: dict[str, float] = {}
     for b in strict:
-        best: tuple[float, int, SliceSnapshot] | None = None
+        best: tuple[tuple[float, int, int, int], SliceSnapshot] | None = None
         for i, s in enumerate(order):
             p = profiles.get(b.model, s.slice)
-            if tags[s.slice_id] >= 1.0 or p.mem_bytes > strict_free[s.slice_id]:
-                continue  # a fully BE-tagged slice is off limits to strict work (§7.4)
+            tag = tags[s.slice_id]
+            if tag >= 1.0 or tag > t_high or p.mem_bytes > strict_free[s.slice_id]:
+                continue  # a (nearly) fully BE-tagged slice is off limits to strict (§7.4)
             e = eta(profiles.rdf(b.model, s.slice), p.fbr, fbrs[s.slice_id])
-            if best is None or (e, -i) < (best[0], -best[1]):  # ties: the larger slice
-                best = (e, i, s)
+            # ties: the larger slice, then the one with more room left for strict work
+            key = (e, -int(s.slice.rstrip("g")), -strict_free[s.slice_id], -i)
+            if best is None or key < best[0]:
+                best = (key, s)
         if best is None:
             out[b.batch_id] = None
             continue
-        e, _, s = best
+        (e, *_), s = best
         out[b.batch_id] = s.slice_id
         etas[b.batch_id] = e
         strict_free[s.slice_id] -= profiles.get(b.model, s.slice).mem_bytes
@@ -179,8 +205,10 @@ class ReconfigParams:
     alpha: float = 0.5  # EWMA weight of the newest observation (paper: not given)
     wait_limit: int = 3  # consecutive mismatches waited out before reconfiguring (§4.4)
     fleet_fraction: float = 0.3  # at most this share of GPUs reconfiguring at once (§4.4)
-    t_low: float = 0.05  # BE occupancy of [1g,2g] below which (4g,3g) is better (ours)
-    t_high: float = 0.95  # ... above which co-locating strict and BE there hurts (ours)
+    # BE occupancy of [1g,2g] below which (4g,3g) is better, and above which co-locating
+    # strict and BE there hurts (ours; [controller] protean_t_low / protean_t_high)
+    t_low: float = 0.05
+    t_high: float = 0.95
     be_slice_sets: tuple[tuple[str, ...], ...] = (("1g", "2g"), ("3g",))
     strict_slice: str = "4g"
     fallback: tuple[str, ...] = ("4g", "3g")
@@ -188,6 +216,8 @@ class ReconfigParams:
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1 or self.wait_limit < 0 or not 0 < self.fleet_fraction <= 1:
             raise BadRequest("alpha in (0,1], wait_limit >= 0, fleet_fraction in (0,1]")
+        if not 0.0 <= self.t_low < self.t_high <= 1.0:
+            raise BadRequest(f"need 0 <= t_low < t_high <= 1, got {self.t_low}, {self.t_high}")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,10 @@ Corrections to the paper (seed 001 §4.1, §9 items 10–11):
   on the smallest S·Q, then the name.
 - R is FaST-GShare's "predicted load"; there is no predictor here, so R = λ, the smoothed
   arrival rate.
+
+The decision is a count and a mix (replicas per configuration); :func:`choose_changes`
+turns a mix into the replicas to start (each in its configuration's SM share and quota) or
+retire (lowest RPR first), which ``controller/state/scaling.py`` carries out.
 """
 
 from __future__ import annotations
@@ -120,3 +124,82 @@ def rpr(load: FunctionLoadSnapshot, params: RprParams, memory: None) -> tuple[Pr
     pods = [(name, by_name.get(name, eff)) for name in names]
     wanted = plan(load.arrival_rate, pods, configs, params.tie_tolerance)
     return Proposal(len(wanted), reason, tuple(name for name, _ in wanted), eff.name), None
+
+
+# Applying the mix ----------------------------------------------------------------------------
+def config_of(sm_share: float, quota: float, configs: Sequence[ReplicaConfig]) -> str:
+    """The name of the configuration with this SM share and time quota ("" = none): a
+    replica's shape read back from the share it was deployed with (or its host reported)."""
+    for c in configs:
+        if abs(c.sm_share - sm_share) <= _EPS and abs(c.quota - quota) <= _EPS:
+            return c.name
+    return ""
+
+
+@dataclass(frozen=True)
+class LiveReplica:
+    """One current replica of a function, as :func:`choose_changes` ranks it."""
+
+    replica_id: str
+    config: str  # its configuration's name ("" = not one of the profile's)
+    resource: float  # S·Q it holds (0 = unknown)
+    rate_rps: float  # requests per second it completed lately (measured)
+    warm: bool
+    since_s: float  # when it warmed; when it was requested while starting
+
+
+@dataclass(frozen=True)
+class MixChange:
+    """What turns the current replicas into the mix: configurations to start (most
+    efficient first) and replica ids to retire (lowest RPR first)."""
+
+    start: tuple[str, ...] = ()
+    retire: tuple[str, ...] = ()
+
+
+def replica_rpr(rep: LiveReplica, by_name: dict[str, ReplicaConfig]) -> tuple[float, float]:
+    """A replica's RPR as scale-down ranks it: its configuration's profiled T / (S·Q) (the
+    paper's RPR), then its measured rate per S·Q, which tells apart replicas of one
+    configuration (a starting replica has served nothing: it ranks lowest). A replica of no
+    known configuration ranks by its measured rate alone."""
+    measured = rep.rate_rps / rep.resource if rep.resource > 0 else rep.rate_rps
+    cfg = by_name.get(rep.config)
+    return (cfg.rpr if cfg is not None else measured, measured)
+
+
+def choose_changes(replicas: Sequence[LiveReplica], mix: Sequence[tuple[str, int]],
+                   desired: int, configs: Sequence[ReplicaConfig]) -> MixChange:
+    """The starts or retirements that bring ``replicas`` to ``desired`` following ``mix``
+    (replicas per configuration name, the autoscaler's ScaleDecision.mix).
+
+    Only one direction per decision, as the count says: scaling up starts the mix's
+    missing configurations (fewer than ``desired`` minus current when the mix names none:
+    the caller starts the rest in its default shape); scaling down retires replicas of the
+    configurations the mix holds fewer of, lowest RPR first (:func:`replica_rpr`; ties:
+    starting before warm, the most recently warmed first), then, if the mix does not
+    account for enough, the lowest-RPR replicas of the rest.
+    """
+    by_name = {c.name: c for c in configs}
+    want = dict(mix)
+    have: dict[str, int] = {}
+    for r in replicas:
+        have[r.config] = have.get(r.config, 0) + 1
+    cur = len(replicas)
+    if desired > cur:
+        missing = sorted(((by_name[n], k - have.get(n, 0)) for n, k in want.items()
+                          if n in by_name and k > have.get(n, 0)),
+                         key=lambda ck: (-ck[0].rpr, ck[0].p99_latency_s, ck[0].name))
+        start = [c.name for c, k in missing for _ in range(k)]
+        return MixChange(start=tuple(start[:desired - cur]))
+    if desired < cur:
+        order = sorted(replicas, key=lambda r: (*replica_rpr(r, by_name), r.warm, -r.since_s,
+                                                r.replica_id))
+        surplus = {n: k - want.get(n, 0) for n, k in have.items() if k > want.get(n, 0)}
+        retire = []
+        for r in order:
+            if surplus.get(r.config, 0) > 0:
+                surplus[r.config] -= 1
+                retire.append(r)
+        retire += [r for r in order if r not in retire]
+        return MixChange(retire=tuple(r.replica_id for r in retire[:cur - desired]))
+    return MixChange()

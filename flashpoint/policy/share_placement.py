@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 from flashpoint.errors import BadRequest
 from flashpoint.policy import dilu, fastgshare
+from flashpoint.policy.replica_config import ReplicaConfig
 
 POLICY_NAMES = ("fastgshare", "dilu")
 SHARING_MODES = ("mps", "tokens")  # host modes that enforce a share ([host] gpu_sharing)
@@ -131,6 +132,15 @@ def resolve_share(spec: SpecT, policy: str = "fastgshare") -> tuple[SpecT, str]:
     reason = (f"dilu profile: request {d.sm_request:g}, limit {d.sm_limit:g} at IBS {d.ibs}, "
               f"{d.throughput_rps:.1f} rps")
     return replace(spec, sm_share=d.sm_request, sm_limit=d.sm_limit), reason
+
+
+def profile_configs(spec: SharedFunction) -> tuple[ReplicaConfig, ...]:
+    """The configurations RPR may give ``spec``'s replicas (policy/rpr.py): its FaST
+    profile's grid when the profile chooses the share, none when ``sm_share`` is explicit
+    (the share is then the user's, for every replica) or there is no profile."""
+    if spec.sm_share > 0 or spec.fast_profile is None:
+        return ()
+    return spec.fast_profile.to_profile(spec.name).configs()
 
 
 @dataclass(frozen=True)

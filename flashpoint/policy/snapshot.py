@@ -105,6 +105,10 @@ class FunctionLoadSnapshot:
     # are unknown).
     configs: tuple[ReplicaConfig, ...] = ()
     replica_configs: tuple[str, ...] = ()
+    # Requests per second each of those replicas completed lately (measured, same order as
+    # replica_configs; shorter = the rest unknown). Not capacity (it cannot exceed λ): it
+    # only ranks replicas whose profiled RPR is equal (rpr.choose_changes).
+    replica_rates: tuple[float, ...] = ()
     # A text-generation function's load in tokens; None for other functions.
     tokens: TokenLoad | None = None
     # The scale-up governor (autoscale.govern): when each starting replica is expected to

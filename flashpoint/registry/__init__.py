@@ -1,7 +1,9 @@
 """The model registry: the Flashpoint model format and the stores that hold models.
 
-* :mod:`~flashpoint.registry.manifest` — the manifest, chunk hashing, layer byte ranges
-  (pure Python: planning code may import it without torch);
+* :mod:`~flashpoint.registry.manifest` — the manifest and layer byte ranges;
+  :mod:`~flashpoint.registry.chunks` — chunk ranges, hashing and verification;
+  :mod:`~flashpoint.registry.blob_header` — a blob's safetensors header (all three pure
+  Python: planning code may import them without torch);
 * :mod:`~flashpoint.registry.format` — writing blobs, zero-copy tensor views, import and
   export (torch);
 * :mod:`~flashpoint.registry.store` — the ``ModelStore`` contract;
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flashpoint.errors import BadRequest
+from flashpoint.registry.blob_header import check_header, parse_header
+from flashpoint.registry.chunks import ChunkHasher, chunk_ranges, verify_chunk
 from flashpoint.registry.local import LocalStore
 from flashpoint.registry.manifest import (
     ALIGN_BYTES,
@@ -26,19 +30,14 @@ from flashpoint.registry.manifest import (
     FORMAT_VERSION,
     PAD_PREFIX,
     BlobLayout,
-    ChunkHasher,
     IoSignature,
     LayerInfo,
     Manifest,
     TensorInfo,
     byte_range_for_layers,
-    check_header,
-    chunk_ranges,
     layer_range,
     make_manifest,
-    parse_header,
     tensors_for_layers,
-    verify_chunk,
 )
 from flashpoint.registry.store import ModelStore, read_verified
 

@@ -40,6 +40,8 @@ from typing import Any, BinaryIO
 import torch
 
 from flashpoint.errors import BadRequest
+from flashpoint.registry.blob_header import parse_header
+from flashpoint.registry.chunks import ChunkHasher
 from flashpoint.registry.manifest import (
     ALIGN_BYTES,
     DEFAULT_CHUNK_SIZE,
@@ -50,12 +52,10 @@ from flashpoint.registry.manifest import (
     METADATA_KEY,
     PAD_PREFIX,
     BlobLayout,
-    ChunkHasher,
     LayerInfo,
     Manifest,
     TensorInfo,
     align_up,
-    parse_header,
     tensor_nbytes,
 )
 

@@ -25,12 +25,9 @@ from pathlib import Path
 
 from flashpoint.errors import BadRequest, Conflict, ModelNotFound, RegistryError
 from flashpoint.ids import validate_name, validate_version
-from flashpoint.registry.manifest import (
-    Manifest,
-    check_header,
-    parse_header,
-    verify_chunk,
-)
+from flashpoint.registry.blob_header import check_header, parse_header
+from flashpoint.registry.chunks import verify_chunk
+from flashpoint.registry.manifest import Manifest
 from flashpoint.registry.store import read_verified
 
 WEIGHTS_FILE = "weights.safetensors"

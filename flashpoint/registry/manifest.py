@@ -3,7 +3,9 @@
 This half of the model format is pure Python so that planning code (partition solvers,
 transfer planning, the controller) can read layer byte ranges, chunk hashes and profiles
 without importing torch. The blob layout itself is described in
-:mod:`flashpoint.registry.format`, which builds blobs and views them as tensors.
+:mod:`flashpoint.registry.format`, which builds blobs and views them as tensors; a blob's
+chunks are hashed and verified in :mod:`flashpoint.registry.chunks`, its safetensors header
+read and checked in :mod:`flashpoint.registry.blob_header`.
 """
 
 from __future__ import annotations
@@ -11,12 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from flashpoint.errors import BadRequest, IntegrityError
+from flashpoint.errors import BadRequest
 from flashpoint.ids import ModelKey, validate_name, validate_version
 from flashpoint.spec import TensorSpec
 
@@ -503,104 +504,8 @@ def _check_range(start: int, end: int, size: int) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Chunks
+# Layer ranges
 # --------------------------------------------------------------------------------------
-
-
-def chunk_ranges(blob_size: int, chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[tuple[int, int]]:
-    """``[start, end)`` of every chunk of a blob (the last one may be short)."""
-    if chunk_size <= 0:
-        raise BadRequest("chunk_size must be positive")
-    return [(s, min(s + chunk_size, blob_size)) for s in range(0, blob_size, chunk_size)]
-
-
-def verify_chunk(manifest: Manifest, index: int, data: bytes | bytearray | memoryview) -> None:
-    """Raise :class:`IntegrityError` unless ``data`` is exactly chunk ``index`` of the blob."""
-    start, end = manifest.chunk_range(index)
-    mv = memoryview(data).cast("B")
-    if len(mv) != end - start:
-        raise IntegrityError(
-            f"{manifest.name}:{manifest.version} chunk {index}: {len(mv)} bytes, "
-            f"expected {end - start}", chunk=index,
-        )
-    digest = hashlib.sha256(mv).hexdigest()
-    if digest != manifest.chunk_sha256[index]:
-        raise IntegrityError(
-            f"{manifest.name}:{manifest.version} chunk {index}: sha256 mismatch", chunk=index
-        )
-
-
-class ChunkHasher:
-    """sha256 of every ``chunk_size`` piece of a byte stream fed in arbitrary pieces."""
-
-    def __init__(self, chunk_size: int) -> None:
-        if chunk_size <= 0:
-            raise BadRequest("chunk_size must be positive")
-        self._chunk_size = chunk_size
-        self._hash = hashlib.sha256()
-        self._filled = 0
-        self.size_bytes = 0
-        self.digests: list[str] = []
-
-    def update(self, data: bytes | bytearray | memoryview) -> None:
-        mv = memoryview(data).cast("B")
-        self.size_bytes += len(mv)
-        while len(mv):
-            take = min(self._chunk_size - self._filled, len(mv))
-            self._hash.update(mv[:take])
-            self._filled += take
-            mv = mv[take:]
-            if self._filled == self._chunk_size:
-                self.digests.append(self._hash.hexdigest())
-                self._hash = hashlib.sha256()
-                self._filled = 0
-
-    def finish(self) -> list[str]:
-        if self._filled:
-            self.digests.append(self._hash.hexdigest())
-            self._hash = hashlib.sha256()
-            self._filled = 0
-        return self.digests
-
-
-# --------------------------------------------------------------------------------------
-# Headers and layer ranges
-# --------------------------------------------------------------------------------------
-
-
-def parse_header(prefix: bytes | bytearray | memoryview) -> tuple[dict[str, Any], int]:
-    """The safetensors JSON header of a blob and its data offset.
-
-    ``prefix`` must hold at least the header (``8 + length`` bytes); BadRequest otherwise.
-    """
-    mv = memoryview(prefix).cast("B")
-    if len(mv) < 8:
-        raise BadRequest("blob shorter than the safetensors header length")
-    (n,) = struct.unpack("<Q", mv[:8])
-    if n > MAX_HEADER_BYTES or len(mv) < 8 + n:
-        raise BadRequest("safetensors header too long or truncated")
-    try:
-        header = json.loads(bytes(mv[8:8 + n]))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequest(f"safetensors header is not valid JSON: {e}") from None
-    if not isinstance(header, dict):
-        raise BadRequest("safetensors header must be an object")
-    return header, 8 + n
-
-
-def check_header(manifest: Manifest, header: Mapping[str, Any], data_offset: int) -> None:
-    """BadRequest unless a blob's safetensors header describes the manifest's tensors."""
-    if data_offset != manifest.data_offset:
-        raise BadRequest("blob data offset differs from the manifest")
-    names = {k for k in header if k != METADATA_KEY and not k.startswith(PAD_PREFIX)}
-    if names != manifest.tensors.keys():
-        raise BadRequest("blob tensors differ from the manifest")
-    for name, info in manifest.tensors.items():
-        h = header[name]
-        offsets = [info.start - data_offset, info.end - data_offset]
-        if (not isinstance(h, dict) or h.get("dtype") != info.dtype
-                or h.get("shape") != list(info.shape) or h.get("data_offsets") != offsets):
-            raise BadRequest(f"blob tensor {name!r} differs from the manifest")
 
 
 def layer_range(manifest: Manifest, first: int | str, last: int | str) -> tuple[int, int]:

@@ -53,8 +53,10 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from flashpoint.errors import BadRequest, Conflict, FlashpointError, ModelNotFound, RegistryError
 from flashpoint.ids import validate_name, validate_version
+from flashpoint.registry.blob_header import check_header, parse_header
+from flashpoint.registry.chunks import verify_chunk
 from flashpoint.registry.local import read_exact
-from flashpoint.registry.manifest import Manifest, check_header, parse_header, verify_chunk
+from flashpoint.registry.manifest import Manifest
 from flashpoint.rpc.backoff import Backoff, retry
 
 if TYPE_CHECKING:

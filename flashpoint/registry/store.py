@@ -20,7 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from flashpoint.registry.manifest import Manifest, verify_chunk
+from flashpoint.registry.chunks import verify_chunk
+from flashpoint.registry.manifest import Manifest
 
 
 @runtime_checkable

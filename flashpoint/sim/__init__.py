@@ -6,8 +6,9 @@
 * ``models`` — the thesis's six model profiles and a loader for profiled manifests;
 * ``cluster`` — hosts, GPUs, caches and a request queue around the live
   ``ControllerState`` (autoscalers, placement, sourcing, partitioning);
-* ``experiments`` — the thesis's grid and report (``flashpoint sim reproduce``); ``plots``
-  — its PNG figures (matplotlib optional, the ``sim`` extra).
+* ``experiments`` — the thesis's grid; ``report`` — its markdown report beside the thesis's
+  numbers; ``reproduce`` — the ``flashpoint sim reproduce`` command; ``plots`` — its PNG
+  figures (matplotlib optional, the ``sim`` extra).
 
 Pure and dependency-light: no asyncio, torch, NVML, aiohttp or RPC; from the
 controller only its pure ``controller.state`` package (STYLE.md, the import rule;

@@ -13,7 +13,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from flashpoint.sim.cluster import RunMetrics, Technique
+from flashpoint.sim.cluster_config import Technique
+from flashpoint.sim.metrics import RunMetrics
 from flashpoint.sim.models import thesis_model
 
 if TYPE_CHECKING:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flashpoint.sim.cluster import RunMetrics, Technique
+from flashpoint.sim.cluster_config import Technique
+from flashpoint.sim.metrics import RunMetrics
 
 __all__ = ["RunResult"]
 

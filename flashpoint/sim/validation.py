@@ -29,7 +29,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Final
 
-from flashpoint.sim.cluster import ClusterConfig, SimCluster, Technique
+from flashpoint.sim.cluster import SimCluster
+from flashpoint.sim.cluster_config import ClusterConfig, Technique
 from flashpoint.sim.engine import Engine
 from flashpoint.sim.models import LayerProfile, ModelProfile
 from flashpoint.sim.network import Flow, FlowNetwork, Topology, chain_path

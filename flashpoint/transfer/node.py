@@ -38,9 +38,9 @@ from typing import Any
 from flashpoint.config import secret_from_env
 from flashpoint.errors import Conflict, FlashpointError
 from flashpoint.log import configure, get_logger
+from flashpoint.registry.chunks import ChunkHasher
 from flashpoint.registry.manifest import (
     ALIGN_BYTES,
-    ChunkHasher,
     IoSignature,
     LayerInfo,
     Manifest,

@@ -48,6 +48,7 @@ FIELDS: dict[str, tuple[str, list[str], Any]] = {
     "protean_profile": ("--protean-profile", [json.dumps(PROTEAN)], PROTEAN),
     "dilu_profile": ("--dilu-profile", [json.dumps(DILU)], DILU),
     "batch_memory_bytes": ("--batch-memory-bytes", [str(1 << 20)], 1 << 20),
+    "batch_fbr": ("--batch-fbr", ["0.4"], 0.4),
     "canary_pct": ("--canary", ["40"], 40.0),
     "inputs": ("--input", ["x:FP32:-1,3", "mask:INT64:-1"],
                [{"name": "x", "datatype": "FP32", "shape": [-1, 3]},

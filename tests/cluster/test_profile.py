@@ -131,6 +131,9 @@ async def test_flashpoint_profile_stores_a_grid_that_share_resolution_reads(
                                                           "mem_bytes": 0}
         persisted = {spec.name: spec for spec in await c.controller.functions.table.load()}
         assert persisted[FN].fast_profile is not None
+        # PROTEAN's FBR is the slice dispatcher's batch_fbr too, scaled from the trials'
+        # batch (1) to the function's max_batch_size (8, the default)
+        assert stored["batch_fbr"] == pytest.approx(min(100.0, protean["fbr"] * 8))
         assert persisted[FN].sm_share == 0.0  # the registered spec: the share is resolved
         ref = share_from_profile(FunctionProfile(FN, tuple(
             ProfilePoint(p["sm_share"], p["quota"], p["throughput_rps"], p["p99_latency_s"])

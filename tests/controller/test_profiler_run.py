@@ -119,7 +119,7 @@ async def test_a_full_run_measures_each_point_once_and_stores_three_profiles():
     # one deploy for every one-replica trial (shares changed live), one for the pair
     assert prof.deployed == [grid[0], req.colocated_point()]
     assert len(prof.removed) == 2 and answer["deploys"] == 2
-    assert answer["stored"] == ["dilu_profile", "fast_profile", "protean_profile"]
+    assert answer["stored"] == ["batch_fbr", "dilu_profile", "fast_profile", "protean_profile"]
     # the stored FaST profile is the trials' numbers; the share resolves from it
     ref = share_from_profile(FunctionProfile("fn", tuple(
         ProfilePoint(p.sm_share, p.time_quota, 100.0 * p.sm_share * p.time_quota,
@@ -129,6 +129,8 @@ async def test_a_full_run_measures_each_point_once_and_stores_three_profiles():
     # PROTEAN: Solo serves 100 rps; the pair (S 0.5 each) 100 * 0.5 * 2 / 1.5 together, a
     # third of Solo each: slowdown 3 = 2 * FBR (Eq. 2 with two batches)
     assert prof.functions.stored["protean_profile"].slices[0].fbr == pytest.approx(1.5)
+    # the dispatcher's batch_fbr: a batch of max_batch_size (8) = 8 trial batches of 1
+    assert prof.functions.stored["batch_fbr"] == pytest.approx(1.5 * 8)
     assert prof.functions.stored["dilu_profile"].sm_request == 0.1
     assert "fn" not in prof._running
 

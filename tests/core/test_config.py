@@ -158,3 +158,27 @@ def test_secret_comes_from_the_environment_and_the_run_secret_stays_on_loopback(
 def test_the_gateway_table_is_checked_when_it_loads(table):
     with pytest.raises(BadRequest):
         load_config(overrides={"gateway": table})
+
+
+def test_protean_thresholds_are_fractions_in_order_and_reach_both_algorithms(tmp_path):
+    cfg = load_config(overrides={"controller": {"protean_t_low": 0.1, "protean_t_high": 0.8,
+                                                "slice_dispatch": "least_loaded"}})
+    assert (cfg.controller.protean_t_low, cfg.controller.protean_t_high) == (0.1, 0.8)
+    assert (ControllerConfig().protean_t_low, ControllerConfig().protean_t_high) == (0.05, 0.95)
+    from flashpoint.controller.mig_driver import MigDriver
+    from flashpoint.controller.state.core import ControllerState
+
+    driver = MigDriver(cfg.controller, ControllerState(), {}, lambda cmds: None,
+                       lambda coro, name: None, lambda: 0.0)
+    assert (driver.mig.params.t_low, driver.mig.params.t_high) == (0.1, 0.8)  # Alg. 2
+    p = tmp_path / "c.toml"
+    p.write_text("[controller]\nprotean_t_high = 1.5\n")
+    with pytest.raises(BadRequest, match=r"c\.toml: \[controller\] protean_t_high = 1\.5: "
+                                         r"expected a fraction in \[0, 1\]"):
+        load_config(p)
+    with pytest.raises(BadRequest, match="protean_t_low and protean_t_high: need 0 <= t_low < "
+                                         "t_high <= 1, got 0.6 and 0.4"):
+        load_config(overrides={"controller": {"protean_t_low": 0.6, "protean_t_high": 0.4}})
+    with pytest.raises(BadRequest, match="slice_dispatch = 'protein': expected one of "
+                                         "protean, least_loaded"):
+        load_config(overrides={"controller": {"slice_dispatch": "protein"}})

@@ -123,7 +123,8 @@ def test_host_state_is_pure():
 
 
 @pytest.mark.parametrize("package", ["flashpoint.partition", "flashpoint.sim",
-                                     "flashpoint.sim.cluster", "flashpoint.sim.experiments"])
+                                     "flashpoint.sim.cluster", "flashpoint.sim.experiments",
+                                     "flashpoint.sim.report", "flashpoint.sim.reproduce"])
 def test_import_pulls_in_nothing_forbidden(package):
     """Transitively too: importing the package loads no forbidden module (numpy is fine);
     the controller's state package is the only actor-side code it loads."""

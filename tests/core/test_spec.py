@@ -84,6 +84,7 @@ def test_rejects_bad_versions(version):
     {"max_replicas": 1025}, {"keep_alive_s": -0.1}, {"keep_alive_s": 86401},
     {"replica_concurrency": 0}, {"replica_concurrency": 4097}, {"timeout_s": 0},
     {"timeout_s": 3601}, {"keep_alive_s": float("nan")}, {"timeout_s": float("inf")},
+    {"batch_fbr": -0.1}, {"batch_fbr": 100.5}, {"batch_fbr": float("nan")}, {"batch_fbr": "1"},
 ])
 def test_bounds(kw):
     with pytest.raises(BadRequest):
@@ -93,7 +94,7 @@ def test_bounds(kw):
 @pytest.mark.parametrize("kw", [
     {"max_batch_size": 1}, {"max_batch_size": 1024}, {"batch_wait_ms": 0}, {"batch_wait_ms": 1000},
     {"min_replicas": 4, "max_replicas": 4}, {"keep_alive_s": 0}, {"keep_alive_s": 86400},
-    {"replica_concurrency": 4096}, {"timeout_s": 3600},
+    {"replica_concurrency": 4096}, {"timeout_s": 3600}, {"batch_fbr": 0}, {"batch_fbr": 100},
 ])
 def test_bounds_inclusive(kw):
     FunctionSpec.from_dict(good(**kw))

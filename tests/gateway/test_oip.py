@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flashpoint.errors import BadRequest, Forbidden, PayloadTooLarge, Unauthorized
-from flashpoint.gateway import GatewayConfig, oip
+from flashpoint.gateway import GatewayConfig, json_codec, oip
 from flashpoint.gateway.admission import TokenBucket, effective_timeout_s
 from flashpoint.gateway.auth import ApiKeyAuth, Role
 from flashpoint.gateway.body import decompress
@@ -27,7 +27,7 @@ LIMITS = oip.CodecLimits(max_json_depth=32, max_tensor_bytes=1 << 20)
 
 
 def _decode(header: dict, binary: bytes = b"") -> oip.InferRequest:
-    return oip.decode_infer_request(oip.load_json(json.dumps(header), 32), binary, LIMITS)
+    return oip.decode_infer_request(json_codec.load_json(json.dumps(header), 32), binary, LIMITS)
 
 
 def test_json_nested_and_flat_data_agree():
@@ -83,23 +83,23 @@ def test_split_body():
 
 
 def test_depth_limit():
-    oip.load_json("[" * 32 + "]" * 32, 32)
+    json_codec.load_json("[" * 32 + "]" * 32, 32)
     with pytest.raises(BadRequest, match="nested deeper"):
-        oip.load_json("[" * 33 + "]" * 33, 32)
+        json_codec.load_json("[" * 33 + "]" * 33, 32)
     with pytest.raises(BadRequest, match="nested deeper"):
-        oip.load_json('{"a":' * 200_000 + "1" + "}" * 200_000, 32)
+        json_codec.load_json('{"a":' * 200_000 + "1" + "}" * 200_000, 32)
 
 
 def test_depth_limit_whatever_the_bracket_count():
     # Few brackets: the walk is skipped; brackets inside strings only make it walk.
-    assert oip.load_json(b'{"a": "' + b"[" * 100 + b'"}', 32) == {"a": "[" * 100}
-    assert oip.load_json(b"[" * 3 + b"]" * 3, 3) == [[[]]]
+    assert json_codec.load_json(b'{"a": "' + b"[" * 100 + b'"}', 32) == {"a": "[" * 100}
+    assert json_codec.load_json(b"[" * 3 + b"]" * 3, 3) == [[[]]]
     with pytest.raises(BadRequest, match="nested deeper"):
-        oip.load_json(b"[" * 4 + b"]" * 4, 3)
+        json_codec.load_json(b"[" * 4 + b"]" * 4, 3)
     with pytest.raises(BadRequest, match="nested deeper"):
-        oip.load_json(b'[[[["' + b"]" * 40 + b'"]]]]', 3)
+        json_codec.load_json(b'[[[["' + b"]" * 40 + b'"]]]]', 3)
     with pytest.raises(BadRequest, match="nested deeper"):
-        oip.load_json('{"a":{"b":{"c":{"d":1}}}}', 3)
+        json_codec.load_json('{"a":{"b":{"c":{"d":1}}}}', 3)
 
 
 def test_tensor_budget_is_checked_before_allocating():
@@ -306,7 +306,7 @@ def _stdlib_load(raw: bytes) -> object:
 
 def _fast_load(raw: bytes) -> object:
     try:
-        return oip.load_json(raw, 10_000)
+        return json_codec.load_json(raw, 10_000)
     except BadRequest as e:
         return "BadRequest: nested deeper" if "nested deeper" in e.message else (
             f"BadRequest: {e.message}")
@@ -338,7 +338,7 @@ def test_load_json_matches_the_stdlib(value):
 @settings(max_examples=300, deadline=None)
 @given(json_values)
 def test_dump_json_writes_the_same_values_as_the_stdlib(value):
-    ours = oip.dump_json(value)
+    ours = json_codec.dump_json(value)
     theirs = json.dumps(value, separators=(",", ":"), default=str)
     assert _same(json.loads(ours), json.loads(theirs))
     if _holds_null_or_nonfinite(value):
@@ -358,7 +358,7 @@ def _holds_null_or_nonfinite(value: object) -> bool:
 
 @pytest.mark.parametrize("value", [{"\x7f": False, "NaN": False}, ["null", "Infinity"]])
 def test_dump_json_of_strings_that_spell_nan_or_null(value):
-    ours = oip.dump_json(value)
+    ours = json_codec.dump_json(value)
     assert _same(json.loads(ours), value)
 
 
@@ -374,10 +374,10 @@ def test_dump_json_of_numpy_and_other_types_matches_the_stdlib():
              "t": datetime.datetime(2020, 1, 2), "tuple": (1, 2), 4: "int key",
              "big": 2**70, "nan": float("nan"), "bytes": b"x", "s": "\ud800"}
     theirs = json.dumps(value, separators=(",", ":"), default=str).encode()
-    assert oip.dump_json(value) == theirs  # non-str keys, big ints, surrogates: the stdlib
+    assert json_codec.dump_json(value) == theirs  # non-str keys, big ints, surrogates: the stdlib
     del value[4], value["big"], value["nan"], value["s"]
     theirs = json.dumps(value, separators=(",", ":"), default=str)
-    assert _same(json.loads(oip.dump_json(value)), json.loads(theirs))
+    assert _same(json.loads(json_codec.dump_json(value)), json.loads(theirs))
 
 
 class _SlowBackend:

@@ -147,3 +147,34 @@ def test_hysteresis_resets_on_match_and_ewma_smooths():
     snap = ReconfigSnapshot((GpuReconfigSnapshot("gpu0", "A100-40GB", geo["gpu0"], 9.0, GB),))
     _, mem = reconfigure(snap, params, mem)
     assert mem.ewma["gpu0"] == pytest.approx(0.5 * 9 + 0.5 * 3)
+
+
+
+def test_thresholds_in_alg1():
+    """T_high keeps strict batches off a slice tagged above it; below T_low a slice's tag
+    does not shrink the memory strict batches may use (digest §2.5's thresholds read as BE
+    occupancies of a slice)."""
+    mems = {"be": {"1g": 0.3, "2g": 0.3, "3g": 0.5, "4g": 0.5, "7g": 0.5},  # smaller on 1g
+            "big": dict.fromkeys(SLOWER, 4.6), "small": dict.fromkeys(SLOWER, 0.1)}
+    profiles = ProteanProfiles(tuple(
+        SliceProfile(m, s, 0.1 * SLOWER[s], 0.1, int(mem[s] * GB))
+        for m, mem in mems.items() for s in SLOWER))
+    one = (SliceSnapshot("1g", "1g", 5 * GB),)
+    q = (Batch("b", "be", False), Batch("s", "big", True))
+    # tag 0.5/5 = 0.1 (the 7g footprint), first fit leaves 4.7 GB: strict may use 4.5
+    assert distribute_jobs(DistributionSnapshot(one, q), profiles).slice_of("s") is None
+    d = distribute_jobs(DistributionSnapshot(one, q), profiles, t_low=0.2, t_high=1.0)
+    assert d.slice_of("s") == "1g" and d.slice_of("b") == "1g"  # below T_low: all 4.7 GB
+    # A crowded 4g (Σ FBR 5.0): η 4g = 1.2 · 5.1 = 6.12, η 1g = 4.0 · max(0.1 + 0.9, 1) = 4.
+    two = (SliceSnapshot("1g", "1g", 5 * GB), SliceSnapshot("4g", "4g", 20 * GB,
+                                                            resident_fbr=5.0))
+    q = (*(Batch(f"b{i}", "be", False) for i in range(9)), Batch("s", "small", True))
+    d = distribute_jobs(DistributionSnapshot(two, q), profiles)
+    assert d.tags["1g"] == pytest.approx(0.9)  # 9 × 0.5 GB of the 1g's 5
+    assert d.slice_of("s") == "1g" and d.etas["s"] == pytest.approx(4.0)
+    d = distribute_jobs(DistributionSnapshot(two, q), profiles, t_low=0.05, t_high=0.85)
+    assert d.slice_of("s") == "4g" and d.etas["s"] == pytest.approx(6.12)  # 0.9 > T_high
+    with pytest.raises(BadRequest):
+        distribute_jobs(DistributionSnapshot(two, q), profiles, t_low=0.9, t_high=0.8)
+    with pytest.raises(BadRequest):
+        ReconfigParams(t_low=0.6, t_high=0.4)

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from flashpoint.sim.cluster import Technique
+from flashpoint.sim.cluster_config import Technique
 from flashpoint.sim.experiments import FULL, bursty_trace, run_bursty
 
 SHORT = replace(FULL, n_hosts=20, hosts_per_leaf=10, duration_s=600, drain_s=600.0)

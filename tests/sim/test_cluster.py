@@ -8,7 +8,8 @@ import pytest
 
 from flashpoint.controller.state.core import ControllerState
 from flashpoint.controller.state.events import DeployReplica, DissolveStages, ServeGroup
-from flashpoint.sim.cluster import ClusterConfig, SimCluster, Technique
+from flashpoint.sim.cluster import SimCluster
+from flashpoint.sim.cluster_config import ClusterConfig, Technique
 from flashpoint.sim.engine import Engine
 from flashpoint.sim.models import thesis_model
 from flashpoint.sim.network import CLOUD, FlowNetwork, LinkId, LinkKind, Topology, chain_path

@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from flashpoint.sim.cluster import Technique
-from flashpoint.sim.experiments import SMALL, ExperimentConfig, report_markdown, run_grid
+from flashpoint.sim.cluster_config import Technique
+from flashpoint.sim.experiments import SMALL, ExperimentConfig, run_grid
+from flashpoint.sim.report import report_markdown
 
 TINY = ExperimentConfig(n_hosts=4, gpus_per_host=4, hosts_per_leaf=2, duration_s=120,
                         trace_scale=0.3, models=("bart",), autoscalers=("atl", "owk"),
@@ -264,8 +265,8 @@ def test_every_comparison_row_has_an_explanation(tiny_results):
 
 
 def test_sources_summary_counts_and_averages_each_source():
-    from flashpoint.sim.cluster import RunMetrics
     from flashpoint.sim.explain import sources_summary
+    from flashpoint.sim.metrics import RunMetrics
 
     m = RunMetrics(cold_starts_s=[1.0, 3.0, 100.0, 2.0],
                    cold_start_sources=["local", "local", "registry", "chain:h3"])

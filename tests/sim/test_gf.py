@@ -8,7 +8,8 @@ import pytest
 
 from flashpoint.controller.state.events import DeployReplica, StartChain
 from flashpoint.policy.sourcing import REGISTRY, plan_sourcing
-from flashpoint.sim.cluster import ClusterConfig, SimCluster, Technique
+from flashpoint.sim.cluster import SimCluster
+from flashpoint.sim.cluster_config import ClusterConfig, Technique
 from flashpoint.sim.models import thesis_model
 from flashpoint.sim.network import Topology
 from flashpoint.sim.traces import RequestLog

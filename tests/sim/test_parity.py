@@ -17,7 +17,8 @@ import pytest
 from flashpoint.controller.state.core import ControllerState
 from flashpoint.controller.state.events import DeployReplica
 from flashpoint.policy.autoscale import make_autoscaler
-from flashpoint.sim.cluster import ClusterConfig, SimCluster, Technique
+from flashpoint.sim.cluster import SimCluster
+from flashpoint.sim.cluster_config import ClusterConfig, Technique
 from flashpoint.sim.models import thesis_model
 from flashpoint.sim.network import Topology
 from flashpoint.sim.traces import requests_from_rates, twitter_like

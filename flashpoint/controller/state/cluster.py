@@ -147,6 +147,13 @@ class ClusterRecords:
                                       frozenset(h.cached_models), devs, leaf=h.leaf))
         return ClusterSnapshot(now_s, tuple(hosts))
 
+    def mig_profile(self, host_id: str, device_id: str) -> str:
+        """The MIG profile of a host's unit ("4g.20gb"); "" for a whole GPU, a CPU unit or
+        a unit the controller does not know."""
+        host = self.hosts.get(host_id)
+        dev = host.devices.get(device_id) if host is not None else None
+        return dev.mig_profile if dev is not None else ""
+
     def replicas_of(self, function: str) -> list[ReplicaRecord]:
         """Every replica of ``function`` the controller knows, in any phase."""
         return [r for r in self.replicas.values() if r.function == function]

@@ -55,7 +55,8 @@ from flashpoint.controller.state.scaling import Scaling
 from flashpoint.controller.state.sourcing import Sourcing
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.policy.rollout import RollPhase
-from flashpoint.policy.share_placement import resolve_share
+from flashpoint.policy.rpr import config_of
+from flashpoint.policy.share_placement import profile_configs, resolve_share
 
 
 class ControllerState(Scaling, Sourcing):
@@ -144,8 +145,12 @@ class ControllerState(Scaling, Sourcing):
         here: the ticks roll them over (:meth:`_roll`) while the old version serves."""
         old = self.functions.get(ev.spec.name)
         spec, share_reason = resolve_share(ev.spec, self.share_policy)  # profile -> sm_share
+        configs = profile_configs(ev.spec)  # RPR then shapes each replica (scaling.py)
         rec = FunctionRecord(spec, ev.model_bytes, plans=ev.plans,
-                             whole_cold_s=ev.whole_cold_s, share_reason=share_reason)
+                             whole_cold_s=ev.whole_cold_s, share_reason=share_reason,
+                             configs=configs, config_rate_rps=next(
+                                 (c.throughput_rps for c in configs if c.name == config_of(
+                                     spec.sm_share, spec.time_quota, configs)), 0.0))
         if old is not None:
             rec.last_request_s = old.last_request_s
             rec.scaler_memory = old.scaler_memory

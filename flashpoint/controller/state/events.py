@@ -8,6 +8,7 @@ behaviour. Pure like the state class (the simulator imports it).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from flashpoint.policy.partitioning import PlanLookup
@@ -148,6 +149,9 @@ class FunctionLoad:
     queue_latency_s: float = 0.0  # age of the oldest queued request
     invocations_total: int = 0  # requests accepted since the controller started
     tokens: TokenLoad | None = None  # a text-generation function's load in tokens
+    # Requests per second each of its replicas (id) completed lately; a replica missing has
+    # completed none (RPR ranks replicas of one configuration by it, policy/rpr.py).
+    replica_rates: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

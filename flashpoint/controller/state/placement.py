@@ -10,6 +10,7 @@ from flashpoint.controller.state.events import Command, DeployKaas, DeployReplic
 from flashpoint.controller.state.records import FunctionRecord, ReplicaPhase, ReplicaRecord
 from flashpoint.kaas import KAAS_FUNCTION
 from flashpoint.policy.placement import PlacementRequest, select_receivers
+from flashpoint.policy.replica_config import ReplicaConfig
 from flashpoint.policy.share_placement import (
     SHARING_MODES,
     ShareDevice,
@@ -25,16 +26,19 @@ class Placement(ClusterRecords):
 
     def _place_whole(self, fn: FunctionRecord, count: int, now_s: float,
                      spec: FunctionSpec | None = None,
-                     model_bytes: int | None = None) -> list[Command]:
+                     model_bytes: int | None = None,
+                     shape: ReplicaConfig | None = None) -> list[Command]:
         """Up to ``count`` whole replicas where placement puts them, of ``spec``'s model
-        version (default: the registered one; a roll-out passes the previous one)."""
+        version (default: the registered one; a roll-out passes the previous one). On
+        sharing hosts each gets ``shape``'s SM share and quota when given (RPR's mix), else
+        the spec's share."""
         if count <= 0:
             return []
         spec = spec or fn.spec
         model_bytes = fn.model_bytes if model_bytes is None else model_bytes
         if spec.sm_share > 0 and any(h.alive and not h.draining and h.gpu_sharing
                                      in SHARING_MODES for h in self.hosts.values()):
-            return self._place_shared(fn, count, now_s, spec, model_bytes)
+            return self._place_shared(fn, count, now_s, spec, model_bytes, shape)
         decision = select_receivers(self.snapshot(now_s),
                                     self._request(fn, count, spec, model_bytes))
         fn.unplaced = decision.reason if decision.unplaced else ""
@@ -49,14 +53,18 @@ class Placement(ClusterRecords):
         return cmds
 
     def _place_shared(self, fn: FunctionRecord, count: int, now_s: float,
-                      spec: FunctionSpec, model_bytes: int) -> list[Command]:
+                      spec: FunctionSpec, model_bytes: int,
+                      shape: ReplicaConfig | None = None) -> list[Command]:
         """Up to ``count`` replicas of a function with a GPU share on sharing hosts' GPUs, by
         the pure policy of ``share_policy`` (FaST MaxRects or Dilu best fit,
-        policy/share_placement.py); each deploy carries its share, which the host enforces."""
+        policy/share_placement.py); each deploy carries its share, which the host enforces.
+        ``shape``: the SM share and quota of one of RPR's configurations instead of the
+        spec's (an ``sm_limit`` below its share is raised to it)."""
         rids = tuple(f"{spec.name}-{self.epoch}{next(self._seq)}" for _ in range(count))
+        sm_share = shape.sm_share if shape is not None else spec.sm_share
+        quota = shape.quota if shape is not None else (spec.time_quota or 1.0)
         decision = place_shared(self.share_policy, self._share_devices(), ShareRequest(
-            spec.name, rids, spec.sm_share, spec.sm_limit or spec.sm_share,
-            spec.time_quota or 1.0,
+            spec.name, rids, sm_share, max(spec.sm_limit, sm_share), quota,
             spec.gpu_memory_bytes or model_bytes + self.replica_overhead_bytes))
         fn.unplaced = decision.reason if decision.unplaced else ""
         cmds: list[Command] = []

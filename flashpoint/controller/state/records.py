@@ -10,6 +10,7 @@ from typing import Any
 
 from flashpoint.controller.state.events import DeviceRecord, GpuRecord, StartFailure
 from flashpoint.policy.partitioning import PlanLookup
+from flashpoint.policy.replica_config import ReplicaConfig
 from flashpoint.policy.rollout import RollPhase, canary_active
 from flashpoint.policy.share_placement import ReplicaShare
 from flashpoint.spec import FunctionSpec
@@ -123,6 +124,11 @@ class FunctionRecord:
     reason: str = ""  # why the autoscaler decided what it did, last time
     unplaced: str = ""  # why the last scale-up could not place every replica ("" = it could)
     share_reason: str = ""  # where its sm_share came from, when a FaST profile chose it
+    # RPR (policy/rpr.py): the FaST profile's configurations when the profile chose the
+    # share (each new replica then gets the shape the autoscaler's mix names), and the
+    # throughput of the registered one (p_eff), one replica's rate for the governor.
+    configs: tuple[ReplicaConfig, ...] = ()
+    config_rate_rps: float = 0.0
     # The spec registered before a change of model version, and its model's size: replicas
     # of it keep serving while the roll-out runs, and a canary keeps some (policy/rollout.py).
     # Cleared once every replica runs ``spec``'s version and no canary holds.

@@ -27,6 +27,7 @@ from flashpoint.policy.partitioning import (
 )
 from flashpoint.policy.placement import select_receivers
 from flashpoint.policy.rollout import RollPhase, RollReplica, RollSnapshot, plan_roll
+from flashpoint.policy.rpr import LiveReplica, choose_changes, config_of
 from flashpoint.policy.snapshot import ClusterSnapshot, FunctionLoadSnapshot
 
 
@@ -60,6 +61,14 @@ class Scaling(GroupLifecycle, Placement):
             tokens=load.tokens,
             starting_ready_s=self._starting_ready(fn, starting)[:seen_starting],
             new_ready_s=self._new_ready(fn, now_s),
+            # RPR (policy/rpr.py): the profile's configurations, the SLO, each replica's
+            # shape and measured rate, and p_eff's throughput as one replica's rate
+            slo_s=spec.slo_ms / 1000.0, configs=fn.configs,
+            replica_configs=tuple(self._config_of(fn, r) for r in warm + starting)
+            if fn.configs else (),
+            replica_rates=tuple(load.replica_rates.get(r.replica_id, 0.0)
+                                for r in warm + starting) if fn.configs else (),
+            replica_rate=fn.config_rate_rps,
         ), fn.scaler_memory)
         current = len(warm) + len(starting)
         fn.desired, fn.reason = decision.desired, decision.reason
@@ -69,6 +78,9 @@ class Scaling(GroupLifecycle, Placement):
         if decision.desired > current:
             if self.backing_off(spec.name, now_s) is not None:
                 return []  # its starts keep failing: no new one before retry_at_s
+            if self._shaped(fn) and decision.mix:
+                return self._scale_to_mix(fn, warm + starting, decision.mix,
+                                          decision.desired, now_s, load)
             return self._scale_up(fn, decision.desired - current, now_s, load)
         if decision.desired < current:
             excess = current - decision.desired
@@ -85,6 +97,11 @@ class Scaling(GroupLifecycle, Placement):
                 group = self.groups[gid]
                 excess -= sum(r in self.replicas for r in group.stages)
                 cmds += self._stop_group(group, "retired")
+            if self._shaped(fn) and decision.mix and excess > 0:
+                # RPR's mix says which shapes go: lowest RPR first (policy/rpr.py)
+                whole = [r for r in warm + starting if r.group_id not in self.groups]
+                return cmds + self._scale_to_mix(fn, whole, decision.mix,
+                                                 len(whole) - excess, now_s, load)
             # Then starting replicas (no work on them), then the most recently warmed (the
             # oldest replicas keep the warmest caches and JIT state).
             victims = [r for r in sorted(starting, key=lambda r: -r.requested_s)
@@ -92,6 +109,48 @@ class Scaling(GroupLifecycle, Placement):
                        if r.group_id not in self.groups]
             return cmds + self._retire(victims[: max(0, excess)])
         return []
+
+    def _shaped(self, fn: FunctionRecord) -> bool:
+        """Whether ``fn``'s replicas take the shapes of RPR's mix: it has profiled
+        configurations and placement is FaST's, whose rectangles are (SM share × quota).
+        Dilu reserves an SM request and limit but no quota, so a shape could not be read
+        back from its share: there every replica keeps the registered share."""
+        return bool(fn.configs) and self.share_policy == "fastgshare"
+
+    def _config_of(self, fn: FunctionRecord, rep: ReplicaRecord) -> str:
+        """The name of the profiled configuration ``rep`` runs in, read from its share
+        ("" = none of ``fn``'s, or no share)."""
+        if rep.share is None:
+            return ""
+        return config_of(rep.share.sm_share, rep.share.time_request, fn.configs)
+
+    def replica_config(self, rep: ReplicaRecord) -> str:
+        """The RPR configuration a replica runs in, for status ("" = none)."""
+        fn = self.functions.get(rep.function)
+        return self._config_of(fn, rep) if fn is not None else ""
+
+    def _scale_to_mix(self, fn: FunctionRecord, mine: list[ReplicaRecord],
+                      mix: tuple[tuple[str, int], ...], desired: int, now_s: float,
+                      load: FunctionLoad) -> list[Command]:
+        """Bring ``mine`` to ``desired`` replicas in RPR's configuration mix: each new
+        replica gets the shape (SM share, quota) the mix names for it, placed as that shape;
+        a scale-down retires the lowest-RPR replicas (rpr.choose_changes, pure)."""
+        by_name = {c.name: c for c in fn.configs}
+        change = choose_changes([LiveReplica(
+            r.replica_id, name, by_name[name].resource if name in by_name else 0.0,
+            load.replica_rates.get(r.replica_id, 0.0), r.phase == ReplicaPhase.WARM,
+            r.warm_s if r.warm_s is not None else r.requested_s)
+            for r in mine for name in (self._config_of(fn, r),)], mix, desired, fn.configs)
+        if change.retire:
+            return self._retire([self.replicas[r] for r in change.retire])
+        cmds: list[Command] = []
+        for name in dict.fromkeys(change.start):  # one placement per shape, in mix order
+            count = change.start.count(name)
+            cmds += self._place_whole(fn, count, now_s, shape=by_name[name])
+            if fn.unplaced:
+                return cmds  # no room for this shape: the next tick tries again
+        rest = desired - len(mine) - len(change.start)
+        return cmds + (self._scale_up(fn, rest, now_s, load) if rest > 0 else [])
 
     def _expected_cold_s(self, fn: FunctionRecord, sources: tuple[str, ...]) -> float | None:
         """The shortest cold start measured lately from any of ``sources``; else the mean
