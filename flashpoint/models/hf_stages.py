@@ -22,7 +22,10 @@ a pipelined model computes what the whole model computes. So:
   ``hidden_states, attention_mask, *extras``.
 
 Families served in stages (``*ForSequenceClassification``): BERT, RoBERTa, DistilBERT,
-GPT-2. Any other Hugging Face model serves whole: :func:`why_not_staged` says why, and the
+GPT-2; causal language models (:data:`LM_FAMILIES`): GPT-2 (``GPT2LMHeadModel``), whose
+head returns the next-token logits of the last position (``[batch, vocab]``; a
+generation's pipeline runs one unpadded sequence per request, see
+:mod:`flashpoint.models.serving.stage_generation`). Any other Hugging Face model serves whole: :func:`why_not_staged` says why, and the
 controller answers ``max_stages > 1`` for it with a 400 carrying that reason.
 """
 
@@ -38,7 +41,12 @@ from torch import nn
 from flashpoint.errors import BadRequest, RegistryError
 from flashpoint.models.hf import check_tokenizer
 from flashpoint.models.module_tensors import bind_tensors
-from flashpoint.partition.stageable import HF_STAGED_FAMILIES, hf_why_not_staged
+from flashpoint.partition.stageable import (
+    HF_STAGED_FAMILIES,
+    HF_STAGED_LM_FAMILIES,
+    LM_ARCHITECTURE_SUFFIXES,
+    hf_why_not_staged,
+)
 
 EMBEDDINGS = "embeddings"
 HEAD = "head"
@@ -132,6 +140,20 @@ FAMILIES: dict[str, Family] = {
 assert sorted(FAMILIES) == sorted(HF_STAGED_FAMILIES)
 
 
+def _gpt2_lm_head(parts: Mapping[str, nn.Module], hidden: torch.Tensor, extras: Extras,
+                  ) -> torch.Tensor:
+    """The next-token logits of the last position (the only ones a token step uses)."""
+    return parts["lm_head"](parts["transformer.ln_f"](hidden[:, -1:]))[:, -1]
+
+
+LM_FAMILIES: dict[str, Family] = {
+    "gpt2": Family(("transformer.wte", "transformer.wpe"), "transformer.h",
+                   ("transformer.ln_f", "lm_head"), _gpt2_embed, _gpt2_lm_head, causal=True),
+}
+"""``model_type`` -> adapter, for causal language models (``*LMHeadModel``)."""
+assert sorted(LM_FAMILIES) == sorted(HF_STAGED_LM_FAMILIES)
+
+
 def why_not_staged(config: Mapping[str, Any]) -> str | None:
     """None when a Hugging Face manifest config (``{"architecture", "hf_config"}``) can be
     served in stages, else why it serves whole
@@ -144,7 +166,10 @@ def family_of(config: Mapping[str, Any]) -> Family:
     why = why_not_staged(config)
     if why is not None:
         raise BadRequest(why)
-    return FAMILIES[config["hf_config"]["model_type"]]
+    model_type = config["hf_config"]["model_type"]
+    if str(config.get("architecture") or "").endswith(LM_ARCHITECTURE_SUFFIXES):
+        return LM_FAMILIES[model_type]
+    return FAMILIES[model_type]
 
 
 class HFStage(nn.Module):
