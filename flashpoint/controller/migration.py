@@ -38,7 +38,6 @@ from prometheus_client import Counter, Histogram
 from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.controller.handles import Pending, WorkerHandle
 from flashpoint.controller.state import core as cs
-from flashpoint.controller.state.records import GroupPhase
 from flashpoint.controller.state.migration import (
     LeaveCause,
     LeavingReplica,
@@ -47,6 +46,7 @@ from flashpoint.controller.state.migration import (
     TargetReplica,
     plan_migrations,
 )
+from flashpoint.controller.state.records import GroupPhase
 from flashpoint.errors import FlashpointError
 from flashpoint.gateway.streams import StreamRegistry
 from flashpoint.log import get_logger

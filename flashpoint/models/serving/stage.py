@@ -6,8 +6,9 @@ them (text travels as BYTES in activation frames) and prepares them -- it holds 
 the model carries, which are at the front of the first layer -- and the last stage
 finishes the answer (labels, scores: BYTES and FP32), so a pipeline answers what a whole
 replica answers. A text-generation model's stages serve token steps instead
-(:mod:`flashpoint.models.serving.stage_generation`). Stages in between only pass activations on. ``tensor`` models need none
-of this: their stages take and return the module's own tensors.
+(:mod:`flashpoint.models.serving.stage_generation`). Stages in between only pass
+activations on. ``tensor`` models need none of this: their stages take and return the
+module's own tensors.
 """
 
 from __future__ import annotations
