@@ -137,3 +137,24 @@ def test_a_causal_lm_without_a_stage_adapter_serves_whole(
              "hf_config": {**m.config["hf_config"], "model_type": "llama"}}
     why = why_not_staged(m.entry_point, llama)
     assert why is not None and "serves whole" in why and "gpt2" in why
+
+
+def test_a_generation_models_later_stages_fetch_the_tokenizer_with_their_range(
+        pushed: tuple[Path, Any, bytes]) -> None:
+    from flashpoint.registry.manifest import byte_range_for_layers, stage_byte_ranges
+
+    _, m, blob = pushed
+    files = [m.tensors[f.tensor] for f in m.files.values()]
+    lo, hi = min(t.start for t in files), max(t.end for t in files)
+    assert stage_byte_ranges(m, 0, 1) == (byte_range_for_layers(m, 0, 1),)  # holds them
+    assert stage_byte_ranges(m, 2, 3) == ((lo, hi), byte_range_for_layers(m, 2, 3))
+    # those bytes are the carried files: the last stage reads its tokenizer from them alone
+    only = bytearray(len(blob))
+    for start, end in stage_byte_ranges(m, 2, 3):
+        only[start:end] = blob[start:end]
+    assert read_files(m, memoryview(bytes(only))) == read_files(m, memoryview(blob))
+    # a classifier's stages need their own bytes only
+    import dataclasses
+
+    other = dataclasses.replace(m, task="text-classification")
+    assert stage_byte_ranges(other, 2, 3) == (byte_range_for_layers(other, 2, 3),)
