@@ -1,5 +1,5 @@
 """Partitioned cold start for generation (issue 21 item 6) in a real local cluster: a GPT-2
-causal LM pushed with ``--profile`` scales from zero as a pipeline of k = 2 stages on two
+(and a Llama) causal LM pushed with ``--profile`` scales from zero as a pipeline of k = 2 stages on two
 hosts; a streamed greedy generation gets its first tokens from the pipeline while the hosts
 are kept from completing the model (the registry's reads wait at a gate); once the gate
 opens the stages complete into whole replicas, the sequence moves to one of them (item 5's
@@ -84,13 +84,14 @@ async def _stream(ctl: Any, request_id: str, s: _Stream) -> None:
             s.result = item
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
 async def test_a_cold_generation_starts_in_a_pipeline_and_moves_to_a_whole_replica(
-        make_cluster: ClusterFactory, tmp_path: Path) -> None:
+        make_cluster: ClusterFactory, tmp_path: Path, family: str) -> None:
     cfg = cluster_config(tmp_path, registry_span_bytes=CHUNK, completion_hold_s=300.0)
     # A slow modelled link: the solver prefers two stages to one whole cold start.
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(
         cfg.controller, partition_bandwidth_bps=2e6, partition_overhead_s=0.0))
-    source = make_causal_lm(tmp_path / "src", family="gpt2", size="small", seed=2)
+    source = make_causal_lm(tmp_path / "src", family=family, size="small", seed=2)
     want_ids, want_text = _reference(source, PROMPT, MAX_TOKENS)
     assert len(want_ids) == MAX_TOKENS  # no EOS: the stream lasts
     store = GatedStore(cfg.registry.root)
@@ -111,7 +112,7 @@ async def test_a_cold_generation_starts_in_a_pipeline_and_moves_to_a_whole_repli
     # model waits for the first answer (stage_hold.py), then at the gate.
     store.gate.clear()
     first = _Stream()
-    task = asyncio.ensure_future(_stream(ctl, "genpart-1", first))
+    task = asyncio.ensure_future(_stream(ctl, f"genpart-{family}-1", first))
     try:
         await wait_for("tokens from the pipeline", lambda: len(first.chunks) >= 3, 60)
         assert ctl.dispatcher.inflight_of(gid) == 1  # the group runs the sequence
@@ -141,7 +142,7 @@ async def test_a_cold_generation_starts_in_a_pipeline_and_moves_to_a_whole_repli
 
     await wait_for("the pipeline dissolved", lambda: gid not in ctl.state.groups, 30)
     second = _Stream()
-    await asyncio.wait_for(_stream(ctl, "genpart-2", second), 120)
+    await asyncio.wait_for(_stream(ctl, f"genpart-{family}-2", second), 120)
     assert second.result is not None and second.result.replica_id in stages
     assert not second.result.timings_s.get("migrations")
     assert [ch.token_id for ch in second.chunks] == want_ids

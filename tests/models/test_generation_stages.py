@@ -1,4 +1,4 @@
-"""A GPT-2 causal LM's pipeline stages serve token steps (issue 21 item 6): running the
+"""A causal LM's pipeline stages (GPT-2, Llama) serve token steps (issue 21 item 6): running the
 steps stage by stage, as the controller's token loop does, gives the same greedy ids and
 text as ``transformers``' own ``generate`` in this process, at every cut; seeded sampling
 draws the same tokens as a whole replica's engine; a model with no causal-LM adapter
@@ -31,10 +31,11 @@ PROMPT = "a spot eviction drains the host"
 N = 12
 
 
-@pytest.fixture(scope="module")
-def pushed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, bytes]:
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def pushed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest,
+           ) -> tuple[Path, Any, bytes]:
     tmp = tmp_path_factory.mktemp("genstages")
-    d = make_causal_lm(tmp / "gpt2", family="gpt2", seed=2)
+    d = make_causal_lm(tmp / request.param, family=request.param, seed=2)
     store = LocalStore(tmp / "reg")
     m = asyncio.run(publish_source(store, "lm", d, options=PushOptions(profile=True)))
     return d, m, store.blob_path("lm", "1").read_bytes()
@@ -133,10 +134,10 @@ def test_seeded_sampling_through_stages_draws_what_a_replica_draws(
 def test_a_causal_lm_without_a_stage_adapter_serves_whole(
         pushed: tuple[Path, Any, bytes]) -> None:
     _, m, _ = pushed
-    llama = {**m.config, "architecture": "LlamaForCausalLM",
-             "hf_config": {**m.config["hf_config"], "model_type": "llama"}}
-    why = why_not_staged(m.entry_point, llama)
-    assert why is not None and "serves whole" in why and "gpt2" in why
+    other = {**m.config, "architecture": "MistralForCausalLM",
+             "hf_config": {**m.config["hf_config"], "model_type": "mistral"}}
+    why = why_not_staged(m.entry_point, other)
+    assert why is not None and "serves whole" in why and "gpt2, llama" in why
 
 
 def test_a_generation_models_later_stages_fetch_the_tokenizer_with_their_range(
