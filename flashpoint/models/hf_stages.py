@@ -23,8 +23,9 @@ a pipelined model computes what the whole model computes. So:
 
 Families served in stages (``*ForSequenceClassification``): BERT, RoBERTa, DistilBERT,
 GPT-2; causal language models (:data:`LM_FAMILIES`): GPT-2 (``GPT2LMHeadModel``) and Llama
-(``LlamaForCausalLM``, each stage computing the rotary embedding itself), whose head returns the next-token logits of the last position (``[batch, vocab]``; a
-generation's pipeline runs one unpadded sequence per request, see
+(``LlamaForCausalLM``, each stage computing the rotary embedding itself), whose head
+returns the next-token logits of the last position (``[batch, vocab]``; a generation's
+pipeline runs one unpadded sequence per request, see
 :mod:`flashpoint.models.serving.stage_generation`). Any other Hugging Face model serves
 whole: :func:`why_not_staged` says why, and the controller answers ``max_stages > 1`` for
 it with a 400 carrying that reason.
