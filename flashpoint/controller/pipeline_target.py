@@ -56,7 +56,7 @@ class PipelineTarget:
     # chunks go to ``on_chunk(conn, StreamChunkNote payload)`` (the stream registry's).
     generates: bool = False
     on_chunk: Callable[[Any, dict[str, Any]], Awaitable[None]] | None = None
-    _leaving: dict[str, bool] = field(default_factory=dict)  # request id -> hand-off asked
+    _leaving: dict[str, bool] = field(default_factory=dict)  # stream's id -> hand-off asked
 
     async def infer(self, ps: Sequence[Any], timeout_s: float) -> list[dict[str, Any]]:
         """One reply per request: ``outputs``, or ``error`` in wire form (retryable errors
@@ -99,7 +99,8 @@ class PipelineTarget:
                 rng, index = moved.rng_state, moved.chunks
         except ProtocolError as exc:
             return {"error": exc.to_wire()}
-        self._leaving[rid] = False
+        if stream:  # only streams move (a non-streamed generation finishes here)
+            self._leaving[rid] = False
         started, first_index = time.perf_counter(), index
         first_token_s = 0.0
         try:

@@ -114,3 +114,18 @@ async def test_a_lost_stage_fails_the_request_with_its_error() -> None:
     client, chunks = _Client(fail_at=2), []
     (reply,) = await _target(client, chunks).infer([_pending("q1")], 10.0)
     assert reply["error"]["code"] == PeerLost("x").code and len(chunks) == 2
+
+
+async def test_a_non_streamed_generation_finishes_in_the_pipeline() -> None:
+    client, chunks = _Client(), []
+    client.gate = asyncio.Event()
+    target = _target(client, chunks)
+    p = _pending("q1")
+    p.payload.pop("stream")
+    run = asyncio.ensure_future(target.infer([p], 10.0))
+    await asyncio.wait_for(client.entered.wait(), 5.0)
+    assert await target.hand_off(("q1",)) == 0
+    client.gate.set()
+    (reply,) = await asyncio.wait_for(run, 5.0)
+    assert decode_tensors(reply["outputs"])["token_ids"].tolist() == list(TOKENS)
+    assert not chunks  # nothing streamed
