@@ -415,7 +415,9 @@ class Controller(Actor):
             self.workers[cmd.group_id] = PipelineTarget(
                 client, cmd.stages[0][1], [t["name"] for t in io.get("outputs", [])],
                 timings, source=f"pipeline:{len(cmd.stages)}",
-                on_first_answer=lambda gid=cmd.group_id: self._apply(cs.GroupAnswered(gid)))
+                on_first_answer=lambda gid=cmd.group_id: self._apply(cs.GroupAnswered(gid)),
+                # a causal LM's group runs token loops (issue 21 item 6)
+                generates=manifest.task == "text-generation", on_chunk=self.streams.on_chunk)
             self._apply(cs.GroupLinked(cmd.group_id, True, "", time.monotonic()))
             log.info("group_linked", group_id=cmd.group_id, stages=[r for r, _ in cmd.stages])
         except FlashpointError as exc:

@@ -20,7 +20,10 @@ streamed generations it runs move to other replicas instead of holding it until 
 
 The source's credit is released when its call returns, so a leaving replica is stopped (the
 state's idle check) only after its sequences have moved or finished. Only streamed requests
-move; a non-streamed generation finishes where it runs.
+move; a non-streamed generation finishes where it runs. A pipeline group serving a cold
+generation model (``controller/pipeline_target.py``) leaves the same way once it stops taking
+work (its stages completed into whole replicas): it is a source like a replica leaving by
+choice, and its sequences go on on the whole replicas.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from flashpoint.controller.state.migration import (
     TargetReplica,
     plan_migrations,
 )
+from flashpoint.controller.state.records import GroupPhase
 from flashpoint.errors import FlashpointError
 from flashpoint.gateway.streams import StreamRegistry
 from flashpoint.log import get_logger
@@ -144,6 +148,15 @@ class Migrator:
             if rep is not None and rep.phase == cs.ReplicaPhase.STOPPING and not rep.group_id:
                 leaving.append(LeavingReplica(rid, rep.function, rep.model_key,
                                               self._cause(rep)))
+            elif (group := self.state.groups.get(rid)) is not None \
+                    and group.phase == GroupPhase.STOPPING \
+                    and getattr(self.workers.get(rid), "generates", False) \
+                    and (fn := self.state.functions.get(group.function)) is not None:
+                # A pipeline serving a cold generation model stops once its stages are
+                # whole replicas (or it is retired): its sequences move to them when they
+                # have room, else finish in the pipeline (issue 21 item 6).
+                leaving.append(LeavingReplica(rid, group.function, fn.model_key,
+                                              LeaveCause.SCALE_DOWN))
         functions = {r.function for r in leaving}
         targets = tuple(
             TargetReplica(r.replica_id, r.function, r.model_key,

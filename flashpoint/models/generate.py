@@ -186,16 +186,7 @@ class GenerationEngine:
             raise InvalidInput(f"a resumed sequence already holds {len(generated)} of its "
                                f"{params.max_tokens} tokens")
         self._next_id += 1
-        gen = None
-        if params.temperature > 0.0:
-            gen = torch.Generator(device="cpu")
-            if progress is not None and progress.rng_state is not None:
-                # the source's sampler exactly where it stopped: the same draws follow
-                gen.set_state(torch.frombuffer(bytearray(progress.rng_state),
-                                               dtype=torch.uint8))
-            else:
-                gen.manual_seed(params.seed if params.seed is not None
-                                else int(torch.randint(0, 2**62, ()).item()))
+        gen = sampler_for(params, progress.rng_state if progress is not None else None)
         seq = GenSequence(self._next_id, list(prompt_ids), params, need, generator=gen)
         if generated:
             seq.generated = generated
@@ -328,32 +319,56 @@ class GenerationEngine:
 
     def _take(self, seq: GenSequence, logits: torch.Tensor) -> TokenEvent:
         """Sample ``seq``'s next token, check whether it finished, and report it."""
-        token = sample_token(logits, seq.params, seq.generator)
-        seq.generated.append(token)
-        seq.pending = token
-        finish = None
-        if token in self.eos_token_ids:
-            finish = FinishReason.STOP
-            text = seq.text
-        else:
-            text = self.decode([t for t in seq.generated if t not in self.eos_token_ids])
-            for stop in seq.params.stop:
-                at = text.find(stop)
-                if at >= 0:
-                    text, finish = text[:at], FinishReason.STOP
-        if finish is None and len(seq.generated) >= seq.params.max_tokens:
-            finish = FinishReason.LENGTH
-        seq.text = text
-        seq.finish = finish
-        # Report only text no stop string can still claim: hold back the last
-        # (longest stop - 1) characters until the sequence finishes.
-        hold = 0 if finish is not None else max((len(s) for s in seq.params.stop), default=1) - 1
-        safe = text[:len(text) - hold] if hold else text
-        delta = ""
-        if safe.startswith(seq.emitted) and len(safe) > len(seq.emitted):
-            delta = safe[len(seq.emitted):]
-            seq.emitted = safe
-        return TokenEvent(seq.seq_id, token, delta, finish)
+        return take_token(seq, logits, self.eos_token_ids, self.decode)
+
+
+def take_token(seq: GenSequence, logits: torch.Tensor, eos_token_ids: frozenset[int],
+               decode: Callable[[list[int]], str]) -> TokenEvent:
+    """Sample ``seq``'s next token from ``logits`` (its next-token row), check whether it
+    finished (EOS, a stop string, ``max_tokens``), update its text and report it: one token
+    boundary, the same whether the logits came from a replica's engine or from the last
+    stage of a pipeline (:mod:`flashpoint.models.serving.stage_generation`)."""
+    token = sample_token(logits, seq.params, seq.generator)
+    seq.generated.append(token)
+    seq.pending = token
+    finish = None
+    if token in eos_token_ids:
+        finish = FinishReason.STOP
+        text = seq.text
+    else:
+        text = decode([t for t in seq.generated if t not in eos_token_ids])
+        for stop in seq.params.stop:
+            at = text.find(stop)
+            if at >= 0:
+                text, finish = text[:at], FinishReason.STOP
+    if finish is None and len(seq.generated) >= seq.params.max_tokens:
+        finish = FinishReason.LENGTH
+    seq.text = text
+    seq.finish = finish
+    # Report only text no stop string can still claim: hold back the last
+    # (longest stop - 1) characters until the sequence finishes.
+    hold = 0 if finish is not None else max((len(s) for s in seq.params.stop), default=1) - 1
+    safe = text[:len(text) - hold] if hold else text
+    delta = ""
+    if safe.startswith(seq.emitted) and len(safe) > len(seq.emitted):
+        delta = safe[len(seq.emitted):]
+        seq.emitted = safe
+    return TokenEvent(seq.seq_id, token, delta, finish)
+
+
+def sampler_for(params: SamplingParams, rng_state: bytes | None) -> torch.Generator | None:
+    """A sequence's sampler: None when greedy; else a CPU generator at ``rng_state`` (the
+    state another replica or stage left it in: the same draws follow), or seeded from
+    ``params.seed`` (random when none)."""
+    if params.temperature == 0.0:
+        return None
+    gen = torch.Generator(device="cpu")
+    if rng_state is not None:
+        gen.set_state(torch.frombuffer(bytearray(rng_state), dtype=torch.uint8))
+    else:
+        gen.manual_seed(params.seed if params.seed is not None
+                        else int(torch.randint(0, 2**62, ()).item()))
+    return gen
 
 
 def _cache_of(out: Any) -> Any:

@@ -22,8 +22,13 @@ a pipelined model computes what the whole model computes. So:
   ``hidden_states, attention_mask, *extras``.
 
 Families served in stages (``*ForSequenceClassification``): BERT, RoBERTa, DistilBERT,
-GPT-2. Any other Hugging Face model serves whole: :func:`why_not_staged` says why, and the
-controller answers ``max_stages > 1`` for it with a 400 carrying that reason.
+GPT-2; causal language models (:data:`LM_FAMILIES`): GPT-2 (``GPT2LMHeadModel``) and Llama
+(``LlamaForCausalLM``, each stage computing the rotary embedding itself), whose head
+returns the next-token logits of the last position (``[batch, vocab]``; a generation's
+pipeline runs one unpadded sequence per request, see
+:mod:`flashpoint.models.serving.stage_generation`). Any other Hugging Face model serves
+whole: :func:`why_not_staged` says why, and the controller answers ``max_stages > 1`` for
+it with a 400 carrying that reason.
 """
 
 from __future__ import annotations
@@ -38,7 +43,12 @@ from torch import nn
 from flashpoint.errors import BadRequest, RegistryError
 from flashpoint.models.hf import check_tokenizer
 from flashpoint.models.module_tensors import bind_tensors
-from flashpoint.partition.stageable import HF_STAGED_FAMILIES, hf_why_not_staged
+from flashpoint.partition.stageable import (
+    HF_STAGED_FAMILIES,
+    HF_STAGED_LM_FAMILIES,
+    LM_ARCHITECTURE_SUFFIXES,
+    hf_why_not_staged,
+)
 
 EMBEDDINGS = "embeddings"
 HEAD = "head"
@@ -68,6 +78,10 @@ class Family:
     extras: Callable[[Any, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]] = (
         lambda config, ids, mask: ())
     causal: bool = False
+    # The model-level rotary position embedding (Llama: ``model.rotary_emb``), "" for none.
+    # Every stage with blocks builds its own from the config, as the model's init does, and
+    # hands its (cos, sin) to each block; the blob's copy of its buffers binds to the head.
+    rotary: str = ""
 
 
 Extras = tuple[torch.Tensor, ...]
@@ -132,6 +146,30 @@ FAMILIES: dict[str, Family] = {
 assert sorted(FAMILIES) == sorted(HF_STAGED_FAMILIES)
 
 
+def _gpt2_lm_head(parts: Mapping[str, nn.Module], hidden: torch.Tensor, extras: Extras,
+                  ) -> torch.Tensor:
+    """The next-token logits of the last position (the only ones a token step uses)."""
+    return parts["lm_head"](parts["transformer.ln_f"](hidden[:, -1:]))[:, -1]
+
+
+def _llama_lm_head(parts: Mapping[str, nn.Module], hidden: torch.Tensor, extras: Extras,
+                   ) -> torch.Tensor:
+    return parts["lm_head"](parts["model.norm"](hidden[:, -1:]))[:, -1]
+
+
+LM_FAMILIES: dict[str, Family] = {
+    "gpt2": Family(("transformer.wte", "transformer.wpe"), "transformer.h",
+                   ("transformer.ln_f", "lm_head"), _gpt2_embed, _gpt2_lm_head, causal=True),
+    "llama": Family(("model.embed_tokens",), "model.layers",
+                    ("model.norm", "model.rotary_emb", "lm_head"),
+                    lambda p, ids: p["model.embed_tokens"](ids), _llama_lm_head, causal=True,
+                    rotary="model.rotary_emb"),
+}
+"""``model_type`` -> adapter, for causal language models (``*LMHeadModel``,
+``*ForCausalLM``)."""
+assert sorted(LM_FAMILIES) == sorted(HF_STAGED_LM_FAMILIES)
+
+
 def why_not_staged(config: Mapping[str, Any]) -> str | None:
     """None when a Hugging Face manifest config (``{"architecture", "hf_config"}``) can be
     served in stages, else why it serves whole
@@ -144,7 +182,10 @@ def family_of(config: Mapping[str, Any]) -> Family:
     why = why_not_staged(config)
     if why is not None:
         raise BadRequest(why)
-    return FAMILIES[config["hf_config"]["model_type"]]
+    model_type = config["hf_config"]["model_type"]
+    if str(config.get("architecture") or "").endswith(LM_ARCHITECTURE_SUFFIXES):
+        return LM_FAMILIES[model_type]
+    return FAMILIES[model_type]
 
 
 class HFStage(nn.Module):
@@ -180,6 +221,11 @@ class HFStage(nn.Module):
         self.parts = nn.ModuleList([model.get_submodule(p) for p in paths])
         self._family = family
         self._config = model.config
+        self.rotary: nn.Module | None = None
+        if family.rotary and self.block_paths:
+            # its own, computed from the config (the blob's buffers are in the head's range)
+            with torch.device("cpu"):
+                self.rotary = type(model.get_submodule(family.rotary))(config=model.config)
 
     def part(self, path: str) -> nn.Module:
         return self.parts[self.paths.index(path)]
@@ -208,6 +254,13 @@ class HFStage(nn.Module):
             mask = masking_utils.create_causal_mask(
                 config=self._config, inputs_embeds=hidden, attention_mask=attention_mask,
                 cache=None, position_ids=positions)
+            if self.rotary is not None:
+                rope = self.rotary(hidden, position_ids=positions)
+                for path in self.block_paths:
+                    out = parts[path](hidden, attention_mask=mask, position_ids=positions,
+                                      position_embeddings=rope)
+                    hidden = out[0] if isinstance(out, tuple) else out
+                return hidden
             for path in self.block_paths:
                 out = parts[path](hidden, None, mask, position_ids=positions)
                 hidden = out[0] if isinstance(out, tuple) else out

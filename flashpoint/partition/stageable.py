@@ -14,6 +14,11 @@ from typing import Any
 HF_ENTRY_POINT = "flashpoint.models.hf:build_empty"
 HF_STAGED_FAMILIES = ("bert", "distilbert", "gpt2", "roberta")
 """``model_type``s with a stage adapter (``*ForSequenceClassification``)."""
+HF_STAGED_LM_FAMILIES = ("gpt2", "llama")
+"""``model_type``s whose causal language model (``*LMHeadModel``) has a stage adapter:
+its pipeline serves a generation's first tokens (recomputed, no KV cache) while the hosts
+complete the model."""
+LM_ARCHITECTURE_SUFFIXES = ("LMHeadModel", "ForCausalLM")
 
 
 def hf_why_not_staged(config: Mapping[str, Any]) -> str | None:
@@ -22,6 +27,15 @@ def hf_why_not_staged(config: Mapping[str, Any]) -> str | None:
     architecture = str(config.get("architecture") or "this model")
     raw = config.get("hf_config")
     model_type = raw.get("model_type") if isinstance(raw, Mapping) else None
+    if architecture.endswith(LM_ARCHITECTURE_SUFFIXES):  # text generation
+        if model_type not in HF_STAGED_LM_FAMILIES:
+            return (f"{architecture} (model_type {model_type!r}) has no causal-LM stage "
+                    f"adapter, so it serves whole; causal LMs served in stages: "
+                    f"{', '.join(HF_STAGED_LM_FAMILIES)}")
+        assert isinstance(raw, Mapping)
+        if raw.get("add_cross_attention"):
+            return f"{architecture} has cross-attention, so it serves whole"
+        return None
     if model_type not in HF_STAGED_FAMILIES:
         return (f"{architecture} (model_type {model_type!r}) has no stage adapter, so it "
                 f"serves whole; families served in stages: {', '.join(HF_STAGED_FAMILIES)}")

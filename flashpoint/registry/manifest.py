@@ -522,6 +522,20 @@ def byte_range_for_layers(manifest: Manifest, first: int | str, last: int | str)
     return manifest.layers[i].byte_start, manifest.layers[j].byte_end
 
 
+def stage_byte_ranges(manifest: Manifest, first: int | str, last: int | str,
+                      ) -> tuple[tuple[int, int], ...]:
+    """Blob byte ranges ``[start, end)`` a stage of layers ``first..last`` needs before it
+    serves: its layers' bytes; for a text-generation model's stage that does not hold the
+    first layer, also the carried files' (the tokenizer, at the front of the first layer:
+    the last stage decodes tokens, ``models/serving/stage_generation.py``)."""
+    own = byte_range_for_layers(manifest, first, last)
+    i, _ = layer_range(manifest, first, last)
+    if manifest.task != "text-generation" or i == 0 or not manifest.files:
+        return (own,)
+    infos = [manifest.tensors[f.tensor] for f in manifest.files.values()]
+    return ((min(t.start for t in infos), max(t.end for t in infos)), own)
+
+
 def tensors_for_layers(manifest: Manifest, first: int | str, last: int | str) -> list[str]:
     """Names of the tensors of layers ``first..last`` (inclusive), in blob order."""
     i, j = layer_range(manifest, first, last)

@@ -338,12 +338,15 @@ class HostCache:
     async def ensure(self, manifest: Manifest, sources: Sequence[ChunkSource], *,
                      timeout_s: float = 600.0,
                      first: tuple[int, int] | None = None,
+                     first_also: Sequence[tuple[int, int]] = (),
                      hold: Callable[[], Awaitable[None]] | None = None,
                      ) -> tuple[CacheEntry, bool]:
         """The complete entry for ``manifest``'s model, filling it from ``sources`` if absent.
 
         ``first`` (a byte range): fetch the chunks covering it before the others (a partition
-        stage serves as soon as its own range is in); ``hold``: awaited between that range
+        stage serves as soon as its own range is in), with ``first_also`` (more such ranges:
+        a generation model's last stage needs the carried tokenizer too); ``hold``: awaited
+        between those ranges
         and the rest (a stage's completion waits for its pipeline's first answer).
         Returns ``(entry, hit)``; ``hit`` is True when no bytes had to move for this call
         (held already, or another caller's fill was joined).
@@ -362,8 +365,9 @@ class HostCache:
         try:
             per_source: dict[str, int] = {}
             if first is not None:
-                per_source = await fill(segment, sources, indices=manifest.chunks_for_range(*first),
-                                        timeout_s=timeout_s)
+                indices = sorted({i for r in (*first_also, first)
+                                  for i in manifest.chunks_for_range(*r)})
+                per_source = await fill(segment, sources, indices=indices, timeout_s=timeout_s)
                 if hold is not None:
                     await hold()
             rest = await fill(segment, sources, timeout_s=timeout_s)

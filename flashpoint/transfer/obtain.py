@@ -28,12 +28,15 @@ from flashpoint.messages.controller_host import (
     SourcePlan,
     StartChain,
 )
-from flashpoint.registry.manifest import Manifest, byte_range_for_layers
+from flashpoint.registry.manifest import Manifest, stage_byte_ranges
 from flashpoint.transfer.admission import TransferAdmission
 from flashpoint.transfer.cache import CacheEntry, HostCache
 from flashpoint.transfer.plan import Endpoint
 
 log = get_logger("flashpoint.transfer.obtain")
+
+Ranges = tuple[tuple[int, int], ...]
+"""Blob byte ranges ``[start, end)`` a stage needs before it serves."""
 
 # Test-only fault injection (tests/netns/test_cluster_netns.py): when set, a FaultPlan as JSON
 # (the keys of flashpoint.transfer.plan.FaultPlan.from_dict, e.g. '{"corrupt_forward": [3]}')
@@ -154,7 +157,7 @@ class ModelObtainer:
         if pinned and manifest.digest != pinned:
             raise IntegrityError(f"{key}: the registry's manifest is not the one the "
                                  "controller pinned")
-        need = byte_range_for_layers(manifest, stage[0], stage[1]) if stage is not None else None
+        need = stage_byte_ranges(manifest, stage[0], stage[1]) if stage is not None else None
         entry = self.cache.entry_for(manifest)
         if entry is not None:  # held, or being filled already: one transfer per host and model
             joined = not entry.complete
@@ -173,7 +176,8 @@ class ModelObtainer:
         if need is None:
             entry, _ = await self.cache.ensure(manifest, fallback, timeout_s=timeout_s)
             return self._done(entry, entry.source)
-        self.registry_source.break_spans_at(manifest, manifest.chunks_for_range(*need))
+        for byte_range in need:
+            self.registry_source.break_spans_at(manifest, manifest.chunks_for_range(*byte_range))
         self.holds.hold(key)
         self.spawn(self._fill_logged(manifest, fallback, timeout_s, need), f"fill:{key}")
         entry = await self.cache.wait_entry(key, timeout_s)  # opened at the fill's first step
@@ -183,7 +187,7 @@ class ModelObtainer:
         return self._done(entry, entry.source)
 
     async def _arrival(self, plan: ChainSource, key: str, manifest: Manifest,
-                       need: tuple[int, int] | None) -> Obtained | None:
+                       need: Ranges | None) -> Obtained | None:
         """The chain's copy once it has arrived (None: it never did; pull instead)."""
         arrived = await self.cache.wait_entry(key, self.opts.chain_wait_s)
         if arrived is None:
@@ -200,7 +204,7 @@ class ModelObtainer:
         return Obtained(arrived, arrived.source, fetch_s)
 
     async def _head_chain(self, plan: ChainHeadSource, key: str, manifest: Manifest,
-                          need: tuple[int, int] | None) -> Obtained:
+                          need: Ranges | None) -> Obtained:
         """Pull from ``plan.upstream`` while relaying down ``plan.chain``."""
         from flashpoint.transfer.chain import send_chain
 
@@ -245,12 +249,13 @@ class ModelObtainer:
                                  registry=self.registry_source) or [self.registry_source]
 
     @staticmethod
-    async def _ready(segment: Any, need: tuple[int, int] | None, timeout_s: float) -> None:
-        """Execute-while-load: a stage needs only its own byte range, a whole replica all."""
+    async def _ready(segment: Any, need: Ranges | None, timeout_s: float) -> None:
+        """Execute-while-load: a stage needs only its own byte ranges, a whole replica all."""
         if need is None:
             await segment.wait_complete(timeout_s)
         else:
-            await segment.wait_range(need[0], need[1], timeout_s)
+            for start, end in need:
+                await segment.wait_range(start, end, timeout_s)
 
     async def _publish_when_complete(self, segment: Any, timeout_s: float) -> None:
         try:
@@ -261,10 +266,12 @@ class ModelObtainer:
         self.cache.on_complete(segment)
 
     async def _fill_logged(self, manifest: Manifest, sources: list[Any], timeout_s: float,
-                           first: tuple[int, int] | None = None) -> None:
+                           first: Ranges | None = None) -> None:
         key = manifest.key
         try:
-            await self.cache.ensure(manifest, sources, timeout_s=timeout_s, first=first,
+            await self.cache.ensure(manifest, sources, timeout_s=timeout_s,
+                                    first=first[-1] if first else None,
+                                    first_also=first[:-1] if first else (),
                                     hold=lambda: self.holds.wait(key))
         except Exception as exc:  # waiters on the segment see it; this is the log line
             log.warning("fill_failed", model=key, error=repr(exc))

@@ -78,7 +78,8 @@ def load(msg: LoadReplica, spec: FunctionSpec, received_s: float) -> Loaded:
     module = None
     if stage is not None:
         # A partition stage (execute-while-load): only its own layers' bytes need to be
-        # in the cache yet; the host has waited for exactly that range.
+        # in the cache yet (a generation model's later stages: the carried tokenizer's
+        # too); the host has waited for exactly those ranges (stage_byte_ranges).
         from flashpoint.models.publish import load_stage
         from flashpoint.models.serving.stage import served_stage
         from flashpoint.registry.manifest import layer_range

@@ -13,6 +13,7 @@ from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.controller.handles import Pending
 from flashpoint.controller.migration import Migrator
 from flashpoint.controller.state.core import HostRecord, ReplicaPhase, ReplicaRecord
+from flashpoint.controller.state.records import GroupPhase, GroupRecord
 from flashpoint.gateway.streams import StreamRegistry
 from flashpoint.messages.base import to_payload
 from flashpoint.messages.migration import SequenceHandOff
@@ -23,6 +24,8 @@ class _State:
     replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
     hosts: dict[str, HostRecord] = field(default_factory=dict)
     blocked: set[tuple[str, str]] = field(default_factory=set)
+    groups: dict[str, GroupRecord] = field(default_factory=dict)
+    functions: dict[str, Any] = field(default_factory=dict)
 
 
 class _Worker:
@@ -128,3 +131,38 @@ async def test_finished_streams_are_forgotten() -> None:
     p.future.set_result(({}, "r1"))
     m.step(1.0)
     assert not spawned and workers["r1"].asked == []
+
+
+class _Pipeline(_Worker):
+    def __init__(self, generates: bool) -> None:
+        super().__init__()
+        self.generates = generates
+
+
+async def test_a_stopping_generation_pipeline_moves_its_streams_to_whole_replicas() -> None:
+    """Issue 21 item 6: a group serving a cold generation model, stopped once its stages are
+    whole, is a source leaving by choice; a group of another model is not (its requests are
+    one-shot)."""
+    from types import SimpleNamespace
+
+    for generates in (True, False):
+        m, state, d, workers, spawned, sent = _setup()
+        state.functions["llm"] = SimpleNamespace(model_key="lm@1")
+        state.groups["g1"] = GroupRecord("g1", "llm", ("s1", "s2"), GroupPhase.STOPPING, 0.0)
+        d.add_replica("g1", "llm", 4)
+        d.stop_accepting("g1")
+        workers["g1"] = _Pipeline(generates)
+        p = _pending("q1")
+        m.streams.open("q1")
+        m.sent(p, "g1")
+        m.step(1.0)
+        await _run(spawned)
+        if not generates:
+            assert workers["g1"].asked == []
+            continue
+        assert workers["g1"].asked == [("q1",)]
+        wire = to_payload(SequenceHandOff(prompt_ids=(1, 2), generated_ids=(5,),
+                                          emitted_text="a", chunks=1))
+        assert m.handled(p, {"handed_off": wire, "chunks": 1}, "g1")
+        await _run(spawned)
+        assert sent == [(["q1"], "r2")] and p.payload["resume"] == wire

@@ -166,3 +166,25 @@ async def test_wait_entry_and_execute_while_load(cache: HostCache, blob: Blob) -
     assert bytes(entry.segment.view[start:end]) == blob.data[start:end]
     await asyncio.wait_for(fill, 20)
     assert entry.complete
+
+
+async def test_a_held_fill_fetches_every_first_range_before_the_hold(
+        cache: HostCache, blob: Blob) -> None:
+    """A generation model's last stage: its own range and the carried files' (first_also)."""
+    m = blob.manifest
+    assert m.num_chunks >= 3
+    last = (m.blob_size - 1, m.blob_size)
+    src = MemSource(blob.data)
+    gate = asyncio.Event()
+    fill = asyncio.ensure_future(cache.ensure(m, [src], first=last, first_also=[(0, 1)],
+                                              hold=gate.wait))
+    entry = await asyncio.wait_for(cache.wait_entry(m.name + "@" + m.version, 5.0), 5.0)
+    assert entry is not None
+    await asyncio.wait_for(entry.segment.wait_range(0, 1, 5.0), 5.0)
+    await asyncio.wait_for(entry.segment.wait_range(*last, 5.0), 5.0)
+    # both ranges' chunks and nothing else: the rest waits for the hold
+    assert src.reads == 2 and not fill.done()
+    gate.set()
+    entry, hit = await asyncio.wait_for(fill, 5.0)
+    assert not hit and entry.complete and src.reads == m.num_chunks
+    assert entry.path.read_bytes() == blob.data

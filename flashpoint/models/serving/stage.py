@@ -5,8 +5,10 @@ after it. In a pipeline, the first stage takes the request's tensors as the clie
 them (text travels as BYTES in activation frames) and prepares them -- it holds the files
 the model carries, which are at the front of the first layer -- and the last stage
 finishes the answer (labels, scores: BYTES and FP32), so a pipeline answers what a whole
-replica answers. Stages in between only pass activations on. ``tensor`` models need none
-of this: their stages take and return the module's own tensors.
+replica answers. A text-generation model's stages serve token steps instead
+(:mod:`flashpoint.models.serving.stage_generation`). Stages in between only pass
+activations on. ``tensor`` models need none of this: their stages take and return the
+module's own tensors.
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ def served_stage(manifest: Any, stage: nn.Module, buffer: Any, *, first: bool,
     """``stage`` as it serves in a pipeline: wrapped in :class:`ServedStage` for a model
     whose task is not ``tensor`` and which is the first or last stage; ``buffer`` holds
     the blob bytes from offset 0 (the first stage reads the carried files from it)."""
+    if manifest.task == "text-generation":  # every stage: the step's state travels along
+        from flashpoint.models.serving.stage_generation import generation_stage
+
+        return generation_stage(manifest, stage, buffer, first=first, last=last)
     if manifest.task == "tensor" or not (first or last):
         return stage
     from flashpoint.models import serving

@@ -1,0 +1,254 @@
+"""Partitioned cold start for generation (issue 21 item 6): TTFT at k = 1, 2, 4 stages.
+
+A :class:`~flashpoint.testing.netcluster.NetCluster` runs moto's S3 server, the controller
+and ``--hosts`` + 1 host managers as processes in network namespaces; every stage host's link
+is capped at ``--rate-mbit`` each way (tc), and the controller's cost model is told the same
+rate. As in ``bench/partition_cluster.py`` the model is first placed in the RAM of a
+well-connected peer, ``host0`` (uncapped), by a seed function whose replica fills host0's
+only device (moto's server is slower than one capped link); the measured function's GPUs are
+all on hosts that must fetch, over their own capped links.
+
+The model is a GPT-2 causal LM (``tiny_hf.make_causal_lm``, ``--preset``'s shape, random
+weights, pushed with ``--profile``). For k = 1, 2, 4 (one model version per k, so no stage
+host holds it): register a function with ``max_stages = k`` and ``min_replicas =
+max_replicas = k`` and at once stream one greedy completion over the OpenAI route. With
+k > 1 its first tokens come from the pipeline of stages (each token step recomputes the
+sequence through every stage: no KV cache in the pipeline), and once the stages are whole
+replicas the sequence moves to one of them (live migration). Reported per k:
+
+* **TTFT**: registration → the first streamed token (what a user of a scaled-from-zero
+  generation function sees);
+* **ready**: registration → the function first has somewhere to serve (its group linked,
+  or for k = 1 its replica warm);
+* **pipeline tokens**: tokens streamed before the sequence moved (``migrations`` from the
+  controller's ``flashpoint_migrations_total``; 0 moves: every token came from where it began);
+* **TPOT**: the stream's mean time per output token after the first;
+* **whole**: registration → every stage whole and the group dissolved.
+
+The streamed text is checked against ``transformers``' greedy ``generate`` in this process.
+
+    sudo .venv/bin/python bench/generate_partitioned.py [--rate-mbit 250 --preset base] [--quick]
+
+The last line of the output is one JSON object with every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from flashpoint.models.sources import PushOptions, publish_source  # noqa: E402
+from flashpoint.models.tiny_hf import make_causal_lm  # noqa: E402
+from flashpoint.registry import LocalStore  # noqa: E402
+from flashpoint.testing.netcluster import FAKE_AWS_ENV, UNSET_ENV, NetCluster  # noqa: E402
+from flashpoint.testing.netns import NetLab  # noqa: E402
+
+MODEL = "gptp"
+KS = (1, 2, 4)
+CHUNK_BYTES = 4 << 20
+PROMPT = "a spot eviction drains the host"
+
+
+def _reference(directory: Path, max_tokens: int) -> str:
+    """transformers' greedy continuation of PROMPT, in this process."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    model = AutoModelForCausalLM.from_pretrained(str(directory)).eval()
+    ids = tok(PROMPT).input_ids
+    out = model.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False,
+                         pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
+    return tok.decode(out, skip_special_tokens=True)
+
+
+async def _migrations(c: NetCluster) -> float:
+    """The controller's flashpoint_migrations_total, all causes."""
+    assert c.session is not None
+    async with c.session.get(f"{c.url}/metrics") as r:
+        text = await r.text()
+    return sum(float(m.group(1)) for m in re.finditer(
+        r"^flashpoint_migrations_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+async def _stream(c: NetCluster, fn: str, max_tokens: int, t0: float) -> dict[str, Any]:
+    """One streamed greedy completion; times from ``t0`` (registration)."""
+    assert c.session is not None
+    body = {"model": fn, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    first = last = None
+    text, usage = "", {}
+    async with c.session.post(f"{c.url}/v1/completions", json=body,
+                              timeout=aiohttp.ClientTimeout(total=900)) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{r.status}: {await r.text()}")
+        async for line in r.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            event = json.loads(line[6:])
+            now = time.monotonic()
+            for choice in event.get("choices", []):
+                if choice.get("text"):
+                    first = now if first is None else first
+                    last = now
+                    text += choice["text"]
+            usage = event.get("usage") or usage
+    n = int(usage.get("completion_tokens", 0))
+    return {"ttft_s": (first or t0) - t0, "text": text, "tokens": n,
+            "tpot_ms": ((last - first) / (n - 1) * 1e3 if first is not None and last is not None
+                        and n > 1 else None), "done_s": time.monotonic() - t0}
+
+
+async def run_k(c: NetCluster, k: int, version: str, max_tokens: int,
+                expected: str) -> dict[str, Any]:
+    fn = f"genpart-k{k}"
+    # host0's RAM gets the model; its replica fills its device.
+    await c.deploy(f"seed-k{k}", MODEL, model_version=version, min_replicas=1,
+                   max_replicas=1, keep_alive_s=600, timeout_s=600)
+    await c.wait_warm(f"seed-k{k}", ["host0"], timeout_s=300)
+    moved_before = await _migrations(c)
+    t0 = time.monotonic()
+    await c.deploy(fn, MODEL, model_version=version, max_stages=k, min_replicas=k,
+                   max_replicas=k, keep_alive_s=600, timeout_s=600)
+    ready: list[float] = []
+    groups_seen: list[int] = []
+
+    async def watch_ready() -> None:
+        for _ in range(12000):
+            st = await c.status()
+            mine = [g for g in st["groups"] if g["function"] == fn]
+            groups_seen.extend(len(g.get("stages", ())) for g in mine)
+            if any(g["phase"] == "serving" for g in mine) or \
+                    any(r["function"] == fn and r["phase"] == "warm" for r in st["replicas"]):
+                ready.append(time.monotonic() - t0)
+                return
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.ensure_future(watch_ready())
+    out = await _stream(c, fn, max_tokens, t0)
+    await asyncio.wait_for(watcher, 10)
+    if out["text"] != expected:
+        raise AssertionError(f"k={k}: streamed text differs from transformers' greedy "
+                             f"generate:\n{out['text']!r}\n{expected!r}")
+    moved = await _migrations(c) - moved_before
+
+    async def complete() -> tuple[bool, Any]:
+        st = await c.status()
+        mine = [r["phase"] for r in st["replicas"] if r["function"] == fn]
+        groups = [g for g in st["groups"] if g["function"] == fn]
+        return not groups and len(mine) == k and all(p == "warm" for p in mine), (mine, groups)
+
+    await c.wait(f"{fn}: every stage whole", complete, 600.0, interval_s=0.1)
+    whole_s = time.monotonic() - t0
+    assert c.session is not None
+    for name in (fn, f"seed-k{k}"):
+        async with c.session.delete(f"{c.url}/v1/functions/{name}") as r:
+            assert r.status in (200, 204), await r.text()
+
+    async def gone() -> tuple[bool, Any]:
+        st = await c.status()
+        return not st["replicas"], None
+
+    await c.wait(f"{fn}: replicas stopped", gone, 60.0)
+    return {"k": k, "ttft_s": out["ttft_s"], "ready_s": ready[0] if ready else None,
+            "tokens": out["tokens"], "tpot_ms": out["tpot_ms"], "done_s": out["done_s"],
+            "migrations": moved, "stages_seen": max(groups_seen, default=0),
+            "whole_s": whole_s}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    for key, value in FAKE_AWS_ENV.items():
+        os.environ[key] = value
+    for key in UNSET_ENV:
+        os.environ.pop(key, None)
+    tmp = Path(tempfile.mkdtemp(prefix="fp-generate-partitioned-"))
+    store = LocalStore(tmp / "models")
+    rate_bps = args.rate_mbit * 1e6
+    source = await asyncio.to_thread(make_causal_lm, tmp / "gpt2", family="gpt2",
+                                     size=args.preset, seed=2)
+    manifests = {}
+    for k in KS:
+        t = time.monotonic()
+        manifests[k] = await publish_source(store, MODEL, source, version=str(k),
+                                            options=PushOptions(profile=True),
+                                            chunk_size=CHUNK_BYTES)
+        print(f"  published {MODEL}@{k} ({args.preset}): {manifests[k].blob_size / 1e6:.1f} MB, "
+              f"{len(manifests[k].layers)} layers ({time.monotonic() - t:.1f}s)", flush=True)
+    expected = await asyncio.to_thread(_reference, source, args.max_tokens)
+    (tmp / "lab").mkdir()
+    device_bytes = manifests[1].blob_size + (96 << 20)
+    c = await NetCluster.start(NetLab, tmp / "lab", args.hosts + 1, rate_mbit=args.rate_mbit,
+                               registry_capped=False, device_memory_bytes=device_bytes,
+                               uncapped_hosts=(0,),
+                               controller={"partition_bandwidth_bps": rate_bps,
+                                           "partition_link_bps": rate_bps,
+                                           "partition_overhead_s": args.overhead_s,
+                                           "cold_start_timeout_s": 600.0,
+                                           "deploy_timeout_s": 600.0},
+                               host={"registry_span_bytes": args.span_mb << 20})
+    rows = []
+    try:
+        for k in KS:
+            await c.publish(manifests[k], store.blob_path(MODEL, str(k)))
+            await c.wait("every host's warm worker connected", c._pools_ready, 120.0)
+            row = await run_k(c, k, str(k), args.max_tokens, expected)
+            rows.append(row)
+            print(f"  k={k}: TTFT {row['ttft_s']:.2f}s (ready {row['ready_s']:.2f}s), "
+                  f"{row['tokens']} tokens, TPOT {row['tpot_ms'] or 0:.1f} ms, moved "
+                  f"{row['migrations']:g}x, whole after {row['whole_s']:.1f}s", flush=True)
+    finally:
+        with contextlib.suppress(Exception):
+            await c.aclose()
+    base = rows[0]
+    for row in rows:
+        row["ttft_ratio"] = row["ttft_s"] / base["ttft_s"]
+    return {"bench": "generate_partitioned", "preset": args.preset, "hosts": args.hosts,
+            "rate_mbit": args.rate_mbit, "overhead_s": args.overhead_s,
+            "max_tokens": args.max_tokens, "model_mb": manifests[1].blob_size / 1e6,
+            "rows": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="base", help="tiny_hf size: tiny, small, base")
+    ap.add_argument("--hosts", type=int, default=4, help="stage hosts (plus host0, the peer)")
+    ap.add_argument("--rate-mbit", type=float, default=250.0)
+    ap.add_argument("--overhead-s", type=float, default=0.5,
+                    help="per-stage start cost the controller plans with")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--span-mb", type=int, default=32)
+    ap.add_argument("--quick", action="store_true", help="the small model, 16 tokens")
+    args = ap.parse_args()
+    if args.quick:
+        args.preset, args.max_tokens = "small", 16
+    if os.geteuid() != 0:
+        sys.exit("bench/generate_partitioned.py builds network namespaces: run it as root")
+    summary = asyncio.run(main_async(args))
+    print(f"\nPartitioned cold start of a generation: GPT-2 {summary['preset']} "
+          f"({summary['model_mb']:.1f} MB), {args.hosts} stage hosts, links "
+          f"{args.rate_mbit:g} Mbit/s, bytes from a peer's RAM")
+    print(f"{'k':>2} {'TTFT s':>8} {'÷k=1':>6} {'ready s':>8} {'tokens':>7} {'moved':>6} "
+          f"{'TPOT ms':>8} {'whole s':>8}")
+    for r in summary["rows"]:
+        print(f"{r['k']:>2} {r['ttft_s']:>8.2f} {r['ttft_ratio']:>6.3f} "
+              f"{r['ready_s'] or 0:>8.2f} {r['tokens']:>7} {r['migrations']:>6g} "
+              f"{r['tpot_ms'] or 0:>8.1f} {r['whole_s']:>8.1f}")
+    print(json.dumps(summary, default=float))
+
+
+if __name__ == "__main__":
+    main()
