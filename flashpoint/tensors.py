@@ -109,11 +109,13 @@ def _check_header(d: Any) -> tuple[str, list[int], int]:
     ):
         raise BadRequest("tensor shape must be a list of at most 8 non-negative ints")
     count = 1
+    spread = 1  # the product of the non-zero dimensions
     for s in shape:
         count *= s
-    # Each dimension too: a zero-size tensor with a huge other dimension has count 0 but
-    # still cannot be shaped by numpy.
-    if count > MAX_ELEMENTS or (shape and max(shape) > MAX_ELEMENTS):
+        spread *= s or 1
+    # The non-zero dimensions too: a zero-size tensor with huge other dimensions has count 0
+    # but still cannot be shaped by numpy (it checks the product of the others).
+    if count > MAX_ELEMENTS or spread > MAX_ELEMENTS:
         raise BadRequest(f"tensor shape {shape} is over the limit of {MAX_ELEMENTS} elements")
     if not isinstance(dtype, str):
         raise BadRequest("tensor dtype must be a string")
