@@ -358,7 +358,9 @@ class HostSharing:
                               "token_socket": u.socket_path if u.manager else None}
                           for k, u in self.units.items()},
                 "tenants": {r: {"tenant": t.tenant, "device_id": t.device_id,
-                                "share": t.share.to_wire() if t.share else None}
+                                "share": t.share.to_wire() if t.share else None,
+                                "tenant_class": _token_quota(t.share).tenant_class.value
+                                if t.share else None}
                             for r, t in self._tenants.items()}}
 
 
