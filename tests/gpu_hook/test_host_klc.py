@@ -139,21 +139,30 @@ async def test_best_effort_share_falls_when_slo_demand_rises_and_recovers(kit, t
         # The best-effort replica runs alone first (the SLO worker waits in the pool).
         be_run = asyncio.ensure_future(pb.communicate(json.dumps(
             {"env": be_env, "seconds": 3.5, "kernel_us": 1000}).encode() + b"\n"))
-        await _wait("the best-effort tenant charged",
-                    lambda: mgr.usage_by_tenant().get(be, 0) > 50 * MS)
+        unit_label = {"unit": devices[0].device_id}
+        be_label = {**unit_label, "tenant": str(be), "tenant_class": "best_effort"}
+
+        def gauge(name: str, labels: dict[str, str]) -> float | None:
+            return REGISTRY.get_sample_value(f"flashpoint_tokens_{name}", labels)
+
+        await _wait("the best-effort tenant charged, unthrottled on the gauges", lambda: (
+            mgr.usage_by_tenant().get(be, 0) > 50 * MS and gauge("limit", be_label) == 1.0
+            and gauge("best_effort_throttled", unit_label) == 0))
         be_alone_ns = time.monotonic_ns()  # the manager's clock (this process's monotonic)
         # The SLO replica's demand: none for 0.5 s, saturated for 1 s, then none again (its
         # process and connection stay for another second).
         slo_run = asyncio.ensure_future(ps.communicate(json.dumps(
             {"env": slo_env, "delay_s": 0.5, "seconds": 1.0, "linger_s": 1.0,
              "kernel_us": 1000}).encode() + b"\n"))
+        # Operators see it: the unit throttled, the best-effort tenant's limit by its class.
+        await _wait("the throttling on the gauges", lambda: (
+            gauge("best_effort_throttled", unit_label) == 1
+            and (gauge("limit", be_label) or 1.0) <= 0.3 + 1e-9))
         outs = await asyncio.wait_for(asyncio.gather(be_run, slo_run), 30)
         for p, (_out, err) in zip(procs, outs, strict=True):
             assert p.returncode == 0, err.decode()
-        limit_slo = REGISTRY.get_sample_value("flashpoint_tokens_limit", {
-            "unit": devices[0].device_id, "tenant": str(slo), "tenant_class": "slo"})
-        limit_be = REGISTRY.get_sample_value("flashpoint_tokens_limit", {
-            "unit": devices[0].device_id, "tenant": str(be), "tenant_class": "best_effort"})
+        limit_slo = gauge("limit", {**unit_label, "tenant": str(slo), "tenant_class": "slo"})
+        limit_be = gauge("limit", be_label)
     finally:
         for p in procs:
             if p.returncode is None:
