@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from flashpoint.errors import BadRequest
 from flashpoint.ids import ModelKey, validate_name, validate_version
+from flashpoint.policy.klc import TenantClass
 
 if TYPE_CHECKING:
     from flashpoint.policy.fastgshare import FunctionProfile
@@ -236,6 +237,10 @@ class FunctionSpec:
     # by `flashpoint profile` (controller/profiler.py) like fast_profile, or given here.
     protean_profile: ProteanProfileSpec | None = None
     dilu_profile: DiluProfileSpec | None = None
+    # Dilu's tenant class of a shared replica (policy/klc.py): "slo" (default) is never
+    # throttled; "best_effort" gives way on a tokens host: while an SLO tenant of the same
+    # GPU is active it is held to (KLC factor x) its request, its limit only once they idle.
+    tenant_class: TenantClass = TenantClass.SLO
     # PROTEAN's per-batch device memory of this model (profiled; 0 = the replica's bytes):
     # the footprint the MIG reconfigurator turns best-effort demand into (policy/protean.py).
     batch_memory_bytes: int = 0
@@ -282,6 +287,16 @@ class FunctionSpec:
                 self.sm_share or self.fast_profile or self.dilu_profile):
             raise BadRequest("sm_limit, time_quota and gpu_memory_bytes need an sm_share "
                              "(or a fast_profile or dilu_profile to choose it from)")
+        try:  # the API gives a string; stored as the enum
+            object.__setattr__(self, "tenant_class", TenantClass(self.tenant_class))
+        except ValueError:
+            raise BadRequest(f"tenant_class {self.tenant_class!r}: one of "
+                             f"{[c.value for c in TenantClass]}") from None
+        if self.tenant_class is TenantClass.BEST_EFFORT and not (
+                self.sm_share or self.fast_profile or self.dilu_profile):
+            raise BadRequest("tenant_class 'best_effort' needs an sm_share (or a "
+                             "fast_profile or dilu_profile): the class is enforced on a "
+                             "shared GPU")
         if self.fast_profile is not None:
             self.fast_profile.to_profile(self.name)  # a broken grid is refused at registration
         if self.batch_memory_bytes < 0:
@@ -303,6 +318,7 @@ class FunctionSpec:
         d["fast_profile"] = self.fast_profile.to_dict() if self.fast_profile else None
         d["protean_profile"] = self.protean_profile.to_dict() if self.protean_profile else None
         d["dilu_profile"] = self.dilu_profile.to_dict() if self.dilu_profile else None
+        d["tenant_class"] = self.tenant_class.value
         return d
 
     @classmethod
@@ -334,7 +350,7 @@ class FunctionSpec:
                     "sm_share", "sm_limit", "time_quota", "canary_pct", "batch_fbr"):
             if key in kw and (not isinstance(kw[key], (int, float)) or isinstance(kw[key], bool)):
                 raise BadRequest(f"{key} must be a number")
-        for key in ("name", "model", "model_version"):
+        for key in ("name", "model", "model_version", "tenant_class"):
             if key in kw and not isinstance(kw[key], str):
                 raise BadRequest(f"{key} must be a string")
         if "name" not in kw or "model" not in kw:

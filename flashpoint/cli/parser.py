@@ -14,6 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any, NoReturn
 
+from flashpoint.policy.klc import TenantClass
 from flashpoint.spec import FunctionSpec
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -51,6 +52,8 @@ SPEC_FLAGS: dict[str, tuple[str, str]] = {
                            "(MIG reconfiguration's demand; default: the replica's bytes)"),
     "batch_fbr": ("--batch-fbr", "PROTEAN's fractional bandwidth requirement of one batch "
                   "(0..100; routing over MIG slices; default 0: not profiled)"),
+    "tenant_class": ("--tenant-class", "GPU sharing (tokens hosts): slo (default) or "
+                     "best_effort, which gives way to SLO replicas of the same GPU (Dilu)"),
     "canary_pct": ("--canary", "send PCT%% of requests (and replicas) to --version, the rest "
                    "to the version before it, until a deploy without --canary"),
     "fast_profile": ("--fast-profile", "FaST-GShare profile as JSON, or @FILE holding it: "
@@ -325,6 +328,9 @@ def _add_deploy(sp: Parser) -> None:
                             help=helptext)
         elif f.name in _JSON_FIELDS:
             sp.add_argument(flag, dest=f.name, metavar="JSON|@FILE", help=helptext)
+        elif f.name == "tenant_class":
+            sp.add_argument(flag, dest=f.name, choices=[c.value for c in TenantClass],
+                            help=helptext)
         elif f.name == "canary_pct":
             # no range here: the controller's check (FunctionSpec) answers a typed 400
             sp.add_argument(flag, dest=f.name, metavar="PCT", type=float, help=helptext)

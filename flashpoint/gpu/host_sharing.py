@@ -75,8 +75,9 @@ class GpuShare:
     ``sm_share``: fraction of SMs (MPS ``ACTIVE_THREAD_PERCENTAGE``; the token manager's S);
     ``time_request``/``time_limit``: guaranteed and capped fraction of GPU time (token
     quotas; FaST's quota request, Dilu's request/limit); ``memory_bytes``: device memory cap
-    (0 = none); ``slo_sensitive``: Dilu's tenant class (best-effort tenants are throttled
-    first under contention).
+    (0 = none); ``slo_sensitive``: Dilu's tenant class, from the function spec's
+    ``tenant_class`` (a tokens host's KLC holds best-effort tenants to their request, or
+    less, while an SLO-sensitive tenant of the unit is active; ``policy/klc.py``).
     """
 
     sm_share: float
@@ -358,7 +359,9 @@ class HostSharing:
                               "token_socket": u.socket_path if u.manager else None}
                           for k, u in self.units.items()},
                 "tenants": {r: {"tenant": t.tenant, "device_id": t.device_id,
-                                "share": t.share.to_wire() if t.share else None}
+                                "share": t.share.to_wire() if t.share else None,
+                                "tenant_class": _token_quota(t.share).tenant_class.value
+                                if t.share else None}
                             for r, t in self._tenants.items()}}
 
 

@@ -60,6 +60,15 @@ SHARE = Gauge("flashpoint_tokens_share", "A tenant's fraction of the GPU time ch
 MEMORY = Gauge("flashpoint_tokens_memory_bytes", "Device bytes a tenant's processes report",
                ["unit", "tenant"])
 WAITING = Gauge("flashpoint_tokens_waiting", "Processes waiting for a token", ["unit"])
+# Dilu's vertical scaling: the limit each tenant is held to now (a best-effort tenant's falls
+# to factor x request while an SLO tenant of the unit is active), by the tenant's class.
+LIMIT = Gauge("flashpoint_tokens_limit", "A tenant's time limit in force (fraction of the "
+              "window) after Dilu's KLC, by tenant class (slo | best_effort)",
+              ["unit", "tenant", "tenant_class"])
+KLC_FACTOR = Gauge("flashpoint_tokens_klc_factor", "Dilu's KLC factor on the best-effort "
+                   "tenants' requests (1: held to their request)", ["unit"])
+THROTTLED = Gauge("flashpoint_tokens_best_effort_throttled", "1 while an active SLO-sensitive "
+                  "tenant holds the unit's best-effort tenants to factor x request", ["unit"])
 PEERS_REFUSED = Counter("flashpoint_tokens_peers_refused_total",
                         "Hooked processes refused (bound to no tenant) or whose HELLO claimed "
                         "another tenant than their own, by outcome", ["unit", "outcome"])
@@ -84,6 +93,8 @@ class TokenManager:
         self._share_mark: tuple[int, dict[TenantId, int]] = (clock_ns(), {})
         self._metrics_at = 0  # ns of the last metrics update (at most every METRICS_EVERY_NS)
         self._held_ns: dict[TenantId, int] = {}  # per tenant: what HELD counts so far
+        self._class_labels: dict[TenantId, str] = {}  # per tenant: its LIMIT series' class
+        self._throttled = False  # best-effort tenants held by KLC (logged when it flips)
         self._writers: dict[ClientId, asyncio.StreamWriter] = {}
         self._ids = itertools.count(1)
         self._server: asyncio.base_events.Server | None = None
@@ -252,6 +263,32 @@ class TokenManager:
                 for t, d in deltas.items():
                     SHARE.labels(self.name, str(t)).set(d / spent)
             self._share_mark = (now, totals)
+        self._publish_limits()
+
+    def _publish_limits(self) -> None:
+        """Each tenant's limit in force and class; the unit's KLC factor and throttling."""
+        for t in self.state.quotas:
+            cls = self.state.quota(t).tenant_class.value
+            old = self._class_labels.get(t)
+            if old is not None and old != cls:  # a live class change: drop the old series
+                with contextlib.suppress(KeyError):
+                    LIMIT.remove(self.name, str(t), old)
+            self._class_labels[t] = cls
+            LIMIT.labels(self.name, str(t), cls).set(self.state.effective_quota(t).limit)
+        KLC_FACTOR.labels(self.name).set(self.state.klc.factor)
+        THROTTLED.labels(self.name).set(1 if self._throttled else 0)
+
+    def _note_throttle(self) -> None:
+        """Log when KLC starts or stops holding the best-effort tenants (an SLO tenant's
+        demand rose from idle, or it has been idle ``idle_slots``)."""
+        throttled = self.state.best_effort_throttled()
+        if throttled == self._throttled:
+            return
+        self._throttled = throttled
+        best_effort = sorted(t for t, q in self.state.quotas.items() if not q.slo_sensitive)
+        log.info("tokens_best_effort_throttled" if throttled else "tokens_best_effort_released",
+                 unit=self.name, phase=self.state.klc.phase.value,
+                 factor=round(self.state.klc.factor, 4), best_effort_tenants=best_effort)
 
     def _send(self, grants: list[Grant]) -> None:
         self._write(grants)
@@ -269,6 +306,7 @@ class TokenManager:
                 await asyncio.wait_for(self._wake.wait(), timeout=delay_s)
             try:
                 self._write(self.state.tick(self._clock()))
+                self._note_throttle()
                 self._publish_metrics()
             except Exception:  # noqa: BLE001 - logged; the next tick tries again
                 log.exception("token_tick_failed")

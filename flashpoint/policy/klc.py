@@ -6,7 +6,8 @@ Every slot (~5 ms) the token manager tells :class:`KlcController` which tenants 
 (one batch or one iteration).  Contention with co-located tenants stretches KLC; the
 controller reacts by moving the **best-effort** tenants' budget, expressed here as a factor
 in ``[floor, 1]`` applied to their time quotas (Dilu moves a block budget; we move a time
-budget, the unit our tokens use).
+budget, the unit our tokens use).  A function's class is its spec's ``tenant_class``
+(:class:`TenantClass`), carried in its replicas' shares to the host's token manager.
 
 States (per GPU, never a process-global as in Dilu's code, which shares one
 ``CONSERVATIVE_LIMIT`` across GPUs — a bug the digest flags):
@@ -21,6 +22,22 @@ States (per GPU, never a process-global as in Dilu's code, which shares one
 * CONTENTION otherwise: unchanged.
 * NONE       no SLO-sensitive tenant: best-effort tenants run at their full limits.
 
+**Where we follow the authors' code, not the paper** (``sigserverless/Dilu``, digest 002
+§4.1 [R]):
+
+* *The RECOVERY cap.*  Algorithm 2 grows a best-effort tenant's issue in RECOVERY up to
+  ``MaxTokens·limit`` (its limit).  The code grows ``CONSERVATIVE_LIMIT`` up to ``UPPER``
+  only, and a best-effort tenant's budget is ``CONSERVATIVE_LIMIT·request`` while an SLO
+  tenant is active: the factor here is capped at 1 *of the request*
+  (``TokenState.effective_quota``: ``min(limit, factor·request)``), so while an SLO tenant
+  is active a best-effort tenant never runs above its request, however long it recovers.
+  It reaches its limit only once every SLO tenant of the GPU has been idle ``idle_slots``
+  (600 ms) — also the code's rule (``UPPER·Σ low_limits``), which the paper does not state.
+* *The idle reset.*  After that idle spell the factor is reset to 1 (the code resets
+  ``CONSERVATIVE_LIMIT = UPPER``), so the next burst of an SLO tenant starts from the
+  best-effort tenant's request rather than from an old emergency's floor.
+* *The EMERGENCY divisor* (above) and the ``floor``.
+
 KLC is counted in slots, not timed with CUDA events: no syncs are added (that overhead is
 what the paper holds against FaST-GShare).
 """
@@ -29,6 +46,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+
+
+class TenantClass(enum.StrEnum):
+    """Dilu's two tenant classes (a function spec's ``tenant_class``): SLO-sensitive
+    tenants (inference, the paper's "high priority") are never throttled; best-effort
+    tenants (the paper's training jobs, "low priority") give way to them."""
+
+    SLO = "slo"
+    BEST_EFFORT = "best_effort"
 
 
 class KlcPhase(enum.StrEnum):
@@ -96,6 +122,10 @@ class KlcController:
             elif k.run_slots:
                 self._period_ended(k, k.run_slots)
                 k.run_slots = 0
+        if self.slo_idle():
+            # Dilu's code: every SLO tenant idle past the threshold resets the budget
+            # (CONSERVATIVE_LIMIT = UPPER); the next burst starts from the request.
+            self.factor = 1.0
         return self.phase
 
     def slo_idle(self) -> bool:

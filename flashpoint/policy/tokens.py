@@ -30,14 +30,17 @@ Approval (the paper's loop, with the digest's corrections):
 * a token returned early (the tenant synced or went idle) frees its SM share at once.
 
 Best-effort tenants additionally follow Dilu's KLC controller (``policy/klc.py``) when
-SLO-sensitive tenants share the GPU.
+SLO-sensitive tenants share the GPU: while any SLO tenant of the GPU is active a best-effort
+tenant is held to ``factor · request`` (never above its request: the authors' RECOVERY cap,
+see ``policy/klc.py``), and it gets its limit back once they have all been idle 600 ms.
+SLO-sensitive tenants are never throttled by KLC (in Dilu's code they get ``UPPER`` tokens).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flashpoint.policy.klc import KlcConfig, KlcController, KlcPhase
+from flashpoint.policy.klc import KlcConfig, KlcController, KlcPhase, TenantClass
 
 ClientId = int
 TenantId = int
@@ -58,6 +61,11 @@ class TenantQuota:
             raise ValueError(f"need 0 <= request <= limit <= 1, got {self.request}, {self.limit}")
         if not (0.0 < self.sm_share <= 1.0):
             raise ValueError(f"sm_share must be in (0, 1], got {self.sm_share}")
+
+    @property
+    def tenant_class(self) -> TenantClass:
+        """Dilu's class of the tenant (metrics and logs name it)."""
+        return TenantClass.SLO if self.slo_sensitive else TenantClass.BEST_EFFORT
 
 
 DEFAULT_QUOTA = TenantQuota()
@@ -137,10 +145,15 @@ class TokenState:
         active SLO-sensitive tenant are held to ``factor * request`` (at least the floor);
         when every SLO tenant has been idle 600 ms they may use their full limit."""
         q = self.quota(tenant)
-        if q.slo_sensitive or self.klc.phase is KlcPhase.NONE or self.klc.slo_idle():
+        if q.slo_sensitive or not self.best_effort_throttled():
             return q
         cap = max(self.config.klc.floor * q.limit, min(q.limit, self.klc.factor * q.request))
         return TenantQuota(min(q.request, cap), cap, q.sm_share, q.slo_sensitive)
+
+    def best_effort_throttled(self) -> bool:
+        """True while an SLO-sensitive tenant of this GPU is active (connected and not idle
+        for ``idle_slots``): best-effort tenants are then held by KLC."""
+        return self.klc.phase is not KlcPhase.NONE and not self.klc.slo_idle()
 
     # ---- stimuli from the wire ----
     def connect(self, client: ClientId, tenant: TenantId, now_ns: int) -> None:

@@ -49,6 +49,7 @@ FIELDS: dict[str, tuple[str, list[str], Any]] = {
     "dilu_profile": ("--dilu-profile", [json.dumps(DILU)], DILU),
     "batch_memory_bytes": ("--batch-memory-bytes", [str(1 << 20)], 1 << 20),
     "batch_fbr": ("--batch-fbr", ["0.4"], 0.4),
+    "tenant_class": ("--tenant-class", ["best_effort"], "best_effort"),
     "canary_pct": ("--canary", ["40"], 40.0),
     "inputs": ("--input", ["x:FP32:-1,3", "mask:INT64:-1"],
                [{"name": "x", "datatype": "FP32", "shape": [-1, 3]},

@@ -100,3 +100,55 @@ async def test_two_replicas_share_one_gpu_with_chosen_shares(make_cluster: Clust
         shutil.rmtree(run_dir, ignore_errors=True)
     if daemon_pid is not None:
         assert not pid_alive(daemon_pid)  # stopped with the host
+
+
+async def test_best_effort_function_is_registered_best_effort_on_a_tokens_host(
+        make_cluster: ClusterFactory, tmp_path):
+    # Dilu's vertical scaling is live only if a deployed function's class reaches the token
+    # manager: a best_effort function's replica must be a best-effort tenant there (KLC
+    # throttles only those), an SLO one an SLO tenant.
+    if not shutil.which("cc") and not shutil.which("gcc"):
+        pytest.skip("the hook needs a C compiler")
+    run_dir = Path(f"/tmp/fpd-{os.getpid()}-{time.monotonic_ns() % 10**8}")
+    cfg = cluster_config(tmp_path, fake_gpus=["A100-40GB"], gpu_sharing="tokens",
+                         sharing_dir=str(run_dir), warm_pool_size=2)
+    cfg = dataclasses.replace(cfg, controller=dataclasses.replace(cfg.controller,
+                                                                  share_policy="dilu"))
+    c = await make_cluster(config=cfg)
+    host = c.hosts[0]
+    try:
+        specs = {"klc-slo-fn": {"sm_share": 0.5, "sm_limit": 0.7},
+                 "klc-be-fn": {"sm_share": 0.3, "sm_limit": 0.6, "tenant_class": "best_effort"}}
+        async with aiohttp.ClientSession() as s:
+            for name, share in specs.items():
+                body = {"name": name, "model": "noop", "min_replicas": 1, "max_replicas": 1,
+                        **share}
+                async with s.post(f"{c.controller.url}/v1/functions", json=body) as r:
+                    assert r.status == 201, await r.text()
+            async with s.post(f"{c.controller.url}/v1/functions", json={
+                    "name": "klc-bad-fn", "model": "noop", "sm_share": 0.3,
+                    "tenant_class": "bulk"}) as r:
+                assert r.status == 400 and "tenant_class" in await r.text()
+            async with s.get(f"{c.controller.url}/v1/functions/klc-be-fn") as r:
+                assert (await r.json())["spec"]["tenant_class"] == "best_effort"
+        await wait_for("both replicas warm", lambda: all(
+            any(r.phase == "warm" for r in c.controller.state.replicas_of(n)) for n in specs), 90)
+        status = await c.controller.hosts[host.host_id].conn.call("host_status", {},
+                                                                  timeout_s=10)
+        mgr = host.gpu.sharing.units["cuda:0"].manager
+        for name, want in (("klc-slo-fn", True), ("klc-be-fn", False)):
+            (rep,) = c.controller.state.replicas_of(name)
+            assert rep.share.slo_sensitive is want  # the controller's decision ...
+            tenant = int(host.replicas[rep.replica_id].env["FP_HOOK_TENANT"])
+            assert mgr.state.quota(tenant).slo_sensitive is want  # ... the manager's quota
+            reported = status["gpu"]["tenants"][rep.replica_id]
+            assert reported["tenant_class"] == ("slo" if want else "best_effort")
+            assert reported["share"]["slo_sensitive"] is want
+        be_tenant = int(host.replicas[c.controller.state.replicas_of("klc-be-fn")[0]
+                                      .replica_id].env["FP_HOOK_TENANT"])
+        # its Dilu request and limit (KLC holds it to the request while an SLO tenant runs)
+        q = mgr.state.quota(be_tenant)
+        assert (q.request, q.limit) == (0.3, 0.6)
+    finally:
+        await asyncio.wait_for(c.stop(), 60)
+        shutil.rmtree(run_dir, ignore_errors=True)

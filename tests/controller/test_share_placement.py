@@ -167,3 +167,24 @@ def test_restarted_controller_adopts_shares_the_host_reports():
     assert "fastgshare" in st.functions["fn"].unplaced
     with pytest.raises(BadRequest):
         ReplicaShare.from_wire({"sm_share": 0.3})
+
+
+@pytest.mark.parametrize("policy", ["fastgshare", "dilu"])
+def test_the_spec_tenant_class_travels_in_every_share(policy):
+    # Dilu's KLC throttles only best-effort shares: the class must reach the deploy (and
+    # the record a restarted controller rebuilds from the host's report).
+    st = _state(policy, sharing="tokens")
+    st.handle(FunctionUpserted(FunctionSpec(
+        name="slo-fn", model="m", min_replicas=1, sm_share=0.4, sm_limit=0.6), 100 << 20))
+    st.handle(FunctionUpserted(FunctionSpec(
+        name="be-fn", model="m", min_replicas=1, sm_share=0.3, sm_limit=0.6,
+        tenant_class="best_effort"), 100 << 20))
+    deploys = of(st.handle(Tick(0.1, {"slo-fn": load(), "be-fn": load()})), DeployReplica)
+    by_fn = {d.spec.name: d for d in deploys}
+    assert set(by_fn) == {"slo-fn", "be-fn"}
+    assert by_fn["slo-fn"].share.slo_sensitive is True
+    assert by_fn["be-fn"].share.slo_sensitive is False
+    assert st.replicas[by_fn["be-fn"].replica_id].share.slo_sensitive is False
+    wire = by_fn["be-fn"].share.to_wire()
+    assert wire["slo_sensitive"] is False
+    assert ReplicaShare.from_wire(wire) == by_fn["be-fn"].share

@@ -123,3 +123,27 @@ def test_from_dict_does_not_mutate_input():
     snapshot = repr(d)
     FunctionSpec.from_dict(d)
     assert repr(d) == snapshot
+
+
+def test_tenant_class_defaults_to_slo_and_round_trips_as_its_name():
+    from flashpoint.policy.klc import TenantClass
+
+    assert FunctionSpec.from_dict(good()).tenant_class is TenantClass.SLO
+    s = FunctionSpec.from_dict(good(sm_share=0.3, tenant_class="best_effort"))
+    assert s.tenant_class is TenantClass.BEST_EFFORT
+    assert s.to_dict()["tenant_class"] == "best_effort"
+    assert type(s.to_dict()["tenant_class"]) is str  # plain JSON / msgpack on every wire
+    assert FunctionSpec.from_dict(s.to_dict()) == s
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"sm_share": 0.3, "tenant_class": "bulk"}, r"tenant_class 'bulk': one of \['slo', 'best_effort'\]"),
+    ({"sm_share": 0.3, "tenant_class": "BEST_EFFORT"}, "one of"),
+    ({"sm_share": 0.3, "tenant_class": 1}, "tenant_class must be a string"),
+    ({"sm_share": 0.3, "tenant_class": None}, "tenant_class must be a string"),
+    # best-effort is enforced on a shared GPU: without a share it would mean nothing
+    ({"tenant_class": "best_effort"}, "needs an sm_share"),
+])
+def test_tenant_class_is_validated(kw, match):
+    with pytest.raises(BadRequest, match=match):
+        FunctionSpec.from_dict(good(**kw))

@@ -5,8 +5,10 @@ socket or tenant yet. It then reads one JSON line, its "deploy" (``{"env", "seco
 "kernel_us"}``), applies ``env`` with the worker's own ``apply_env`` (as ``load_replica``
 does) *before* it loads the driver, and launches busy-wait kernels of the fake
 ``libcuda.so.1`` through ctypes (so through the hook's ``dlsym``), synchronising every four
-launches, for ``seconds``. Prints ``{"launches", "wall_ns", "socket_seen"}``; the fake driver
-writes its busy time to ``FAKE_CUDA_STATS`` at exit.
+launches, for ``seconds``. Optional ``delay_s`` idles before the first launch and
+``linger_s`` idles after the last one (the process, and its hook's connection, stay: a
+tenant whose demand rises and falls). Prints ``{"launches", "wall_ns", "socket_seen"}``;
+the fake driver writes its busy time to ``FAKE_CUDA_STATS`` at exit.
 
 With ``"mode": "alloc"`` it serves memory commands instead, one JSON line each:
 ``{"alloc": N, "chunk": BYTES}`` allocates up to N chunks (stopping at the first error) and
@@ -36,6 +38,7 @@ def main() -> int:
     launch = cuda.cuLaunchKernel
     launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p,
                                                                   ctypes.c_void_p, ctypes.c_void_p]
+    time.sleep(float(msg.get("delay_s", 0.0)))  # the workload's shape: no demand yet
     t0 = time.monotonic_ns()
     end = t0 + int(float(msg["seconds"]) * 1e9)
     n = 0
@@ -46,6 +49,7 @@ def main() -> int:
         if n % 4 == 0:
             cuda.cuCtxSynchronize()
     cuda.cuCtxSynchronize()
+    time.sleep(float(msg.get("linger_s", 0.0)))  # demand gone, the process still there
     print(json.dumps({"launches": n, "wall_ns": time.monotonic_ns() - t0,
                       "socket_seen": os.environ.get("FP_HOOK_SOCKET", "")}), flush=True)
     return 0

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashpoint.policy.klc import KlcConfig, KlcController, KlcPhase
+from flashpoint.policy.klc import KlcConfig, KlcController, KlcPhase, TenantClass
 from flashpoint.policy.tokens import TenantQuota, TokenConfig, TokenState
 
 MS = 1_000_000
@@ -249,3 +249,53 @@ def test_no_slo_tenant_means_phase_none_and_full_limits():
     s.connect(2, 2, 0)
     s.tick(50 * MS)
     assert s.klc.phase is KlcPhase.NONE and s.effective_quota(2).limit == 0.9
+
+
+def test_recovery_is_capped_at_the_request_not_the_limit():
+    # The authors' code, not Algorithm 2: RECOVERY grows the factor up to 1 *of the request*
+    # (CONSERVATIVE_LIMIT <= UPPER, budget = CONSERVATIVE_LIMIT x request), so however long
+    # an active SLO tenant runs unstretched, a best-effort tenant stays at its request.
+    k = KlcController(KlcConfig())
+    run_periods(k, [10, 17])
+    assert k.factor < 1.0
+    phases = run_periods(k, [10] * 60)  # 12 recoveries of x1.3 would pass 1 many times over
+    assert KlcPhase.RECOVERY in phases and k.factor == 1.0
+    s = TokenState()
+    s.set_quota(1, TenantQuota(0.4, 1.0, slo_sensitive=True), 0)
+    s.set_quota(2, TenantQuota(0.3, 0.9), 0)
+    s.klc = k
+    s.klc.observe_slot({1}, {1})
+    assert s.effective_quota(2).limit == pytest.approx(0.3)  # its request, not its 0.9
+
+
+def test_idle_slo_tenant_resets_the_factor_so_the_next_burst_starts_at_the_request():
+    # Dilu's code: every SLO tenant idle past 120 slots -> CONSERVATIVE_LIMIT = UPPER.
+    s = TokenState()
+    s.set_quota(1, TenantQuota(0.4, 0.8, slo_sensitive=True), 0)
+    s.set_quota(2, TenantQuota(0.3, 0.9), 0)
+    s.connect(1, 1, 0)
+    s.connect(2, 2, 0)
+    slot = s.config.klc.slot_ns
+    assert not s.best_effort_throttled()  # the SLO tenant has not been active yet
+    s.request(1, 1, 0, 0)
+    s.tick(slot)
+    assert s.best_effort_throttled() and s.effective_quota(2).limit == pytest.approx(0.3)
+    s.klc.factor = 0.05  # an emergency's doing
+    assert s.effective_quota(2).limit == pytest.approx(0.3 * 0.05)
+    s.release(1, slot, slot)
+    now = slot
+    for _ in range(s.config.klc.idle_slots + 2):
+        now += slot
+        s.tick(now)
+    assert not s.best_effort_throttled() and s.effective_quota(2).limit == pytest.approx(0.9)
+    assert s.klc.factor == 1.0
+    s.request(1, 2, 0, now + 1)  # the next burst
+    s.tick(now + slot)
+    assert s.best_effort_throttled() and s.effective_quota(2).limit == pytest.approx(0.3)
+    assert s.effective_quota(1) == s.quota(1)  # never the SLO tenant
+
+
+def test_tenant_quota_names_its_class():
+    assert TenantQuota(0.3, 0.5, slo_sensitive=True).tenant_class is TenantClass.SLO
+    assert TenantQuota(0.3, 0.5).tenant_class is TenantClass.BEST_EFFORT
+    assert TenantClass("best_effort").value == "best_effort"

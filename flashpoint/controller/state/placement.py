@@ -9,6 +9,7 @@ from flashpoint.controller.state.cluster import ClusterRecords
 from flashpoint.controller.state.events import Command, DeployKaas, DeployReplica
 from flashpoint.controller.state.records import FunctionRecord, ReplicaPhase, ReplicaRecord
 from flashpoint.kaas import KAAS_FUNCTION
+from flashpoint.policy.klc import TenantClass
 from flashpoint.policy.placement import PlacementRequest, select_receivers
 from flashpoint.policy.replica_config import ReplicaConfig
 from flashpoint.policy.share_placement import (
@@ -57,7 +58,8 @@ class Placement(ClusterRecords):
                       shape: ReplicaConfig | None = None) -> list[Command]:
         """Up to ``count`` replicas of a function with a GPU share on sharing hosts' GPUs, by
         the pure policy of ``share_policy`` (FaST MaxRects or Dilu best fit,
-        policy/share_placement.py); each deploy carries its share, which the host enforces.
+        policy/share_placement.py); each deploy carries its share, which the host enforces
+        (its tenant class too: a tokens host's KLC throttles best-effort shares).
         ``shape``: the SM share and quota of one of RPR's configurations instead of the
         spec's (an ``sm_limit`` below its share is raised to it)."""
         rids = tuple(f"{spec.name}-{self.epoch}{next(self._seq)}" for _ in range(count))
@@ -65,7 +67,8 @@ class Placement(ClusterRecords):
         quota = shape.quota if shape is not None else (spec.time_quota or 1.0)
         decision = place_shared(self.share_policy, self._share_devices(), ShareRequest(
             spec.name, rids, sm_share, max(spec.sm_limit, sm_share), quota,
-            spec.gpu_memory_bytes or model_bytes + self.replica_overhead_bytes))
+            spec.gpu_memory_bytes or model_bytes + self.replica_overhead_bytes,
+            slo_sensitive=spec.tenant_class is TenantClass.SLO))
         fn.unplaced = decision.reason if decision.unplaced else ""
         cmds: list[Command] = []
         for p in decision.placements:
