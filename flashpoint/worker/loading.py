@@ -56,9 +56,11 @@ class Loaded:
     loaded_s: float = 0.0  # perf_counter when it was loaded and warmed
 
 
-def load(msg: LoadReplica, spec: FunctionSpec, received_s: float) -> Loaded:
+def load(msg: LoadReplica, spec: FunctionSpec, received_s: float,
+         prefault: bool = False) -> Loaded:
     """Map the cache file, build the module (whole, or the stage's layers) over it, move it
-    to the device and, for a whole replica, run its first inference."""
+    to the device and, for a whole replica, run its first inference; with ``prefault``
+    (``[host] prefault_weights``) a second thread fills the mapping's page tables meanwhile."""
     from flashpoint.models.publish import builder_takes_files
     from flashpoint.registry.format import Manifest
 
@@ -79,12 +81,12 @@ def load(msg: LoadReplica, spec: FunctionSpec, received_s: float) -> Loaded:
     # A whole module built over the mapping reads every page in its warm-up: fill the page
     # tables on a spare core meanwhile (a stage's range may still be filling; a reader of
     # shared weights never reads the mapping).
-    prefault = Prefault(mapping).start() if stage is None and not shares else None
+    filler = Prefault(mapping).start() if prefault and stage is None and not shares else None
     try:
         return _build(msg, spec, manifest, mapping, shares, prepare, t0)
     finally:
-        if prefault is not None:
-            prefault.stop()
+        if filler is not None:
+            filler.stop()
 
 
 def _build(msg: LoadReplica, spec: FunctionSpec, manifest: Any, mapping: mmap.mmap,

@@ -133,7 +133,7 @@ async def test_a_load_answers_as_torch_and_leaves_no_prefault_thread(tmp_path: P
     msg = LoadReplica(replica_id="r1", manifest_json=manifest.to_json(), device="cpu",
                       cache_path=str(store.blob_path("b", "1")), spec=spec.to_dict(),
                       controller_url="ws://127.0.0.1:1/rpc")
-    loaded = loading.load(msg, spec, time.perf_counter())
+    loaded = loading.load(msg, spec, time.perf_counter(), prefault=True)
     assert not any(th.name == "fp-prefault" for th in threading.enumerate())
     assert _rss_bytes(loaded.replica.mapping) >= manifest.blob_size // 2  # mapped, not copied
     ids = np.arange(1, 17, dtype=np.int64).reshape(2, 8) % 50
