@@ -2,10 +2,13 @@
 
 A worker maps the host's cache file (a tmpfs file with 4 KiB pages) and builds its module
 over it without copying; the first inference then touches every weight page, and each
-touch is a page fault (the kernel maps 16 pages per fault: ~5,000 faults for BERT base,
+touch is a page fault (the kernel maps 16 pages per fault: ~6,500 faults for BERT base,
 ~25-30 ms of the warm-up's CPU on the dev VM, measured with ``time.thread_time``).
-``MADV_POPULATE_READ`` (Linux 5.14) maps the same pages without the traps, and on its own
-thread it does so beside the module build and the warm-up instead of inside them.
+``MADV_POPULATE_READ`` (Linux 5.14) maps the same pages ahead of use, for about the same
+kernel work (~35 ms of CPU there); on its own thread it does so beside the module build and
+the warm-up instead of inside them. That is a gain only where a core is idle: on the loaded
+2-vCPU VM the cold start got slower (bench/RESULTS.md), hence ``[host] prefault_weights``
+is opt-in.
 
 It walks the mapping from the end backwards, while the warm-up walks the layers forwards
 (the blob is in layer order), so the two meet in the middle rather than fault the same
