@@ -100,7 +100,6 @@ async def main(args: argparse.Namespace) -> dict:
             "host": {"cpu_devices": 1, "warm_pool_size": 1,
                      "device_memory_bytes": int(size * 1.5) + (100 << 20),
                      "cache_bytes": 3 * size, "host_memory_bytes": 8 * size,
-                     "prefault_weights": args.prefault,
                      **({"torch_threads": args.torch_threads} if args.torch_threads else {})},
         }).with_home(home)
         inputs = {k: np.asarray(v) for k, v in
@@ -158,7 +157,6 @@ async def main(args: argparse.Namespace) -> dict:
     out = {"bench": "coldstart", "machine": f"{platform.machine()} {os.cpu_count()} cpu",
            "model": args.model, "preset": args.preset, "model_bytes": size,
            "torch_threads": cfg.host.torch_threads,
-           "prefault_weights": cfg.host.prefault_weights,
            "s3_wall_s": med("s3", "wall_s"), "peer_wall_s": med("peer", "wall_s"),
            "ram_wall_s_median": med("ram", "wall_s"),
            "sources": {label: by[label][0]["source"] for label in by}, "rows": rows}
@@ -181,9 +179,6 @@ if __name__ == "__main__":
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--torch-threads", type=int, default=0,
                     help="[host] torch_threads for the workers (0: the configured default)")
-    ap.add_argument("--prefault", action="store_true",
-                    help="[host] prefault_weights on (a second thread fills the weights' page "
-                         "tables while the worker builds and warms the module)")
     import uvloop
 
     print(json.dumps(uvloop.run(main(ap.parse_args()))))

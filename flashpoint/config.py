@@ -265,11 +265,6 @@ class HostConfig:
     # Idle warm-pool workers import transformers too (~2 s of CPU each), so a Hugging Face
     # model's cold start pays for bytes, not imports. Off: its first cold start imports it.
     preload_transformers: bool = True
-    # A worker fills its model mapping's page tables on a second thread while it builds and
-    # warms the module (worker/prefault.py): ~20-30 ms of a BERT base's page faults leave the
-    # loading thread, but the process spends ~15 ms more CPU, and on the loaded 2-vCPU dev VM
-    # the cold start got slower (bench/RESULTS.md). Opt-in for hosts with cores to spare.
-    prefault_weights: bool = False
     worker_start_timeout_s: float = 60.0
     # After a cold start the warm pool refills once the new replica has answered its first
     # request (a Python+torch start would take the CPU that request runs on), or after this

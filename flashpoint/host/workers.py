@@ -106,7 +106,6 @@ class WorkerPool:
             sys.executable, "-m", "flashpoint.worker.actor", "--host-url", self.local_url,
             "--worker-id", worker_id, "--torch-threads", str(self.hc.torch_threads),
             *(["--preload-transformers"] if _preload(self.hc) else []),
-            *(["--prefault-weights"] if self.hc.prefault_weights else []),
             env=env, stdin=asyncio.subprocess.DEVNULL,
         )
         w = WorkerProcess(worker_id, proc, asyncio.get_running_loop().create_future())

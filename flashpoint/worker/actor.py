@@ -74,11 +74,9 @@ class Worker(Actor):
     :class:`~flashpoint.actor.Actor` base."""
 
     def __init__(self, worker_id: str, host_url: str, secret: bytes, torch_threads: int,
-                 *, preload_transformers: bool = False, prefault_weights: bool = False,
-                 credential: Credential | None = None) -> None:
+                 *, preload_transformers: bool = False, credential: Credential | None = None) -> None:
         super().__init__(f"worker:{worker_id}", loop_lag_interval_s=PROCESS_LOOP_LAG_INTERVAL_S)
         self.preload_transformers = preload_transformers
-        self.prefault_weights = prefault_weights  # [host] prefault_weights
         self.worker_id = worker_id
         self.host_url = host_url
         self.secret = secret  # the data plane's key (stage servers, pulls)
@@ -239,8 +237,7 @@ class Worker(Actor):
             # ConnectController first (when the state asks): the socket, WebSocket upgrade
             # and handshake (tens of ms) overlap LoadModule, the thread below.
             await self._execute([c for c in commands if isinstance(c, ws.ConnectController)])
-            loaded = await asyncio.to_thread(loading.load, msg, spec, received,
-                                             self.prefault_weights)
+            loaded = await asyncio.to_thread(loading.load, msg, spec, received)
         except BaseException:
             await self._execute(self._apply(ws.LoadFailed()))
             raise
@@ -621,7 +618,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-id", required=True)
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--preload-transformers", action="store_true")
-    parser.add_argument("--prefault-weights", action="store_true")
     args = parser.parse_args(argv)
     configure(os.environ.get("FLASHPOINT_WORKER_LOG_LEVEL", "WARNING"))
     tracing.setup_from_env("flashpoint-worker")  # OpenTelemetry, when the host's env has it
@@ -630,7 +626,6 @@ def main(argv: list[str] | None = None) -> int:
     token = os.environ.get(CREDENTIAL_ENV)
     worker = Worker(args.worker_id, args.host_url, secret, args.torch_threads,
                     preload_transformers=args.preload_transformers,
-                    prefault_weights=args.prefault_weights,
                     credential=Credential.parse(token) if token else None)
     try:
         import uvloop

@@ -23,7 +23,6 @@ import numpy as np
 from flashpoint.log import get_logger
 from flashpoint.messages.host_worker import LoadReplica, WeightSlot
 from flashpoint.spec import FunctionSpec
-from flashpoint.worker.prefault import Prefault
 
 log = get_logger("flashpoint.worker")
 
@@ -56,12 +55,12 @@ class Loaded:
     loaded_s: float = 0.0  # perf_counter when it was loaded and warmed
 
 
-def load(msg: LoadReplica, spec: FunctionSpec, received_s: float,
-         prefault: bool = False) -> Loaded:
+def load(msg: LoadReplica, spec: FunctionSpec, received_s: float) -> Loaded:
     """Map the cache file, build the module (whole, or the stage's layers) over it, move it
-    to the device and, for a whole replica, run its first inference; with ``prefault``
-    (``[host] prefault_weights``) a second thread fills the mapping's page tables meanwhile."""
-    from flashpoint.models.publish import builder_takes_files
+    to the device and, for a whole replica, run its first inference."""
+    import torch
+
+    from flashpoint.models.publish import builder_takes_files, load_module
     from flashpoint.registry.format import Manifest
 
     t0 = time.perf_counter()
@@ -75,27 +74,6 @@ def load(msg: LoadReplica, spec: FunctionSpec, received_s: float,
         mapping = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
-    stage = msg.stage
-    shares = (stage is None and msg.device.startswith("cuda") and msg.weight_slot is not None
-              and not builder_takes_files(manifest))  # an archive's module needs its files
-    # A whole module built over the mapping reads every page in its warm-up: fill the page
-    # tables on a spare core meanwhile (a stage's range may still be filling; a reader of
-    # shared weights never reads the mapping).
-    filler = Prefault(mapping).start() if prefault and stage is None and not shares else None
-    try:
-        return _build(msg, spec, manifest, mapping, shares, prepare, t0)
-    finally:
-        if filler is not None:
-            filler.stop()
-
-
-def _build(msg: LoadReplica, spec: FunctionSpec, manifest: Any, mapping: mmap.mmap,
-           shares: bool, prepare: dict[str, float], t0: float) -> Loaded:
-    """:func:`load` once the bytes are mapped: the module, on its device, warmed."""
-    import torch
-
-    from flashpoint.models.publish import load_module
-
     stage = msg.stage
     module = None
     if stage is not None:
@@ -111,10 +89,10 @@ def _build(msg: LoadReplica, spec: FunctionSpec, manifest: Any, mapping: mmap.mm
                               last=j == len(manifest.layers) - 1)
     device = msg.device
     role = ""
-    if shares:
+    if (module is None and device.startswith("cuda") and msg.weight_slot is not None
+            and not builder_takes_files(manifest)):  # an archive's module needs its files
         # FaST-style weight sharing: the first replica on this GPU exports its weights,
         # later ones map them (CUDA IPC) once the slot's ready flag is up.
-        assert msg.weight_slot is not None
         module, role = _shared_weights(manifest, mapping, device, msg.weight_slot)
         t1 = time.perf_counter()
     else:

@@ -80,31 +80,3 @@ async def test_warm_pool_refills_once_the_new_replica_answered(make_cluster: Clu
         for pid in pids:
             status = Path(f"/proc/{pid}/status")
             assert not status.exists() or "zombie" in status.read_text().lower(), pid
-
-
-async def test_a_prefaulting_worker_answers_as_torch(make_cluster: ClusterFactory,
-        tmp_path) -> None:
-    """``[host] prefault_weights`` reaches the warm-pool workers, and a scale from zero
-    through it answers as torch does, with its phases still summing to the wall."""
-    from flashpoint.models.sources import publish
-    from flashpoint.registry import make_store
-    from flashpoint.testing.harness import cluster_config
-
-    cfg = cluster_config(tmp_path, prefault_weights=True)
-    store = make_store(cfg)
-    await publish(store, "bert", "tiny", "1", model_name="bert")
-    c = await make_cluster(hosts=1, models=(), config=cfg, store=store, start_timeout_s=90)
-    host = c.hosts[0]
-    assert await host.wait_pool_ready(60)
-    cmdlines = [Path(f"/proc/{w.proc.pid}/cmdline").read_bytes().split(b"\0")
-                for w in host.workers.values()]
-    assert cmdlines and all(b"--prefault-weights" in cmd for cmd in cmdlines), cmdlines
-    await c.controller.register_function(FunctionSpec(name="prefault-fn", model="bert"))
-    ids = (np.arange(1, 17, dtype=np.int64).reshape(2, 8) % 50)
-    t = time.perf_counter()
-    res = await asyncio.wait_for(
-        c.controller.invoke("prefault-fn", {"input_ids": ids}, request_id="prefault-0"), 60)
-    wall = time.perf_counter() - t
-    assert res.cold
-    np.testing.assert_allclose(res.outputs["logits"], _reference(ids), rtol=1e-4, atol=1e-5)
-    assert abs(phases_sum_s(res.timings_s) - wall) <= 0.05 * wall, res.timings_s
