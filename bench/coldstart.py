@@ -15,7 +15,7 @@ platform timed them, plus the wall time the client saw, then every phase of the 
 worker, hand-off, ready to dispatch, the request itself) and their sum against the wall;
 a JSON line ends the output.
 
-    python bench/coldstart.py [--model bert --preset large --repeats 3]
+    python bench/coldstart.py [--model bert --preset large --repeats 3] [--cache-dir DIR]
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ async def main(args: argparse.Namespace) -> dict:
             "host": {"cpu_devices": 1, "warm_pool_size": 1,
                      "device_memory_bytes": int(size * 1.5) + (100 << 20),
                      "cache_bytes": 3 * size, "host_memory_bytes": 8 * size,
-                     **({"torch_threads": args.torch_threads} if args.torch_threads else {})},
+                     **({"torch_threads": args.torch_threads} if args.torch_threads else {}),
+                     **({"cache_dir": args.cache_dir} if args.cache_dir else {})},
         }).with_home(home)
         inputs = {k: np.asarray(v) for k, v in
                   zoo.example_inputs(args.model, zoo.resolve_config(args.model, args.preset), 1).items()}
@@ -156,7 +157,7 @@ async def main(args: argparse.Namespace) -> dict:
 
     out = {"bench": "coldstart", "machine": f"{platform.machine()} {os.cpu_count()} cpu",
            "model": args.model, "preset": args.preset, "model_bytes": size,
-           "torch_threads": cfg.host.torch_threads,
+           "torch_threads": cfg.host.torch_threads, "cache_dir": cfg.host.cache_dir,
            "s3_wall_s": med("s3", "wall_s"), "peer_wall_s": med("peer", "wall_s"),
            "ram_wall_s_median": med("ram", "wall_s"),
            "sources": {label: by[label][0]["source"] for label in by}, "rows": rows}
@@ -179,6 +180,9 @@ if __name__ == "__main__":
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--torch-threads", type=int, default=0,
                     help="[host] torch_threads for the workers (0: the configured default)")
+    ap.add_argument("--cache-dir", default="",
+                    help="[host] cache_dir (default: a directory in /dev/shm), e.g. on a tmpfs "
+                         "mounted with huge=within_size")
     import uvloop
 
     print(json.dumps(uvloop.run(main(ap.parse_args()))))
