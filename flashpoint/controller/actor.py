@@ -35,7 +35,7 @@ from flashpoint.controller.metrics import ControllerMetrics, state_registry
 from flashpoint.controller.mig_driver import MigDriver
 from flashpoint.controller.migration import Migrator
 from flashpoint.controller.persist import FunctionTable
-from flashpoint.controller.pipeline_target import PipelineTarget
+from flashpoint.controller.pipeline_groups import PipelineGroups
 from flashpoint.controller.profiler import Profiler
 from flashpoint.controller.requests import RequestPath
 from flashpoint.controller.state import events as cs  # the state's events and commands
@@ -49,7 +49,6 @@ from flashpoint.errors import (
     DeadlineExceeded,
     FlashpointError,
     Forbidden,
-    FunctionNotFound,
     PeerLost,
 )
 from flashpoint.gateway.backend import FunctionInfo, InvokeResult, StreamChunk
@@ -59,7 +58,6 @@ from flashpoint.log import get_logger
 from flashpoint.messages import controller_host as ch
 from flashpoint.messages import controller_worker as cw
 from flashpoint.messages.base import handler, to_payload
-from flashpoint.pipeline.client import PipelineClient
 from flashpoint.policy.autoscale import make_autoscaler
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.policy.share_placement import ReplicaShare
@@ -69,7 +67,6 @@ from flashpoint.rpc.tls import server_context
 from flashpoint.spec import FunctionSpec
 from flashpoint.spot.cost import TABLE3_PRICES, CostMeter
 from flashpoint.spot.provider import HostProvider, replace_host
-from flashpoint.transfer.plan import Endpoint
 
 log = get_logger("flashpoint.controller")
 
@@ -121,8 +118,6 @@ class Controller(Actor):
         self._wake = asyncio.Event()
         self.ui = UiJournal()  # recent history for the dashboard (/ui)
         self.metrics = ControllerMetrics()  # cold starts, failed starts, hosts lost (Prometheus)
-        self._stage_endpoints: dict[str, Any] = {}  # stage replica id -> pipeline endpoint
-        self._stage_timings: dict[str, dict[str, float]] = {}  # stage replica id -> cold start
         # replica id -> when its start was decided, placed, acknowledged, announced
         # (controller/cold_timings.py); dropped when the replica is forgotten
         self._cold_marks: dict[str, ColdStartMarks] = {}
@@ -148,6 +143,9 @@ class Controller(Actor):
                                     self.streams, self._cold_marks, self.mig, self.spawn,
                                     self._wake.set, self._started_s, self.ui,
                                     self.tokens, self.functions.manifests, self.metrics)
+        # partitioned scale-up groups: link, completion, dissolve (controller/pipeline_groups.py)
+        self.groups = PipelineGroups(self.config.secret, self.state, self.functions, self.hosts,
+                                     self.workers, self._apply, self.streams.on_chunk)
         # trial-driven FaST / PROTEAN / Dilu profiles (controller/profiler.py)
         self.profiler = Profiler(self.functions, self.state, self.requests, self.hosts,
                                  self._apply, self._wake.set)
@@ -279,8 +277,7 @@ class Controller(Actor):
                     self.dispatcher.remove_replica(cmd.replica_id)
                     self.requests.forget_replica(cmd.replica_id)
                     self.kaas.replica_gone(cmd.replica_id)
-                    self._stage_endpoints.pop(cmd.replica_id, None)
-                    self._stage_timings.pop(cmd.replica_id, None)
+                    self.groups.forget(cmd.replica_id)
                     self._cold_marks.pop(cmd.replica_id, None)
                     handle = self.workers.pop(cmd.replica_id, None)
                     if handle is not None:
@@ -289,15 +286,15 @@ class Controller(Actor):
                 case cs.FailFunction():
                     self.requests.fail_function(cmd)
                 case cs.LinkGroup():
-                    self.spawn(self._link_group(cmd), f"link:{cmd.group_id}")
+                    self.spawn(self.groups.link(cmd), f"link:{cmd.group_id}")
                 case cs.ServeGroup():
                     if cmd.group_id in self.workers:
                         self.dispatcher.add_replica(cmd.group_id, cmd.function, cmd.credits)
                         log.info("group_serving", group_id=cmd.group_id, function=cmd.function)
                 case cs.DissolveStages():
-                    self.spawn(self._dissolve_stages(cmd), f"dissolve:{cmd.group_id}")
+                    self.spawn(self.groups.dissolve(cmd), f"dissolve:{cmd.group_id}")
                 case cs.BeginCompletion():
-                    self.spawn(self._begin_completion(cmd), f"complete:{cmd.group_id}")
+                    self.spawn(self.groups.begin_completion(cmd), f"complete:{cmd.group_id}")
                 case cs.RequestHost():
                     self.spawn(self._replace_host(cmd.replacing), f"replace:{cmd.replacing}")
                 case cs.RouteCanary():
@@ -386,70 +383,6 @@ class Controller(Actor):
                      receivers=list(cmd.receivers))
         except FlashpointError as exc:
             log.warning("chain_start_failed", transfer_id=cmd.transfer_id, error=exc.to_wire())
-
-    async def _link_group(self, cmd: cs.LinkGroup) -> None:
-        """Point each stage at the next (last first), then open the pipeline's client."""
-        try:
-            eps = [self._stage_endpoints.get(rid) for rid, _ in cmd.stages]
-            if any(ep is None for ep in eps):
-                raise FlashpointError("a stage's pipeline endpoint is unknown")
-            for (rid, host_id), nxt in reversed(list(zip(cmd.stages[:-1], eps[1:], strict=True))):
-                host = self.hosts.get(host_id)
-                if host is None:
-                    raise FlashpointError(f"host {host_id} has no connection")
-                await host.link_stage(rid, nxt)
-            fn = self.state.functions.get(cmd.function)
-            if fn is None:
-                raise FunctionNotFound(f"function {cmd.function!r} is gone")
-            manifest = self.functions.manifests[fn.model_key]
-            io = manifest.io.to_dict()
-            client = PipelineClient(
-                Endpoint.from_wire(eps[0]), roles.data_key(self.config.secret.encode()),
-                timeout_s=fn.spec.timeout_s, name=f"controller:{cmd.group_id}",
-                input_names=[t["name"] for t in io.get("inputs", [])] or None)
-            # The group's cold start is its slowest stage's, phase by phase.
-            timings: dict[str, float] = {}
-            for rid, _ in cmd.stages:
-                for phase, secs in self._stage_timings.get(rid, {}).items():
-                    timings[phase] = max(timings.get(phase, 0.0), secs)
-            self.workers[cmd.group_id] = PipelineTarget(
-                client, cmd.stages[0][1], [t["name"] for t in io.get("outputs", [])],
-                timings, source=f"pipeline:{len(cmd.stages)}",
-                on_first_answer=lambda gid=cmd.group_id: self._apply(cs.GroupAnswered(gid)),
-                # a causal LM's group runs token loops (issue 21 item 6)
-                generates=manifest.task == "text-generation", on_chunk=self.streams.on_chunk)
-            self._apply(cs.GroupLinked(cmd.group_id, True, "", time.monotonic()))
-            log.info("group_linked", group_id=cmd.group_id, stages=[r for r, _ in cmd.stages])
-        except FlashpointError as exc:
-            log.warning("group_link_failed", group_id=cmd.group_id, error=exc.to_wire())
-            self._apply(cs.GroupLinked(cmd.group_id, False, exc.message, time.monotonic()))
-
-    async def _begin_completion(self, cmd: cs.BeginCompletion) -> None:
-        """Tell every stage's host its group answered: its held completion may go."""
-        async def one(rid: str, host_id: str) -> None:
-            host = self.hosts.get(host_id)
-            if host is None:
-                return  # its hold times out on its own
-            try:
-                await host.begin_completion(rid)
-            except FlashpointError as exc:
-                log.warning("begin_completion_failed", replica_id=rid, error=exc.code)
-
-        await asyncio.gather(*(one(rid, host_id) for rid, host_id in cmd.stages))
-
-    async def _dissolve_stages(self, cmd: cs.DissolveStages) -> None:
-        """Stop the stages' pipeline servers (their completed replicas keep serving)."""
-        for rid, host_id in cmd.stages:
-            self._stage_endpoints.pop(rid, None)
-            self._stage_timings.pop(rid, None)
-            host = self.hosts.get(host_id)
-            if host is None:
-                continue
-            try:
-                await host.dissolve_stage(rid)
-            except FlashpointError as exc:
-                log.warning("dissolve_failed", replica_id=rid, error=exc.code)
-        log.info("group_dissolved", group_id=cmd.group_id)
 
     async def _replace_host(self, replacing: str) -> None:
         """PROTEAN's procurement: another spot host, else an on-demand one."""
@@ -545,8 +478,7 @@ class Controller(Actor):
     async def _stage_ready(self, conn: Any, msg: ch.StageReady) -> ch.Ack:
         rid = msg.replica_id
         self._check_replica_host(conn, rid, msg.host_id)
-        self._stage_endpoints[rid] = Endpoint.from_wire(list(msg.pipeline_endpoint)).to_wire()
-        self._stage_timings[rid] = dict(msg.timings_s)
+        self.groups.stage_ready(rid, list(msg.pipeline_endpoint), dict(msg.timings_s))
         log.info("stage_ready", replica_id=rid, source=msg.source, timings=msg.timings_s)
         self._apply(cs.StageReady(rid, time.monotonic()))
         return ch.Ack()

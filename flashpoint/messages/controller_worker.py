@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from flashpoint.errors import FlashpointError
 from flashpoint.messages.base import Message
 from flashpoint.messages.migration import SequenceHandOff
 
@@ -87,6 +88,14 @@ class InferFailed(Message, kw_only=True):
 
     wire_values: ClassVar[bool] = True
     error: dict[str, Any]
+
+    @classmethod
+    def of(cls, exc: Exception) -> InferFailed:
+        """The failure of one request from the exception it raised (typed errors keep their
+        code; anything else is a generic error with its type and message)."""
+        if isinstance(exc, FlashpointError):
+            return cls(error=exc.to_wire())
+        return cls(error=FlashpointError(f"{type(exc).__name__}: {exc}"[:300]).to_wire())
 
 
 class InferMany(Message, kw_only=True):

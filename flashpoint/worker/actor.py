@@ -30,9 +30,9 @@ connection; the controller ships the objects a request needs inline (see kaas/re
 The process exits when its host connection is lost (never an orphan) or on ``shutdown``.
 
 What the worker holds and must do next is :class:`~flashpoint.worker.state.WorkerState`
-(pure); this actor is its I/O: the RPC handlers (typed messages, messages/host_worker.py and
-messages/controller_worker.py), the loading threads (worker/loading.py), the batcher, and the
-commands the state returns.
+(pure); this actor is its I/O: the RPC handlers (messages/host_worker.py,
+messages/controller_worker.py), loading threads (worker/loading.py), the batcher or
+generation loop (streamed answers: worker/streaming.py) and the state's commands.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ import sys
 import time
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from flashpoint import tracing
@@ -63,6 +62,7 @@ from flashpoint.tensors import decode_tensors, encode_tensors
 from flashpoint.worker import loading
 from flashpoint.worker import state as ws
 from flashpoint.worker.loading import LoadedReplica
+from flashpoint.worker.streaming import serve_stream
 
 LOGGER = "flashpoint.worker"
 log = get_logger(LOGGER)
@@ -446,7 +446,7 @@ class Worker(Actor):
             inputs, best_effort = self._request(msg)
         assert self.batcher is not None
         if msg.stream and hasattr(self.batcher, "stream"):
-            return await self._infer_stream(conn, msg, inputs)
+            return await serve_stream(conn, msg, inputs, self.batcher, self._finish)
         outputs, timings = await self.batcher.submit(inputs, best_effort=best_effort)
         tracing.worker_span(msg.traceparent, msg.request_id, timings)
         if not self.state.served:  # the hot path pays one attribute read after the first
@@ -460,48 +460,6 @@ class Worker(Actor):
                 timeout_s=10.0)
         except FlashpointError as exc:  # the host refills after refill_hold_s anyway
             log.warning("replica_served_report_failed", error=exc.code)
-
-    async def _infer_stream(self, conn: Any, msg: cw.InferRequest,
-                            request: Any) -> cw.InferStreamReply | InferHandedOff:
-        """A generation request whose tokens go back as they come: one ``gen_chunk``
-        notification per token boundary to the caller (``index`` from 0), then the reply:
-        the whole answer and ``chunks``, how many were sent. The caller cancelling the call
-        (a client gone) cancels the sequence and frees its cache. Live migration: a request
-        with ``resume`` goes on from another replica's tokens (its chunks numbered on); one
-        handed off here (``hand_off``) answers :class:`InferHandedOff`."""
-        from flashpoint.models.generate import FinishReason, GenerationResult
-        from flashpoint.worker.generation import hand_off_message, resumed_request
-
-        rid = msg.request_id
-        started = time.perf_counter()
-        request, index = resumed_request(
-            request, None if isinstance(msg.resume, msgspec.UnsetType) else msg.resume)
-        stream = self.batcher.stream(request, key=rid)
-        ids: list[int] = list(request.progress.generated_ids) if request.progress else []
-        text = request.progress.emitted_text if request.progress else ""
-        finish = FinishReason.LENGTH
-        try:
-            async for event in stream:
-                if event.token_id is not None:
-                    ids.append(event.token_id)
-                text += event.text_delta
-                if event.finish is not None:
-                    finish = event.finish
-                await conn.notify("gen_chunk", to_payload(cw.GenChunk(
-                    request_id=rid, index=index, text=event.text_delta,
-                    token_id=event.token_id)), trace=rid)
-                index += 1
-        finally:
-            await stream.aclose()
-        if stream.handed_off is not None:  # left for another replica (hand_off)
-            return InferHandedOff(handed_off=hand_off_message(request, stream.handed_off, index),
-                                  chunks=index)
-        result = GenerationResult(len(request.prompt_ids), tuple(ids), text, finish)
-        timings = {"inference": time.perf_counter() - started}
-        if request.progress is not None:  # resumed here: its prefill is part of the gap
-            timings["resume_prefill"] = stream.prefill_s
-        return cw.InferStreamReply(outputs=encode_tensors(self._finish(result)), chunks=index,
-                                   timings_s=timings)
 
     def _finish(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request's module outputs as its answer (the serving task's ``finish``)."""
@@ -535,7 +493,7 @@ class Worker(Actor):
         waits: list[asyncio.Future | dict[str, Any]] = []
         for item in prepared:
             if isinstance(item, Exception):
-                waits.append(to_payload(_failed(item)))
+                waits.append(to_payload(cw.InferFailed.of(item)))
                 continue
             inputs, best_effort = item
             assert self.batcher is not None
@@ -560,7 +518,7 @@ class Worker(Actor):
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    replies.append(to_payload(_failed(exc)))
+                    replies.append(to_payload(cw.InferFailed.of(exc)))
                     log.info("request_failed", request_id=_rid(req),
                              error=getattr(exc, "code", type(exc).__name__))
         except BaseException:
@@ -603,13 +561,6 @@ class Worker(Actor):
 def _rid(req: Any) -> str:
     """The request id of one wire request of an ``infer_many`` frame ("" if it has none)."""
     return str(req.get("request_id", "")) if isinstance(req, dict) else ""
-
-
-def _failed(exc: Exception) -> cw.InferFailed:
-    """One request's failure inside an infer_many reply."""
-    if isinstance(exc, FlashpointError):
-        return cw.InferFailed(error=exc.to_wire())
-    return cw.InferFailed(error=FlashpointError(f"{type(exc).__name__}: {exc}"[:300]).to_wire())
 
 
 def main(argv: list[str] | None = None) -> int:
