@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from flashpoint.audit import AuditLog
+from flashpoint.audit import AuditAction, AuditLog
 from flashpoint.config import GatewayConfig
-from flashpoint.errors import BadRequest, FunctionNotFound
+from flashpoint.errors import BadRequest, FlashpointError, FunctionNotFound
 from flashpoint.gateway.admission import Admission
 from flashpoint.gateway.auth import ApiKeyAuth, Principal, Role
 from flashpoint.gateway.backend import FunctionInfo, InvokeBackend
@@ -82,6 +84,24 @@ def request_id(request: web.Request) -> str:
         return request[REQUEST_ID]
     except KeyError:
         return new_id("req")
+
+
+@contextlib.contextmanager
+def audited(audit: AuditLog, request: web.Request, action: AuditAction, principal: Principal,
+            target: str, details: dict[str, Any]) -> Iterator[None]:
+    """Record an admin action with how it ended (its error's code when it raised)."""
+    outcome = "ok"
+    try:
+        yield
+    except FlashpointError as e:
+        outcome = e.code
+        raise
+    except Exception:
+        outcome = "internal"
+        raise
+    finally:
+        audit.record(action, principal.name, target, outcome=outcome,
+                     request_id=request_id(request), **details)
 
 
 def json_response(obj: Any, status: int = 200) -> web.Response:

@@ -15,22 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
 from flashpoint.audit import AuditAction
-from flashpoint.errors import BadRequest, FlashpointError, FunctionNotFound, PayloadTooLarge
+from flashpoint.errors import BadRequest, FunctionNotFound, PayloadTooLarge
 from flashpoint.gateway import json_codec, oip
 from flashpoint.gateway.admission import effective_timeout_s
-from flashpoint.gateway.auth import Principal, Role
+from flashpoint.gateway.auth import Role
 from flashpoint.gateway.body import body_if_complete, read_body
 from flashpoint.gateway.context import (
     OFFLOAD_BYTES,
     GatewayContext,
+    audited,
     json_response,
     maybe_gzip,
     parse_json_body,
@@ -176,26 +175,9 @@ class NativeRoutes:
         except (TypeError, ValueError) as e:
             raise BadRequest(f"invalid function spec: {str(e)[:200]}") from None
         action, details = _register_action(self.ctx, spec)
-        with self._audited(request, action, principal, spec.name, details):
+        with audited(self.ctx.audit, request, action, principal, spec.name, details):
             info = await self.ctx.backend.register_function(spec)
         return json_response(info.to_dict(), status=201)
-
-    @contextlib.contextmanager
-    def _audited(self, request: web.Request, action: AuditAction, principal: Principal,
-                 target: str, details: dict[str, Any]) -> Iterator[None]:
-        """Record an admin action with how it ended (its error's code when it raised)."""
-        outcome = "ok"
-        try:
-            yield
-        except FlashpointError as e:
-            outcome = e.code
-            raise
-        except Exception:
-            outcome = "internal"
-            raise
-        finally:
-            self.ctx.audit.record(action, principal.name, target, outcome=outcome,
-                                  request_id=request_id(request), **details)
 
     async def list_functions(self, request: web.Request) -> web.Response:
         self.ctx.require(request, Role.INVOKE)
@@ -209,7 +191,7 @@ class NativeRoutes:
         principal = self.ctx.require(request, Role.ADMIN)
         name = request.match_info["name"]
         self.ctx.function(name)  # 404 for unknown names, before touching the backend
-        with self._audited(request, AuditAction.DELETE, principal, name, {}):
+        with audited(self.ctx.audit, request, AuditAction.DELETE, principal, name, {}):
             await self.ctx.backend.delete_function(name)
         return json_response({"deleted": name})
 

@@ -18,10 +18,9 @@ import numpy as np
 from aiohttp import web
 
 from flashpoint.audit import AuditAction
-from flashpoint.errors import FlashpointError
 from flashpoint.gateway.auth import Role
 from flashpoint.gateway.body import read_body
-from flashpoint.gateway.context import GatewayContext, json_response, parse_json_body, request_id
+from flashpoint.gateway.context import GatewayContext, audited, json_response, parse_json_body
 from flashpoint.gateway.native import decode_native_inputs
 from flashpoint.policy.profile_trials import ProfileRequest
 
@@ -52,16 +51,7 @@ class ProfileRoutes:
         inputs = None
         if "inputs" in body:
             inputs, _ = decode_native_inputs({"inputs": body["inputs"]}, ctx.limits)
-        outcome = "ok"
-        try:
+        with audited(ctx.audit, request, AuditAction.PROFILE, principal, name,
+                     {"request": req.to_dict()}):
             answer = await self.backend.profile(name, req, inputs)
-        except FlashpointError as e:
-            outcome = e.code
-            raise
-        except Exception:
-            outcome = "internal"
-            raise
-        finally:
-            ctx.audit.record(AuditAction.PROFILE, principal.name, name, outcome=outcome,
-                             request_id=request_id(request), request=req.to_dict())
         return json_response(answer)
