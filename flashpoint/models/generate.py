@@ -160,7 +160,7 @@ class GenerationEngine:
         self.running: dict[int, GenSequence] = {}
         self.reserved_bytes = 0
         self.steps = 0
-        # the last step's joins: seq id -> seconds its prefill took (a resumed sequence's
+        # the last step's joins: seq id -> seconds of the prefill pass it joined in (a resumed
         # share of its migration gap)
         self.last_prefill_s: dict[int, float] = {}
         self._next_id = 0
