@@ -161,7 +161,7 @@ class GenerationEngine:
         self.reserved_bytes = 0
         self.steps = 0
         # the last step's joins: seq id -> seconds of the prefill pass it joined in (a resumed
-        # share of its migration gap)
+        # sequence's share of its migration gap)
         self.last_prefill_s: dict[int, float] = {}
         self._next_id = 0
         # the decoding sequences' KV cache: row i of ``_batch`` is ``_rows[i]``
