@@ -13,7 +13,8 @@ the whole cache and hundreds of small tensor ops per step.
 The rows change only when sequences join or leave (:meth:`BatchKv.rebuild`: one copy of the
 rows that stay, trimmed to the longest of them). The buffer grows by at most half its width
 at a time (at least 16 columns) and never past the last column any row can still need (its
-reserved prompt + ``max_tokens``), so it stays within ``rows x`` the longest reservation.
+reserved prompt + ``max_tokens``), so it stays within ``rows x`` (the longest row + the
+most tokens any row may still add).
 
 Pure torch, synchronous: :mod:`flashpoint.models.generate` drives it.
 """
