@@ -1,19 +1,24 @@
 """Token generation for causal language models: one replica's engine, with continuous
 batching.
 
-The engine holds every running sequence's own KV cache (one key and one value tensor per
-layer, ``[1, kv_heads, length, head_dim]``, no padding inside). One :meth:`GenerationEngine.step`
-is a token boundary: sequences that were added since the last step join (each prefilled
-alone, as ``transformers``' ``generate`` does for one prompt), then every running sequence
-takes one decode step together -- their caches left-padded to the longest, with an
-attention mask over the padding and each sequence's own position ids -- and the sequences
-that finished (EOS, a stop string, ``max_tokens``, cancelled) leave, freeing their caches.
-A sequence's tokens therefore do not depend on what it was batched with (greedy ids equal
+The engine keeps the running sequences' KV cache as one batch
+(:class:`~flashpoint.models.kv_batch.BatchKv`: a preallocated buffer per layer, one row per
+sequence, right-aligned, left padding zeroed and masked). One :meth:`GenerationEngine.step`
+is a token boundary: the sequences that were added since the last step join -- prefilled
+together in one right-padded forward pass, each from position 0 (a row's tokens see only
+those before them, so its pads, after its last token, change nothing it computes) -- then
+every sequence already running takes one decode step together (the new keys and values are
+written into the buffer in place, with an attention mask over the padding and each
+sequence's own position ids), the joiners' rows are copied in, and the sequences that
+finished (EOS, a stop string, ``max_tokens``, cancelled) leave. A sequence's tokens
+therefore do not depend on what it was batched with (greedy ids equal
 ``model.generate(do_sample=False)``; sampling draws from its own seeded generator).
 
 KV memory is reserved per sequence for its whole life (prompt + ``max_tokens``) out of a
 fixed budget per replica, when it joins; a sequence that does not fit now waits for one to
 leave, and one that could never fit is refused (:class:`~flashpoint.errors.KvCacheTooSmall`).
+The batch's buffer also holds each row's left padding (rows x the longest, as the old
+per-step padding did for a moment each step) and some headroom to grow into.
 
 This module is synchronous and owns no thread: :mod:`flashpoint.worker.generation` drives
 it from the worker's event loop (steps on the model thread, joins and cancels between them).
@@ -31,6 +36,7 @@ from typing import Any
 import torch
 
 from flashpoint.errors import InputTooLong, InvalidInput, KvCacheTooSmall
+from flashpoint.models.kv_batch import BatchKv, RowSource
 
 # One default, so the controller's token count (which cannot import torch) and the engine agree.
 from flashpoint.policy.token_load import DEFAULT_MAX_TOKENS
@@ -75,14 +81,14 @@ class GenSequence:
     text: str = ""  # generated text so far (cut at a stop string when one is found)
     emitted: str = ""  # the prefix of ``text`` already reported in events
     finish: FinishReason | None = None
-    cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    length: int = 0  # tokens in its KV cache
     pending: int | None = None  # sampled but not yet fed to the model
     generator: torch.Generator | None = None
 
     @property
-    def length(self) -> int:
-        """Tokens in its KV cache."""
-        return 0 if self.cache is None else int(self.cache[0][0].shape[2])
+    def end(self) -> int:
+        """The most tokens its KV cache can hold (what it reserved)."""
+        return len(self.prompt_ids) + self.params.max_tokens
 
 
 @dataclass(frozen=True)
@@ -147,14 +153,20 @@ class GenerationEngine:
         # transformers 5.x renames ``past_key_values`` to ``cache`` (the old name warns)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        # the LM head only over the positions whose next token is wanted (as generate does)
+        self._logits_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep")
+                                if k in params), None)
         self.waiting: deque[GenSequence] = deque()
         self.running: dict[int, GenSequence] = {}
         self.reserved_bytes = 0
         self.steps = 0
-        # the last step's joins: seq id -> seconds its prefill took (a resumed sequence's
-        # share of its migration gap)
+        # the last step's joins: seq id -> seconds of the prefill pass it joined in (a resumed
+        # sequence's share of its migration gap)
         self.last_prefill_s: dict[int, float] = {}
         self._next_id = 0
+        # the decoding sequences' KV cache: row i of ``_batch`` is ``_rows[i]``
+        self._batch: BatchKv | None = None
+        self._rows: list[GenSequence] = []
 
     # -- joining and leaving ----------------------------------------------------------
     def add(self, prompt_ids: list[int], params: SamplingParams,
@@ -211,12 +223,14 @@ class GenerationEngine:
         return progress
 
     def cancel(self, seq_id: int) -> bool:
-        """Drop a sequence (waiting or running) and free its cache; whether it was here."""
+        """Drop a sequence (waiting or running) and free its cache; whether it was here. Its
+        row leaves the batch's buffer at the next step (at once when it was the last)."""
         seq = self.running.pop(seq_id, None)
         if seq is not None:
             self.reserved_bytes -= seq.reserved_bytes
-            seq.cache = None
             seq.finish = FinishReason.CANCELLED
+            if not self.running:
+                self._batch, self._rows = None, []
             return True
         for i, s in enumerate(self.waiting):
             if s.seq_id == seq_id:
@@ -227,6 +241,11 @@ class GenerationEngine:
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.running
+
+    @property
+    def kv_allocated_bytes(self) -> int:
+        """Bytes the batch's KV buffer holds now (padding and headroom included)."""
+        return 0 if self._batch is None else self._batch.allocated_bytes
 
     def _admit(self) -> list[GenSequence]:
         """Waiting sequences that fit now, in order (FIFO: the head blocks the rest); at
@@ -255,80 +274,120 @@ class GenerationEngine:
         several arriving together join one per step, so each waits for its own prefill and
         those before it, not all of them."""
         events: list[TokenEvent] = []
+        self._drop_left()  # rows cancelled or taken out since the last step
         joined = self._admit()
         self.last_prefill_s = {}
-        for seq in joined:
+        prefilled: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if joined:
             started = time.perf_counter()
-            logits = self._prefill(seq)
-            self.last_prefill_s[seq.seq_id] = time.perf_counter() - started
-            events.append(self._take(seq, logits))
+            logits, prefilled = self._prefill(joined)
+            took = time.perf_counter() - started
+            for seq, token in zip(joined, self._sample(joined, logits), strict=True):
+                self.last_prefill_s[seq.seq_id] = took  # each waited for the whole pass
+                events.append(self._take(seq, token))
         resumed = any(len(s.generated) > 1 for s in joined)
-        decoding = [s for s in self.running.values() if s.finish is None and s.pending is not None
-                    and s.seq_id not in {e.seq_id for e in events}] if not resumed else []
-        if decoding:
-            for seq, logits in zip(decoding, self._decode(decoding), strict=True):
-                events.append(self._take(seq, logits))
+        if self._rows and not resumed:
+            logits = self._decode()
+            for seq, token in zip(self._rows, self._sample(self._rows, logits), strict=True):
+                events.append(self._take(seq, token))
         for e in events:
             if e.finish is not None:
                 seq = self.running.pop(e.seq_id)
                 self.reserved_bytes -= seq.reserved_bytes
-                seq.cache = None
+        # one copy: the rows that go on, then the joiners that did not finish at once
+        keep = [i for i, s in enumerate(self._rows) if s.seq_id in self.running]
+        joining = [j for j, s in enumerate(joined) if s.seq_id in self.running]
+        if joined or len(keep) < len(self._rows):
+            sources = self._batch.sources(keep) if self._batch is not None else []
+            sources += [RowSource(prefilled, j, 0, joined[j].length, joined[j].end)
+                        for j in joining]
+            self._batch = BatchKv.rebuild(sources)
+            self._rows = [self._rows[i] for i in keep] + [joined[j] for j in joining]
         self.steps += 1
         return events
 
-    def _prefill(self, seq: GenSequence) -> torch.Tensor:
+    def _drop_left(self) -> None:
+        keep = [i for i, s in enumerate(self._rows) if s.seq_id in self.running]
+        if len(keep) < len(self._rows) and self._batch is not None:
+            self._batch = BatchKv.rebuild(self._batch.sources(keep))
+            self._rows = [self._rows[i] for i in keep]
+
+    def _prefill(self, seqs: list[GenSequence]
+                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """One forward pass over the joiners' tokens; their next-token logits ``[J, vocab]``
+        and the pass's per-layer keys and values (row j's in columns ``0..length``).
+
+        Right padding, every row from position 0, no padding mask: a token sees only the
+        tokens before it (causal), so a row's pads, all after its last token, change
+        nothing its own tokens compute -- each row is computed as if alone, by the same
+        causal attention as ``generate``'s prefill; what the pads compute is discarded."""
         # a resumed sequence (live migration) prefills its generated tokens too: the last
         # one was sampled on the source but never fed to the model
-        ids = torch.tensor([seq.prompt_ids + seq.generated], dtype=torch.long,
-                           device=self.device)
-        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                         position_ids=torch.arange(ids.shape[1], device=self.device)[None],
-                         use_cache=True)
-        seq.cache = _layers_of(_cache_of(out))
-        return out.logits[0, -1]
-
-    def _decode(self, seqs: list[GenSequence]) -> torch.Tensor:
-        """One decode step for ``seqs`` together; their next-token logits, ``[B, vocab]``."""
-        from transformers import DynamicCache
-
-        lengths = [s.length for s in seqs]
+        rows = [s.prompt_ids + s.generated for s in seqs]
+        lengths = [len(r) for r in rows]
         longest = max(lengths)
-        n_layers = len(seqs[0].cache or ())
-        padded = []
-        for layer in range(n_layers):
-            keys, values = [], []
-            for s, n in zip(seqs, lengths, strict=True):
-                k, v = (s.cache or [])[layer]
-                keys.append(_left_pad(k, longest - n))
-                values.append(_left_pad(v, longest - n))
-            padded.append((torch.cat(keys), torch.cat(values)))
-        mask = torch.zeros((len(seqs), longest + 1), dtype=torch.long, device=self.device)
-        for i, n in enumerate(lengths):
-            mask[i, longest - n:] = 1
-        ids = torch.tensor([[s.pending] for s in seqs], dtype=torch.long, device=self.device)
-        positions = torch.tensor([[n] for n in lengths], dtype=torch.long, device=self.device)
-        cache = DynamicCache(ddp_cache_data=padded, config=self.model.config)
+        ids = torch.zeros((len(rows), longest), dtype=torch.long)  # 0: any real token id
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        ids = ids.to(self.device)
+        kwargs: dict[str, Any] = {}
+        last = sorted({n - 1 for n in lengths})  # the positions whose logits are wanted
+        columns = [n - 1 for n in lengths]  # of each row's, in the logits returned
+        if self._logits_kw is not None and len(last) == 1:
+            kwargs[self._logits_kw] = 1  # the last position (every row ends there)
+            columns = [0] * len(rows)
+        elif self._logits_kw is not None:  # these positions in every row
+            kwargs[self._logits_kw] = torch.tensor(last, device=self.device)
+            columns = [last.index(n - 1) for n in lengths]
+        positions = torch.arange(longest, device=self.device)[None].expand(len(rows), -1)
+        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                         position_ids=positions, use_cache=True, **kwargs)
+        logits = out.logits[torch.arange(len(rows), device=self.device),
+                            torch.tensor(columns, device=self.device)]
+        for s, n in zip(seqs, lengths, strict=True):
+            s.length = n
+        return logits, _layers_of(_cache_of(out))
+
+    def _decode(self) -> torch.Tensor:
+        """One decode step for every row of the batch together, its keys and values written
+        into the batch's buffer in place; their next-token logits, ``[B, vocab]``."""
+        assert self._batch is not None
+        mask, positions, cache = self._batch.decode_inputs()
+        ids = torch.tensor([[s.pending] for s in self._rows], dtype=torch.long,
+                           device=self.device)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                          **{self._cache_kw: cache}, use_cache=True)
-        layers = _layers_of(_cache_of(out))
-        for i, (s, n) in enumerate(zip(seqs, lengths, strict=True)):
-            start = longest - n
-            s.cache = [(k[i:i + 1, :, start:].contiguous(), v[i:i + 1, :, start:].contiguous())
-                       for k, v in layers]
+        self._batch.advanced()
+        for s in self._rows:
+            s.length += 1
         return out.logits[:, -1]
 
-    def _take(self, seq: GenSequence, logits: torch.Tensor) -> TokenEvent:
-        """Sample ``seq``'s next token, check whether it finished, and report it."""
-        return take_token(seq, logits, self.eos_token_ids, self.decode)
+    def _sample(self, seqs: list[GenSequence], logits: torch.Tensor) -> list[int]:
+        """Each row's next token: the greedy rows' argmax in one call, each sampled row
+        from its own generator."""
+        greedy = [i for i, s in enumerate(seqs) if s.params.temperature == 0.0]
+        tokens: list[int] = [0] * len(seqs)
+        if greedy:
+            picked = torch.argmax(logits if len(greedy) == len(seqs) else logits[greedy],
+                                  dim=-1).tolist()
+            for i, t in zip(greedy, picked, strict=True):
+                tokens[i] = int(t)
+        for i, s in enumerate(seqs):
+            if s.params.temperature != 0.0:
+                tokens[i] = sample_token(logits[i], s.params, s.generator)
+        return tokens
+
+    def _take(self, seq: GenSequence, token: int) -> TokenEvent:
+        """Record ``seq``'s next token, check whether it finished, and report it."""
+        return take_token(seq, token, self.eos_token_ids, self.decode)
 
 
-def take_token(seq: GenSequence, logits: torch.Tensor, eos_token_ids: frozenset[int],
+def take_token(seq: GenSequence, token: int, eos_token_ids: frozenset[int],
                decode: Callable[[list[int]], str]) -> TokenEvent:
-    """Sample ``seq``'s next token from ``logits`` (its next-token row), check whether it
-    finished (EOS, a stop string, ``max_tokens``), update its text and report it: one token
-    boundary, the same whether the logits came from a replica's engine or from the last
-    stage of a pipeline (:mod:`flashpoint.models.serving.stage_generation`)."""
-    token = sample_token(logits, seq.params, seq.generator)
+    """Record ``seq``'s next token (sampled by the caller), check whether it finished (EOS,
+    a stop string, ``max_tokens``), update its text and report it: one token boundary, the
+    same whether the logits came from a replica's engine or from the last stage of a
+    pipeline (:mod:`flashpoint.models.serving.stage_generation`)."""
     seq.generated.append(token)
     seq.pending = token
     finish = None
@@ -382,13 +441,6 @@ def _layers_of(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if layers is not None:
         return [(layer.keys, layer.values) for layer in layers]
     return [(k, v) for k, v in cache]
-
-
-def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
-    if n == 0:
-        return t
-    pad = torch.zeros((*t.shape[:2], n, *t.shape[3:]), dtype=t.dtype, device=t.device)
-    return torch.cat([pad, t], dim=2)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ class _Sink:
     finished: bool = False
     enqueued_s: float = field(default_factory=time.perf_counter)
     key: str = ""  # the caller's name for it (its request id): what hand_off selects by
-    prefill_s: float = 0.0  # how long its prefill took here
+    prefill_s: float = 0.0  # how long its prefill took here (the pass it joined in)
 
 
 @dataclass(frozen=True)

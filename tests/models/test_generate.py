@@ -147,3 +147,69 @@ def test_kv_budget_makes_a_sequence_wait_and_refuses_what_never_fits(lm: tuple[A
     got: dict[int, list[int]] = {}
     _run(engine, got, 20)
     assert engine.idle and engine.reserved_bytes == 0
+
+
+def test_joiners_at_one_boundary_prefill_in_one_pass(lm: tuple[Any, Any]) -> None:
+    """Prompts of different lengths that join at the same token boundary take one padded
+    forward pass together (not one each), then decode together; each greedy one's ids
+    still equal generate's for its prompt alone, and a seeded sampled one among them draws
+    what it draws alone."""
+    model, tok = lm
+    sampled = SamplingParams(10, temperature=1.3, top_p=0.95, seed=5)
+    alone = _engine(lm)
+    a = alone.add(tok(PROMPTS[3]).input_ids, sampled)
+    got_alone: dict[int, list[int]] = {}
+    _run(alone, got_alone, 40)
+    engine = _engine(lm)
+    sids = [engine.add(tok(p).input_ids, SamplingParams(9, temperature=0.0)) for p in PROMPTS]
+    s = engine.add(tok(PROMPTS[3]).input_ids, sampled)
+    passes: list[int] = []
+    hook = model.register_forward_pre_hook(lambda *_: passes.append(1))
+    got: dict[int, list[int]] = {}
+    try:
+        first = engine.step()
+        assert len(passes) == 1 and {e.seq_id for e in first} == {*sids, s}
+        for e in first:
+            got.setdefault(e.seq_id, []).append(e.token_id)
+        running = len(engine.running)
+        second = engine.step()
+        assert len(passes) == 2 and len(second) == running  # the decode, all together
+        for e in second:
+            got.setdefault(e.seq_id, []).append(e.token_id)
+    finally:
+        hook.remove()
+    _run(engine, got, 40)
+    assert engine.idle and engine.reserved_bytes == 0
+    for sid, prompt in zip(sids, PROMPTS, strict=True):
+        assert got[sid] == _reference(lm, prompt, 9), prompt
+    assert got[s] == got_alone[a]
+
+
+def test_cancel_mid_batch_keeps_the_others_and_the_buffer_bounded(lm: tuple[Any, Any]) -> None:
+    """A sequence cancelled between steps leaves the batch's KV buffer; the others' ids
+    are unchanged. The buffer never holds more than its rows x (the longest row + the
+    most tokens any row may still add), and nothing once the engine is idle."""
+    _, tok = lm
+    engine = _engine(lm)
+    lengths = (12, 6, 10, 8)
+    sids = [engine.add(tok(p).input_ids, SamplingParams(n, temperature=0.0))
+            for p, n in zip(PROMPTS, lengths, strict=True)]
+    got: dict[int, list[int]] = {}
+    for step in range(60):  # bounded: every sequence ends within 12 steps
+        if step == 3:
+            assert engine.cancel(sids[2])
+        for e in engine.step():
+            if e.token_id is not None:
+                got.setdefault(e.seq_id, []).append(e.token_id)
+        rows = list(engine.running.values())
+        if rows:
+            longest = max(r.length for r in rows)
+            room = max(r.end - r.length for r in rows)
+            assert 0 < engine.kv_allocated_bytes <= (
+                len(rows) * (longest + room) * engine.bytes_per_token)
+        if engine.idle:
+            break
+    assert engine.idle and engine.kv_allocated_bytes == 0 and engine.reserved_bytes == 0
+    assert len(got[sids[2]]) == 3
+    for i in (0, 1, 3):
+        assert got[sids[i]] == _reference(lm, PROMPTS[i], lengths[i]), PROMPTS[i]

@@ -29,7 +29,13 @@ from torch import nn
 
 from flashpoint.errors import InputTooLong, InvalidInput
 from flashpoint.messages.pipeline_generation import PipelineStep, StepCarry, StepResult, decode, encode
-from flashpoint.models.generate import GenSequence, SamplingParams, sampler_for, take_token
+from flashpoint.models.generate import (
+    GenSequence,
+    SamplingParams,
+    sample_token,
+    sampler_for,
+    take_token,
+)
 from flashpoint.tensors import decode_tensors
 
 
@@ -114,7 +120,8 @@ class GenerationStage(nn.Module):
         if generated:  # the text so far, as the engine holds it between steps
             seq.text = tail.decode([t for t in generated if t not in self._eos])
             seq.emitted = carry.emitted_text
-        event = take_token(seq, logits[0], self._eos, tail.decode)
+        event = take_token(seq, sample_token(logits[0], params, seq.generator), self._eos,
+                           tail.decode)
         return StepResult(
             token_id=int(event.token_id if event.token_id is not None else -1),
             text_delta=event.text_delta, finish=str(event.finish or ""), text=seq.text,
