@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import re
 import sys
 import tempfile
@@ -141,10 +140,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                             chunk_size=CHUNK_BYTES)
         print(lab.published_line(MODEL, str(k), args.preset, manifests[k], t), flush=True)
     expected = await asyncio.to_thread(_reference, source, args.max_tokens)
-    device_bytes = manifests[1].blob_size + (96 << 20)
-    c = await lab.start_cluster(tmp / "lab", args.hosts, rate_mbit=args.rate_mbit,
-                                device_bytes=device_bytes, overhead_s=args.overhead_s,
-                                span_mb=args.span_mb, timeout_s=600.0, peer=True)
+    c = await lab.start_cluster(tmp / "lab", args, model_bytes=manifests[1].blob_size,
+                                timeout_s=600.0, peer=True)
     rows = []
     try:
         for k in KS:
@@ -169,18 +166,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="base", help="tiny_hf size: tiny, small, base")
-    ap.add_argument("--hosts", type=int, default=4, help="stage hosts (plus host0, the peer)")
-    ap.add_argument("--rate-mbit", type=float, default=250.0)
-    ap.add_argument("--overhead-s", type=float, default=0.5,
-                    help="per-stage start cost the controller plans with")
+    lab.add_lab_arguments(ap)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--span-mb", type=int, default=32)
     ap.add_argument("--quick", action="store_true", help="the small model, 16 tokens")
     args = ap.parse_args()
     if args.quick:
         args.preset, args.max_tokens = "small", 16
-    if os.geteuid() != 0:
-        sys.exit("bench/generate_partitioned.py builds network namespaces: run it as root")
+    lab.require_root("bench/generate_partitioned.py")
     summary = asyncio.run(main_async(args))
     print(f"\nPartitioned cold start of a generation: GPT-2 {summary['preset']} "
           f"({summary['model_mb']:.1f} MB), {args.hosts} stage hosts, links "

@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -172,11 +171,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         body = {"inputs": _body(arrays)}
 
     seed = args.source == "peer"
-    # One replica per device: the seed replica fills host0's.
-    device_bytes = manifests[1].blob_size + (96 << 20)
-    c = await lab.start_cluster(tmp / "lab", args.hosts, rate_mbit=args.rate_mbit,
-                                device_bytes=device_bytes, overhead_s=args.overhead_s,
-                                span_mb=args.span_mb, timeout_s=300.0, peer=seed)
+    c = await lab.start_cluster(tmp / "lab", args, model_bytes=manifests[1].blob_size,
+                                timeout_s=300.0, peer=seed)
     rows = []
     try:
         for k in KS:
@@ -217,23 +213,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="base")
-    ap.add_argument("--hosts", type=int, default=4, help="stage hosts (plus host0, the peer)")
+    lab.add_lab_arguments(ap)
     ap.add_argument("--source", choices=("peer", "registry"), default="peer")
-    ap.add_argument("--rate-mbit", type=float, default=250.0)
-    ap.add_argument("--overhead-s", type=float, default=0.5,
-                    help="per-stage start cost the controller plans with")
     ap.add_argument("--requests", type=int, default=20)
-    ap.add_argument("--span-mb", type=int, default=32,
-                    help="bytes per ranged registry GET (moto's server re-reads the whole "
-                         "object for every GET, so fewer, larger GETs)")
     ap.add_argument("--quick", action="store_true", help="small model, fewer requests")
     ap.add_argument("--hf", action="store_true",
                     help="a Hugging Face BERT directory of the preset's shape, asked in text")
     args = ap.parse_args()
     if args.quick:
         args.preset, args.requests = "small", 5
-    if os.geteuid() != 0:
-        sys.exit("bench/partition_cluster.py builds network namespaces: run it as root")
+    lab.require_root("bench/partition_cluster.py")
     summary = asyncio.run(main_async(args))
     print(f"\nPartitioned cold start through the controller: {summary['preset']} "
           f"({summary['model_mb']:.1f} MB), {args.hosts} stage hosts, links "

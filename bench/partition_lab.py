@@ -5,8 +5,10 @@ measurement (publish, the seed replica on host0, the ready poller, the teardown)
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,24 @@ from flashpoint.testing.netcluster import FAKE_AWS_ENV, UNSET_ENV, NetCluster
 from flashpoint.testing.netns import NetLab
 
 
+def add_lab_arguments(ap: argparse.ArgumentParser) -> None:
+    """The lab's own options: stage hosts, their links' rate, the planner's per-stage
+    overhead and the registry's GET span."""
+    ap.add_argument("--hosts", type=int, default=4, help="stage hosts (plus host0, the peer)")
+    ap.add_argument("--rate-mbit", type=float, default=250.0)
+    ap.add_argument("--overhead-s", type=float, default=0.5,
+                    help="per-stage start cost the controller plans with")
+    ap.add_argument("--span-mb", type=int, default=32,
+                    help="bytes per ranged registry GET (moto's server re-reads the whole "
+                         "object for every GET, so fewer, larger GETs)")
+
+
+def require_root(script: str) -> None:
+    """Exit unless run as root: the lab builds network namespaces."""
+    if os.geteuid() != 0:
+        sys.exit(f"{script} builds network namespaces: run it as root")
+
+
 def use_fake_aws() -> None:
     """Point this process (and the cluster it starts) at moto's fake S3 credentials."""
     for key, value in FAKE_AWS_ENV.items():
@@ -25,24 +45,26 @@ def use_fake_aws() -> None:
         os.environ.pop(key, None)
 
 
-async def start_cluster(lab: Path, hosts: int, *, rate_mbit: float, device_bytes: int,
-                        overhead_s: float, span_mb: int, timeout_s: float,
-                        peer: bool) -> NetCluster:
-    """``hosts`` stage hosts plus ``host0`` in network namespaces under ``lab`` (created),
-    every stage host's link capped at ``rate_mbit`` each way and the controller's partition
-    cost model told the same rate; ``host0``'s link is left uncapped when it serves as the
-    ``peer`` the stages fetch from. ``timeout_s`` bounds cold starts and deploys."""
+async def start_cluster(lab: Path, args: argparse.Namespace, *, model_bytes: int,
+                        timeout_s: float, peer: bool) -> NetCluster:
+    """``args.hosts`` stage hosts plus ``host0`` in network namespaces under ``lab``
+    (created), from the options of :func:`add_lab_arguments`: every stage host's link capped
+    at ``args.rate_mbit`` each way and the controller's partition cost model told the same
+    rate; ``host0``'s link is left uncapped when it serves as the ``peer`` the stages fetch
+    from. Each device holds one replica of a ``model_bytes`` model (so the seed replica
+    fills host0's); ``timeout_s`` bounds cold starts and deploys."""
     lab.mkdir()
-    rate_bps = rate_mbit * 1e6
-    return await NetCluster.start(NetLab, lab, hosts + 1, rate_mbit=rate_mbit,
-                                  registry_capped=False, device_memory_bytes=device_bytes,
+    rate_bps = args.rate_mbit * 1e6
+    return await NetCluster.start(NetLab, lab, args.hosts + 1, rate_mbit=args.rate_mbit,
+                                  registry_capped=False,
+                                  device_memory_bytes=model_bytes + (96 << 20),
                                   uncapped_hosts=(0,) if peer else (),
                                   controller={"partition_bandwidth_bps": rate_bps,
                                               "partition_link_bps": rate_bps,
-                                              "partition_overhead_s": overhead_s,
+                                              "partition_overhead_s": args.overhead_s,
                                               "cold_start_timeout_s": timeout_s,
                                               "deploy_timeout_s": timeout_s},
-                                  host={"registry_span_bytes": span_mb << 20})
+                                  host={"registry_span_bytes": args.span_mb << 20})
 
 
 async def publish_k(c: NetCluster, store: LocalStore, model: str, manifest: Manifest,
