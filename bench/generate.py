@@ -43,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: completion_stream
+
+from completion_stream import stream_completion  # noqa: E402
 
 from flashpoint.config import load_config  # noqa: E402
 
@@ -131,27 +134,10 @@ class Baseline:
 async def stream_one(session: Any, url: str, fn: str, prompt: str,
                      max_tokens: int) -> dict[str, Any]:
     """One streamed completion over the OpenAI route; client-side times."""
-    body = {"model": fn, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
-    first = last = None
-    usage: dict[str, int] = {}
-    async with session.post(f"{url}/v1/completions", json=body) as r:
-        if r.status != 200:
-            raise RuntimeError(f"{r.status}: {await r.text()}")
-        async for line in r.content:
-            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                continue
-            event = json.loads(line[6:])
-            now = time.perf_counter()
-            if any(c.get("text") for c in event.get("choices", [])):
-                first = now if first is None else first
-                last = now
-            usage = event.get("usage") or usage
-    n = int(usage.get("completion_tokens", 0))
-    return {"ttft_s": (first or t0) - t0, "n": n, "done_s": time.perf_counter() - t0,
-            "tpot_s": (last - first) / (n - 1) if first is not None and last is not None
-            and n > 1 else None}
+    out = await stream_completion(session, url, fn, prompt, max_tokens)
+    return {"ttft_s": (out.first or t0) - t0, "n": out.tokens,
+            "done_s": time.perf_counter() - t0, "tpot_s": out.tpot()}
 
 
 async def concurrent(session: Any, url: str, fn: str, streams: int, max_tokens: int,

@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import re
 import sys
 import tempfile
@@ -50,12 +49,15 @@ import aiohttp
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))  # completion_stream, partition_lab
+
+import partition_lab as lab  # noqa: E402
+from completion_stream import stream_completion  # noqa: E402
 
 from flashpoint.models.sources import PushOptions, publish_source  # noqa: E402
 from flashpoint.models.tiny_hf import make_causal_lm  # noqa: E402
 from flashpoint.registry import LocalStore  # noqa: E402
-from flashpoint.testing.netcluster import FAKE_AWS_ENV, UNSET_ENV, NetCluster  # noqa: E402
-from flashpoint.testing.netns import NetLab  # noqa: E402
+from flashpoint.testing.netcluster import NetCluster  # noqa: E402
 
 MODEL = "gptp"
 KS = (1, 2, 4)
@@ -88,82 +90,36 @@ async def _migrations(c: NetCluster) -> float:
 async def _stream(c: NetCluster, fn: str, max_tokens: int, t0: float) -> dict[str, Any]:
     """One streamed greedy completion; times from ``t0`` (registration)."""
     assert c.session is not None
-    body = {"model": fn, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
-    first = last = None
-    text, usage = "", {}
-    async with c.session.post(f"{c.url}/v1/completions", json=body,
-                              timeout=aiohttp.ClientTimeout(total=900)) as r:
-        if r.status != 200:
-            raise RuntimeError(f"{r.status}: {await r.text()}")
-        async for line in r.content:
-            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                continue
-            event = json.loads(line[6:])
-            now = time.monotonic()
-            for choice in event.get("choices", []):
-                if choice.get("text"):
-                    first = now if first is None else first
-                    last = now
-                    text += choice["text"]
-            usage = event.get("usage") or usage
-    n = int(usage.get("completion_tokens", 0))
-    return {"ttft_s": (first or t0) - t0, "text": text, "tokens": n,
-            "tpot_ms": ((last - first) / (n - 1) * 1e3 if first is not None and last is not None
-                        and n > 1 else None), "done_s": time.monotonic() - t0}
+    out = await stream_completion(c.session, c.url, fn, PROMPT, max_tokens,
+                                  clock=time.monotonic,
+                                  timeout=aiohttp.ClientTimeout(total=900))
+    tpot = out.tpot()
+    return {"ttft_s": (out.first or t0) - t0, "text": out.text, "tokens": out.tokens,
+            "tpot_ms": tpot * 1e3 if tpot is not None else None,
+            "done_s": time.monotonic() - t0}
 
 
 async def run_k(c: NetCluster, k: int, version: str, max_tokens: int,
                 expected: str) -> dict[str, Any]:
     fn = f"genpart-k{k}"
-    # host0's RAM gets the model; its replica fills its device.
-    await c.deploy(f"seed-k{k}", MODEL, model_version=version, min_replicas=1,
-                   max_replicas=1, keep_alive_s=600, timeout_s=600)
-    await c.wait_warm(f"seed-k{k}", ["host0"], timeout_s=300)
+    await lab.seed_peer(c, f"seed-k{k}", MODEL, version, timeout_s=600)
     moved_before = await _migrations(c)
     t0 = time.monotonic()
     await c.deploy(fn, MODEL, model_version=version, max_stages=k, min_replicas=k,
                    max_replicas=k, keep_alive_s=600, timeout_s=600)
     ready: list[float] = []
     groups_seen: list[int] = []
-
-    async def watch_ready() -> None:
-        for _ in range(12000):
-            st = await c.status()
-            mine = [g for g in st["groups"] if g["function"] == fn]
-            groups_seen.extend(len(g.get("stages", ())) for g in mine)
-            if any(g["phase"] == "serving" for g in mine) or \
-                    any(r["function"] == fn and r["phase"] == "warm" for r in st["replicas"]):
-                ready.append(time.monotonic() - t0)
-                return
-            await asyncio.sleep(0.05)
-
-    watcher = asyncio.ensure_future(watch_ready())
+    watcher = asyncio.ensure_future(lab.watch_ready(c, fn, t0, ready, polls=12000,
+                                                    stages_seen=groups_seen))
     out = await _stream(c, fn, max_tokens, t0)
     await asyncio.wait_for(watcher, 10)
     if out["text"] != expected:
         raise AssertionError(f"k={k}: streamed text differs from transformers' greedy "
                              f"generate:\n{out['text']!r}\n{expected!r}")
     moved = await _migrations(c) - moved_before
-
-    async def complete() -> tuple[bool, Any]:
-        st = await c.status()
-        mine = [r["phase"] for r in st["replicas"] if r["function"] == fn]
-        groups = [g for g in st["groups"] if g["function"] == fn]
-        return not groups and len(mine) == k and all(p == "warm" for p in mine), (mine, groups)
-
-    await c.wait(f"{fn}: every stage whole", complete, 600.0, interval_s=0.1)
+    await lab.wait_whole(c, fn, k, 600.0)
     whole_s = time.monotonic() - t0
-    assert c.session is not None
-    for name in (fn, f"seed-k{k}"):
-        async with c.session.delete(f"{c.url}/v1/functions/{name}") as r:
-            assert r.status in (200, 204), await r.text()
-
-    async def gone() -> tuple[bool, Any]:
-        st = await c.status()
-        return not st["replicas"], None
-
-    await c.wait(f"{fn}: replicas stopped", gone, 60.0)
+    await lab.remove(c, fn, (fn, f"seed-k{k}"))
     return {"k": k, "ttft_s": out["ttft_s"], "ready_s": ready[0] if ready else None,
             "tokens": out["tokens"], "tpot_ms": out["tpot_ms"], "done_s": out["done_s"],
             "migrations": moved, "stages_seen": max(groups_seen, default=0),
@@ -171,13 +127,9 @@ async def run_k(c: NetCluster, k: int, version: str, max_tokens: int,
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    for key, value in FAKE_AWS_ENV.items():
-        os.environ[key] = value
-    for key in UNSET_ENV:
-        os.environ.pop(key, None)
+    lab.use_fake_aws()
     tmp = Path(tempfile.mkdtemp(prefix="fp-generate-partitioned-"))
     store = LocalStore(tmp / "models")
-    rate_bps = args.rate_mbit * 1e6
     source = await asyncio.to_thread(make_causal_lm, tmp / "gpt2", family="gpt2",
                                      size=args.preset, seed=2)
     manifests = {}
@@ -186,25 +138,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         manifests[k] = await publish_source(store, MODEL, source, version=str(k),
                                             options=PushOptions(profile=True),
                                             chunk_size=CHUNK_BYTES)
-        print(f"  published {MODEL}@{k} ({args.preset}): {manifests[k].blob_size / 1e6:.1f} MB, "
-              f"{len(manifests[k].layers)} layers ({time.monotonic() - t:.1f}s)", flush=True)
+        print(lab.published_line(MODEL, str(k), args.preset, manifests[k], t), flush=True)
     expected = await asyncio.to_thread(_reference, source, args.max_tokens)
-    (tmp / "lab").mkdir()
-    device_bytes = manifests[1].blob_size + (96 << 20)
-    c = await NetCluster.start(NetLab, tmp / "lab", args.hosts + 1, rate_mbit=args.rate_mbit,
-                               registry_capped=False, device_memory_bytes=device_bytes,
-                               uncapped_hosts=(0,),
-                               controller={"partition_bandwidth_bps": rate_bps,
-                                           "partition_link_bps": rate_bps,
-                                           "partition_overhead_s": args.overhead_s,
-                                           "cold_start_timeout_s": 600.0,
-                                           "deploy_timeout_s": 600.0},
-                               host={"registry_span_bytes": args.span_mb << 20})
+    c = await lab.start_cluster(tmp / "lab", args, model_bytes=manifests[1].blob_size,
+                                timeout_s=600.0, peer=True)
     rows = []
     try:
         for k in KS:
-            await c.publish(manifests[k], store.blob_path(MODEL, str(k)))
-            await c.wait("every host's warm worker connected", c._pools_ready, 120.0)
+            await lab.publish_k(c, store, MODEL, manifests[k], str(k))
             row = await run_k(c, k, str(k), args.max_tokens, expected)
             rows.append(row)
             print(f"  k={k}: TTFT {row['ttft_s']:.2f}s (ready {row['ready_s']:.2f}s), "
@@ -225,18 +166,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="base", help="tiny_hf size: tiny, small, base")
-    ap.add_argument("--hosts", type=int, default=4, help="stage hosts (plus host0, the peer)")
-    ap.add_argument("--rate-mbit", type=float, default=250.0)
-    ap.add_argument("--overhead-s", type=float, default=0.5,
-                    help="per-stage start cost the controller plans with")
+    lab.add_lab_arguments(ap)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--span-mb", type=int, default=32)
     ap.add_argument("--quick", action="store_true", help="the small model, 16 tokens")
     args = ap.parse_args()
     if args.quick:
         args.preset, args.max_tokens = "small", 16
-    if os.geteuid() != 0:
-        sys.exit("bench/generate_partitioned.py builds network namespaces: run it as root")
+    lab.require_root("bench/generate_partitioned.py")
     summary = asyncio.run(main_async(args))
     print(f"\nPartitioned cold start of a generation: GPT-2 {summary['preset']} "
           f"({summary['model_mb']:.1f} MB), {args.hosts} stage hosts, links "

@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -55,14 +54,16 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))  # partition_lab
+
+import partition_lab as lab  # noqa: E402
 
 from flashpoint.models import build, example_inputs, run_example  # noqa: E402
 from flashpoint.models.sources import publish  # noqa: E402
 from flashpoint.partition.model import CostModel, LayerProfile  # noqa: E402
 from flashpoint.partition.table import plan_table  # noqa: E402
 from flashpoint.registry import LocalStore  # noqa: E402
-from flashpoint.testing.netcluster import FAKE_AWS_ENV, UNSET_ENV, NetCluster  # noqa: E402
-from flashpoint.testing.netns import NetLab  # noqa: E402
+from flashpoint.testing.netcluster import NetCluster  # noqa: E402
 
 MODEL = "bertp"
 KS = (1, 2, 4)
@@ -98,28 +99,12 @@ async def run_k(c: NetCluster, k: int, version: str, body: dict[str, Any],
                 expected: np.ndarray, requests: int, seed: bool) -> dict[str, Any]:
     fn = f"part-k{k}"
     if seed:
-        # host0's RAM gets the model; its replica fills its device, so no GPU of the measured
-        # scale-up lands there.
-        await c.deploy(f"seed-k{k}", MODEL, model_version=version, min_replicas=1,
-                       max_replicas=1, keep_alive_s=600, timeout_s=300)
-        await c.wait_warm(f"seed-k{k}", ["host0"], timeout_s=300)
+        await lab.seed_peer(c, f"seed-k{k}", MODEL, version, timeout_s=300)
     t0 = time.monotonic()
     await c.deploy(fn, MODEL, model_version=version, max_stages=k, min_replicas=k,
                    max_replicas=k, keep_alive_s=600, timeout_s=300)
     ready: list[float] = []
-
-    async def watch_ready() -> None:
-        """When the function first had somewhere to serve: its group linked, or (k = 1)
-        its replica warm."""
-        for _ in range(6000):
-            st = await c.status()
-            if any(g["function"] == fn and g["phase"] == "serving" for g in st["groups"]) or \
-                    any(r["function"] == fn and r["phase"] == "warm" for r in st["replicas"]):
-                ready.append(time.monotonic() - t0)
-                return
-            await asyncio.sleep(0.05)
-
-    watcher = asyncio.ensure_future(watch_ready())
+    watcher = asyncio.ensure_future(lab.watch_ready(c, fn, t0, ready, polls=6000))
     assert c.session is not None
     # A slow link's whole-model cold start outlasts the cluster client's 30 s default.
     async with c.session.post(f"{c.url}/v1/functions/{fn}/invoke", json=body,
@@ -143,24 +128,9 @@ async def run_k(c: NetCluster, k: int, version: str, body: dict[str, Any],
             lat.append(dt)
             by_pipeline += k > 1
 
-    async def complete() -> tuple[bool, Any]:
-        st = await c.status()
-        mine = [r["phase"] for r in st["replicas"] if r["function"] == fn]
-        groups = [g for g in st["groups"] if g["function"] == fn]
-        return not groups and len(mine) == k and all(p == "warm" for p in mine), (mine, groups)
-
-    await c.wait(f"{fn}: every stage whole", complete, 300.0, interval_s=0.1)
+    await lab.wait_whole(c, fn, k, 300.0)
     done_s = time.monotonic() - t0
-    assert c.session is not None
-    for name in (fn, f"seed-k{k}") if seed else (fn,):
-        async with c.session.delete(f"{c.url}/v1/functions/{name}") as r:
-            assert r.status in (200, 204), await r.text()
-
-    async def gone() -> tuple[bool, Any]:
-        st = await c.status()
-        return not st["replicas"], None
-
-    await c.wait(f"{fn}: replicas stopped", gone, 60.0)
+    await lab.remove(c, fn, (fn, f"seed-k{k}") if seed else (fn,))
     return {"k": k, "ttfr_s": ttfr, "ready_s": ready[0] if ready else None,
             "served_by": first["cold_start_source"],
             "stages": stages, "steady_ms": statistics.median(lat) * 1e3 if lat else None,
@@ -168,10 +138,7 @@ async def run_k(c: NetCluster, k: int, version: str, body: dict[str, Any],
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    for key, value in FAKE_AWS_ENV.items():
-        os.environ[key] = value
-    for key in UNSET_ENV:
-        os.environ.pop(key, None)
+    lab.use_fake_aws()
     tmp = Path(tempfile.mkdtemp(prefix="fp-partition-cluster-"))
     store = LocalStore(tmp / "models")
     rate_bps = args.rate_mbit * 1e6
@@ -193,8 +160,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         else:
             manifests[k] = await publish(store, "bert", args.preset, str(k), CHUNK_BYTES,
                                          model_name=MODEL, profile=True)
-        print(f"  published {MODEL}@{k} ({args.preset}): {manifests[k].blob_size / 1e6:.1f} MB, "
-              f"{len(manifests[k].layers)} layers ({time.monotonic() - t:.1f}s)", flush=True)
+        print(lab.published_line(MODEL, str(k), args.preset, manifests[k], t), flush=True)
     if hf_dir is not None:
         expected, body = _hf_reference(hf_dir)
     else:
@@ -204,26 +170,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         del module
         body = {"inputs": _body(arrays)}
 
-    (tmp / "lab").mkdir()
     seed = args.source == "peer"
-    # One replica per device: the seed replica fills host0's.
-    device_bytes = manifests[1].blob_size + (96 << 20)
-    c = await NetCluster.start(NetLab, tmp / "lab", args.hosts + 1, rate_mbit=args.rate_mbit,
-                               registry_capped=False, device_memory_bytes=device_bytes,
-                               uncapped_hosts=(0,) if seed else (),
-                               controller={"partition_bandwidth_bps": rate_bps,
-                                           "partition_link_bps": rate_bps,
-                                           "partition_overhead_s": args.overhead_s,
-                                           "cold_start_timeout_s": 300.0,
-                                           "deploy_timeout_s": 300.0},
-                               host={"registry_span_bytes": args.span_mb << 20})
+    c = await lab.start_cluster(tmp / "lab", args, model_bytes=manifests[1].blob_size,
+                                timeout_s=300.0, peer=seed)
     rows = []
     try:
         for k in KS:
-            await c.publish(manifests[k], store.blob_path(MODEL, str(k)))
-            # The previous k's workers were stopped: every host's pool must be full again,
-            # or a stage would wait for a fresh Python + torch process.
-            await c.wait("every host's warm worker connected", c._pools_ready, 120.0)
+            await lab.publish_k(c, store, MODEL, manifests[k], str(k))
             row = await run_k(c, k, str(k), body, expected, args.requests, seed)
             rows.append(row)
             steady = f"{row['steady_ms']:.1f} ms" if row["steady_ms"] is not None else "-"
@@ -260,23 +213,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="base")
-    ap.add_argument("--hosts", type=int, default=4, help="stage hosts (plus host0, the peer)")
+    lab.add_lab_arguments(ap)
     ap.add_argument("--source", choices=("peer", "registry"), default="peer")
-    ap.add_argument("--rate-mbit", type=float, default=250.0)
-    ap.add_argument("--overhead-s", type=float, default=0.5,
-                    help="per-stage start cost the controller plans with")
     ap.add_argument("--requests", type=int, default=20)
-    ap.add_argument("--span-mb", type=int, default=32,
-                    help="bytes per ranged registry GET (moto's server re-reads the whole "
-                         "object for every GET, so fewer, larger GETs)")
     ap.add_argument("--quick", action="store_true", help="small model, fewer requests")
     ap.add_argument("--hf", action="store_true",
                     help="a Hugging Face BERT directory of the preset's shape, asked in text")
     args = ap.parse_args()
     if args.quick:
         args.preset, args.requests = "small", 5
-    if os.geteuid() != 0:
-        sys.exit("bench/partition_cluster.py builds network namespaces: run it as root")
+    lab.require_root("bench/partition_cluster.py")
     summary = asyncio.run(main_async(args))
     print(f"\nPartitioned cold start through the controller: {summary['preset']} "
           f"({summary['model_mb']:.1f} MB), {args.hosts} stage hosts, links "

@@ -61,32 +61,30 @@ THESIS_T5_ATL = {Technique.BL: (3.10, 1.28), Technique.MP: (1.41, 1.12),
                  Technique.LC_MC: (0.34, 0.94), Technique.LC_MC_MP: (0.26, 0.93)}
 
 
-def _mean_ratio(results: Sequence[RunResult], tech: Technique, attr: str) -> float | None:
-    """Mean over (model, autoscaler) of BL / tech for ``attr`` (the thesis's "×")."""
-    base = {(r.trace, r.model, r.autoscaler): r for r in results if r.technique is Technique.BL}
-    ratios = []
+def _paired(results: Sequence[RunResult], tech: Technique, ref: Technique,
+            attr: str) -> list[tuple[float, float]]:
+    """``attr`` of ``ref``'s and of ``tech``'s run, for every (trace, model, autoscaler)
+    both ran."""
+    base = {(r.trace, r.model, r.autoscaler): r for r in results if r.technique is ref}
+    pairs = []
     for r in results:
         b = base.get((r.trace, r.model, r.autoscaler))
         if r.technique is not tech or b is None:
             continue
-        x, y = getattr(b.metrics, attr), getattr(r.metrics, attr)
-        if x > 0 and y > 0:
-            ratios.append(x / y)
+        pairs.append((getattr(b.metrics, attr), getattr(r.metrics, attr)))
+    return pairs
+
+
+def _mean_ratio(results: Sequence[RunResult], tech: Technique, attr: str) -> float | None:
+    """Mean over (model, autoscaler) of BL / tech for ``attr`` (the thesis's "×")."""
+    ratios = [x / y for x, y in _paired(results, tech, Technique.BL, attr) if x > 0 and y > 0]
     return sum(ratios) / len(ratios) if ratios else None
 
 
 def _mean_change(results: Sequence[RunResult], tech: Technique, ref: Technique,
                  attr: str) -> float | None:
     """Mean over (model, autoscaler) of (tech − ref) / ref, in %."""
-    base = {(r.trace, r.model, r.autoscaler): r for r in results if r.technique is ref}
-    changes = []
-    for r in results:
-        b = base.get((r.trace, r.model, r.autoscaler))
-        if r.technique is not tech or b is None:
-            continue
-        x, y = getattr(b.metrics, attr), getattr(r.metrics, attr)
-        if x > 0:
-            changes.append(100.0 * (y - x) / x)
+    changes = [100.0 * (y - x) / x for x, y in _paired(results, tech, ref, attr) if x > 0]
     return sum(changes) / len(changes) if changes else None
 
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,3 +60,24 @@ class BertLoad:
     async def stop(self, timeout_s: float = 30.0) -> None:
         self._stop.set()
         await asyncio.wait_for(asyncio.gather(*self._tasks), timeout_s)
+
+
+def greedy_reference(d: Path, prompt: str, n: int) -> tuple[list[int], str]:
+    """``transformers``' own greedy ``generate`` of ``n`` tokens after ``prompt`` for the
+    causal LM directory ``d``, in the test process: the token ids and their decoded text."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(d))
+    model = AutoModelForCausalLM.from_pretrained(str(d)).eval()
+    ids = tok(prompt).input_ids
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                         pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
+    return out, tok.decode(out, skip_special_tokens=True)
+
+
+def assert_exited(pids: Iterable[int]) -> None:
+    """Every process of ``pids`` has exited (gone, or a zombie awaiting its parent)."""
+    for pid in pids:
+        status_file = Path(f"/proc/{pid}/status")
+        assert not status_file.exists() or "zombie" in status_file.read_text().lower(), pid

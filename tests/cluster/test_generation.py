@@ -12,7 +12,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import torch
 
 from flashpoint.gateway.standalone import StandaloneGateway
 from flashpoint.models.sources import publish_source
@@ -20,21 +19,12 @@ from flashpoint.models.tiny_hf import make_causal_lm
 from flashpoint.registry import make_store
 from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for
 
+from .conftest import greedy_reference
+
 pytestmark = pytest.mark.timeout(240)
 
 PROMPTS = ("the cluster scales", "a cold start fetches bytes from a peer", "gpus are shared",
            "a spot eviction drains")
-
-
-def _reference(d: Path, prompt: str, n: int) -> tuple[list[int], str]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(d))
-    model = AutoModelForCausalLM.from_pretrained(str(d)).eval()
-    ids = tok(prompt).input_ids
-    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
-                         pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
-    return out, tok.decode(out, skip_special_tokens=True)
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any]:
@@ -70,7 +60,7 @@ async def test_causal_lm_native_and_openai(make_cluster: ClusterFactory, tmp_pat
             for p, n in zip(PROMPTS, lengths, strict=True)))
         for (status, body), prompt, n in zip(replies, PROMPTS, lengths, strict=True):
             assert status == 200, body
-            want_ids, want_text = _reference(model_dir, prompt, n)
+            want_ids, want_text = greedy_reference(model_dir, prompt, n)
             assert body["outputs"]["token_ids"]["data"] == want_ids
             assert body["outputs"]["text"]["data"] == [want_text]
 
@@ -81,7 +71,7 @@ async def test_causal_lm_native_and_openai(make_cluster: ClusterFactory, tmp_pat
         assert "llm" in [m.id for m in models.data]
         done = await client.completions.create(model="llm", prompt=PROMPTS[1],
                                                max_tokens=9, temperature=0)
-        want_ids, want_text = _reference(model_dir, PROMPTS[1], 9)
+        want_ids, want_text = greedy_reference(model_dir, PROMPTS[1], 9)
         assert done.choices[0].text == want_text
         assert done.usage is not None and done.usage.completion_tokens == len(want_ids)
         assert done.choices[0].finish_reason in ("stop", "length")
@@ -114,7 +104,7 @@ async def test_causal_lm_native_and_openai(make_cluster: ClusterFactory, tmp_pat
                 pieces.append(c.text)
                 finish = c.finish_reason or finish
             usage = chunk.usage or usage
-        want_ids, want_text = _reference(model_dir, PROMPTS[3], 12)
+        want_ids, want_text = greedy_reference(model_dir, PROMPTS[3], 12)
         assert "".join(pieces) == want_text and len(pieces) > 2
         assert finish in ("stop", "length")
         assert usage is not None and usage.completion_tokens == len(want_ids)
@@ -137,7 +127,7 @@ async def test_causal_lm_native_and_openai(make_cluster: ClusterFactory, tmp_pat
     try:
         await wait_for("the gateway's function table holds llm", lambda: "llm" in [
             i.spec.name for i in gw.backend.list_functions()], 20)
-        want_ids, want_text = _reference(model_dir, PROMPTS[0], 10)
+        want_ids, want_text = greedy_reference(model_dir, PROMPTS[0], 10)
         done = await gw_client.completions.create(model="llm", prompt=PROMPTS[0],
                                                   max_tokens=10, temperature=0)
         assert done.choices[0].text == want_text

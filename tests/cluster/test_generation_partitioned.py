@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from flashpoint.controller.state.records import GroupPhase, ReplicaPhase
 from flashpoint.gateway.backend import InvokeResult, StreamChunk
@@ -25,6 +24,8 @@ from flashpoint.models.tiny_hf import make_causal_lm
 from flashpoint.registry.local import LocalStore
 from flashpoint.spec import FunctionSpec
 from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for
+
+from .conftest import greedy_reference
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.timeout(240)
@@ -50,17 +51,6 @@ class GatedStore(LocalStore):
             self.held += 1
             await self.gate.wait()
         return await super().read_range(name, version, start, end)
-
-
-def _reference(d: Path, prompt: str, n: int) -> tuple[list[int], str]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(d))
-    model = AutoModelForCausalLM.from_pretrained(str(d)).eval()
-    ids = tok(prompt).input_ids
-    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
-                         pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
-    return out, tok.decode(out, skip_special_tokens=True)
 
 
 def _inputs() -> dict[str, np.ndarray]:
@@ -92,7 +82,7 @@ async def test_a_cold_generation_starts_in_a_pipeline_and_moves_to_a_whole_repli
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(
         cfg.controller, partition_bandwidth_bps=2e6, partition_overhead_s=0.0))
     source = make_causal_lm(tmp_path / "src", family=family, size="small", seed=2)
-    want_ids, want_text = _reference(source, PROMPT, MAX_TOKENS)
+    want_ids, want_text = greedy_reference(source, PROMPT, MAX_TOKENS)
     assert len(want_ids) == MAX_TOKENS  # no EOS: the stream lasts
     store = GatedStore(cfg.registry.root)
     await publish_source(store, "lm", source, chunk_size=CHUNK,

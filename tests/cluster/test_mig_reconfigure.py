@@ -29,6 +29,8 @@ import pytest
 
 from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for
 
+from .conftest import assert_exited
+
 pytestmark = pytest.mark.timeout(240)
 BODY = {"inputs": {"x": {"data": [1.0, 2.0], "shape": [1, 2], "datatype": "FP32"}}}
 SMALL, BIG = ["1g.5gb", "2g.10gb", "4g.20gb"], ["3g.20gb", "4g.20gb"]
@@ -160,6 +162,4 @@ async def test_be_model_switch_reconfigures_gpus_to_4g_3g_without_failures(make_
         await s.close()
         await asyncio.wait_for(c.stop(), 60)
         shutil.rmtree(run_dir, ignore_errors=True)
-    for pid in pids:  # leak check: the warm pool's workers exited
-        status_file = Path(f"/proc/{pid}/status")
-        assert not status_file.exists() or "zombie" in status_file.read_text().lower()
+    assert_exited(pids)  # leak check: the warm pool's workers exited

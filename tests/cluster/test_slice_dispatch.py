@@ -29,6 +29,8 @@ from prometheus_client import REGISTRY
 
 from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for
 
+from .conftest import assert_exited
+
 pytestmark = pytest.mark.timeout(180)
 BODY = {"inputs": {"x": {"data": [1.0, 2.0], "shape": [1, 2], "datatype": "FP32"}}}
 REQUESTS_PER_CLIENT = 12
@@ -101,6 +103,4 @@ async def test_strict_requests_land_on_the_4g_best_effort_fill_the_small_slices(
         await s.close()
         await asyncio.wait_for(c.stop(), 60)
         shutil.rmtree(run_dir, ignore_errors=True)
-    for pid in pids:  # leak check: the warm pool's workers exited
-        status_file = Path(f"/proc/{pid}/status")
-        assert not status_file.exists() or "zombie" in status_file.read_text().lower()
+    assert_exited(pids)  # leak check: the warm pool's workers exited

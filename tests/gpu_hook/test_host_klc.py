@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import json
 import os
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +28,7 @@ from flashpoint.gpu.host_sharing import GpuShare, HostSharing, SharingMode
 from flashpoint.gpu.inventory import discover
 from flashpoint.policy.tokens import Grant, TokenState
 
-from .test_host_tokens import _wait, start_worker
+from .test_host_tokens import _wait, kill_procs, start_worker
 
 pytestmark = pytest.mark.timeout(90)
 MS = 1_000_000
@@ -164,11 +162,7 @@ async def test_best_effort_share_falls_when_slo_demand_rises_and_recovers(kit, t
         limit_slo = gauge("limit", {**unit_label, "tenant": str(slo), "tenant_class": "slo"})
         limit_be = gauge("limit", be_label)
     finally:
-        for p in procs:
-            if p.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGKILL)
-                await p.wait()
+        await kill_procs(procs)
         await sharing.stop()
 
     assert line.slo_activity, "the SLO tenant never reached the manager"

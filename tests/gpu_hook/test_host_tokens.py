@@ -81,11 +81,7 @@ async def test_tokens_host_shares_30_70_through_late_configured_hook(kit, tmp_pa
                zip(outs, (sa, sb), strict=True)]
         usage = unit.manager.usage_by_tenant()
     finally:
-        for p in procs:
-            if p.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGKILL)
-                await p.wait()
+        await kill_procs(procs)
         await sharing.stop()
     a, b = res
     assert a["socket_seen"] == unit.socket_path  # the deploy's env reached the process
@@ -166,6 +162,15 @@ class AllocWorker:
         if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGKILL)
+
+
+async def kill_procs(procs: list[asyncio.subprocess.Process]) -> None:
+    """SIGKILL (by pid) each of ``procs`` still running, and reap it."""
+    for p in procs:
+        if p.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGKILL)
+            await p.wait()
 
 
 async def _wait(what: str, cond, timeout_s: float = 10.0) -> None:

@@ -226,12 +226,19 @@ def test_emergency_floor_outliers_and_recovery():
     assert k3.factor == pytest.approx(low * 1.3)
 
 
-def test_best_effort_quota_follows_klc_and_returns_when_slo_idles():
+def slo_and_best_effort() -> TokenState:
+    """Tenant 1 SLO-sensitive (request 0.4, limit 0.8) and tenant 2 best-effort (0.3, 0.9),
+    each connected."""
     s = TokenState()
     s.set_quota(1, TenantQuota(0.4, 0.8, slo_sensitive=True), 0)
     s.set_quota(2, TenantQuota(0.3, 0.9), 0)
     s.connect(1, 1, 0)
     s.connect(2, 2, 0)
+    return s
+
+
+def test_best_effort_quota_follows_klc_and_returns_when_slo_idles():
+    s = slo_and_best_effort()
     slot = s.config.klc.slot_ns
     s.klc.observe_slot({1}, {1})  # the SLO tenant is active
     s.klc.factor = 0.5
@@ -270,11 +277,7 @@ def test_recovery_is_capped_at_the_request_not_the_limit():
 
 def test_idle_slo_tenant_resets_the_factor_so_the_next_burst_starts_at_the_request():
     # Dilu's code: every SLO tenant idle past 120 slots -> CONSERVATIVE_LIMIT = UPPER.
-    s = TokenState()
-    s.set_quota(1, TenantQuota(0.4, 0.8, slo_sensitive=True), 0)
-    s.set_quota(2, TenantQuota(0.3, 0.9), 0)
-    s.connect(1, 1, 0)
-    s.connect(2, 2, 0)
+    s = slo_and_best_effort()
     slot = s.config.klc.slot_ns
     assert not s.best_effort_throttled()  # the SLO tenant has not been active yet
     s.request(1, 1, 0, 0)
