@@ -50,6 +50,14 @@ async def start_worker(kit: HookKit, sharing: HostSharing, tmp: Path, name: str
     return proc, stats
 
 
+def _held(unit: str, tenant: int) -> float:
+    """The tokens manager's held-seconds counter of ``tenant`` on ``unit`` (0 before any)."""
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("flashpoint_tokens_held_seconds_total",
+                                     {"unit": unit, "tenant": str(tenant)}) or 0.0
+
+
 async def test_tokens_host_shares_30_70_through_late_configured_hook(kit, tmp_path, run_dir):
     nvml = FakeNvml.with_gpus("A100-40GB", mig=False)
     devices = discover(0, 0, nvml)
@@ -67,6 +75,9 @@ async def test_tokens_host_shares_30_70_through_late_configured_hook(kit, tmp_pa
         assert a_env["FP_HOOK_MEM_LIMIT_BYTES"] == str(64 << 20)
         ta, tb = int(a_env["FP_HOOK_TENANT"]), int(b_env["FP_HOOK_TENANT"])
         assert ta != tb and 0 not in (ta, tb)
+        # The counters are process-wide and another test's unit may have had the same name
+        # and tenant ids: this run's held time is what it adds.
+        held_before = [_held(devices[0].device_id, t) for t in (ta, tb)]
         (pa, sa), (pb, sb) = [await start_worker(kit, sharing, tmp_path, n) for n in "ab"]
         procs = [pa, pb]
         sharing.bind_worker("rep-a", pa.pid)  # as the host does before the deploy
@@ -100,8 +111,8 @@ async def test_tokens_host_shares_30_70_through_late_configured_hook(kit, tmp_pa
     unit_label = {"unit": devices[0].device_id}
     assert REGISTRY.get_sample_value("flashpoint_tokens_grants_total", unit_label) > 100
     assert REGISTRY.get_sample_value("flashpoint_tokens_wait_seconds_count", unit_label) > 100
-    held = [REGISTRY.get_sample_value("flashpoint_tokens_held_seconds_total",
-                                      {**unit_label, "tenant": str(t)}) for t in (ta, tb)]
+    held = [_held(devices[0].device_id, t) - h0
+            for t, h0 in zip((ta, tb), held_before, strict=True)]
     assert abs(held[0] * 1e9 - usage[ta]) < 0.3e9 and abs(held[1] * 1e9 - usage[tb]) < 0.3e9
     share_a = REGISTRY.get_sample_value("flashpoint_tokens_share", {**unit_label, "tenant": str(ta)})
     assert 0.2 <= share_a <= 0.4, share_a  # the last ~1 s window
