@@ -248,8 +248,7 @@ class GenerationEngine:
         return 0 if self._batch is None else self._batch.allocated_bytes
 
     def _admit(self) -> list[GenSequence]:
-        """Waiting sequences that fit now, in order (FIFO: the head blocks the rest); at
-        most one resumed sequence per step (see :meth:`step`)."""
+        """Waiting sequences that fit now, in order (FIFO: the head blocks the rest)."""
         joined = []
         while self.waiting and len(self.running) < self.max_running:
             head = self.waiting[0]
@@ -259,8 +258,6 @@ class GenerationEngine:
             self.reserved_bytes += head.reserved_bytes
             self.running[head.seq_id] = head
             joined.append(head)
-            if head.generated:
-                break
         return joined
 
     # -- one token boundary -----------------------------------------------------------
@@ -270,9 +267,9 @@ class GenerationEngine:
 
         A step in which a resumed sequence (live migration) joins ends after the joins: its
         client has waited since its last token on the source, so its next token is not held
-        behind the others' decode (theirs comes a step later, their ids unchanged); and
-        several arriving together join one per step, so each waits for its own prefill and
-        those before it, not all of them."""
+        behind the others' decode (theirs comes a step later, their ids unchanged). Several
+        arriving together join in the one batched prefill, so each waits for that one pass,
+        not for the prefills of those before it (one per step made the k-th wait k)."""
         events: list[TokenEvent] = []
         self._drop_left()  # rows cancelled or taken out since the last step
         joined = self._admit()
