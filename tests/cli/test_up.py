@@ -4,12 +4,6 @@ which key to use; every URL it prints answers."""
 from __future__ import annotations
 
 import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -17,25 +11,9 @@ import pytest
 
 from flashpoint.cli.serve import up_banner
 from flashpoint.config import generate_secret, load_config
+from flashpoint.testing.up_process import UpProcess
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def _read_banner(lines_in: queue.Queue[str | None], timeout_s: float) -> list[str]:
-    """stdout lines up to the banner's last one, or AssertionError with what came instead."""
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    while len(lines) < 50:
-        try:
-            line = lines_in.get(timeout=max(0.01, deadline - time.monotonic()))
-        except queue.Empty:
-            break
-        if line is None:
-            break  # stdout closed: it exited
-        lines.append(line.rstrip("\n"))
-        if line.strip() == "Stop with Ctrl-C.":
-            return lines
-    raise AssertionError(f"no banner within {timeout_s}s; stdout so far: {lines}")
 
 
 def test_up_prints_where_everything_is(tmp_path: Path) -> None:
@@ -44,22 +22,9 @@ def test_up_prints_where_everything_is(tmp_path: Path) -> None:
                    f'[host]\nwarm_pool_size = 0\ncpu_devices = 1\ncache_dir = "{tmp_path}/cache"\n'
                    'metrics_listen = "127.0.0.1:0"\n')
     env = {k: v for k, v in os.environ.items() if k != "FLASHPOINT_SECRET"}
-    proc = subprocess.Popen([sys.executable, "-m", "flashpoint.cli", "--config", str(cfg),
-                             "--home", str(tmp_path), "up", "--hosts", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, env=env)
-    lines_in: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:  # a thread: readline blocks, and it ends when stdout closes
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines_in.put(line)
-        lines_in.put(None)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
+    up = UpProcess(cfg, tmp_path, env=env)
     try:
-        lines = _read_banner(lines_in, 120)
+        lines = up.banner(120)
         block = lines[lines.index(next(x for x in lines if x.startswith("flashpoint is up"))):]
         # "  LABEL      VALUE ...": labels in a column of 11 characters
         fields = {x[2:13].strip(): x[13:].split()[0] for x in block[1:]
@@ -79,14 +44,8 @@ def test_up_prints_where_everything_is(tmp_path: Path) -> None:
         assert fields["API key"] == "none" and f"--url {api}" in block[1]
         assert fields["registry"] == str(tmp_path / "registry")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        reader.join(timeout=10)
-    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+        up.stop()
+    assert up.proc.returncode == 0, up.proc.stderr.read() if up.proc.stderr else ""
 
 
 def test_the_banner_names_the_key_to_use(tmp_path: Path) -> None:

@@ -9,11 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import queue
-import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -24,27 +21,11 @@ import pytest
 from flashpoint.config import load_config
 from flashpoint.models.sources import publish
 from flashpoint.registry import make_store
+from flashpoint.testing.up_process import UpProcess
 
 pytestmark = pytest.mark.timeout(240)
 
 RID = "trace-me-0123456789"
-
-
-def _api_url(lines_in: queue.Queue[str | None], timeout_s: float) -> str:
-    """The API URL from `flashpoint up`'s banner, or AssertionError with what came instead."""
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    while len(lines) < 50:
-        try:
-            line = lines_in.get(timeout=max(0.01, deadline - time.monotonic()))
-        except queue.Empty:
-            break
-        if line is None:
-            break  # stdout closed: it exited
-        lines.append(line.rstrip("\n"))
-        if line.strip().startswith("API "):
-            return line.split()[1]
-    raise AssertionError(f"no API line within {timeout_s}s; stdout so far: {lines}")
 
 
 def _json_lines(path: Path) -> list[dict[str, Any]]:
@@ -70,22 +51,9 @@ def test_request_id_reaches_controller_and_worker_logs(tmp_path: Path) -> None:
     env.update(FLASHPOINT_LOG_FORMAT="json", FLASHPOINT_WORKER_LOG_LEVEL="DEBUG")
     log_path = tmp_path / "cluster.log"
     with log_path.open("w") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "flashpoint.cli", "--config",
-                                 str(cfg_path), "--home", str(tmp_path), "up", "--hosts", "1"],
-                                stdout=subprocess.PIPE, stderr=log_file, text=True,
-                                stdin=subprocess.DEVNULL, env=env)
-    lines_in: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:  # a thread: readline blocks, and it ends when stdout closes
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines_in.put(line)
-        lines_in.put(None)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
+        up = UpProcess(cfg_path, tmp_path, env=env, stderr=log_file)
     try:
-        api = _api_url(lines_in, 120)
+        api = UpProcess.api_url(up.banner(120))
         r = subprocess.run([sys.executable, "-m", "flashpoint.cli", "deploy", "nf", "--model",
                             "noop", "--url", api], capture_output=True, text=True, timeout=120,
                            stdin=subprocess.DEVNULL, env=env)
@@ -112,10 +80,4 @@ def test_request_id_reaches_controller_and_worker_logs(tmp_path: Path) -> None:
         # id from its bound context, not passed by the call
         assert {"request_done", "request_served"} <= events, (events, log_path.read_text()[-4000:])
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        reader.join(timeout=10)
+        up.stop()
