@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -81,3 +82,22 @@ def assert_exited(pids: Iterable[int]) -> None:
     for pid in pids:
         status_file = Path(f"/proc/{pid}/status")
         assert not status_file.exists() or "zombie" in status_file.read_text().lower(), pid
+
+
+async def serve_until_dissolved(c: InProcessCluster, group: Any, stages: list[Any],
+                                one: Any, first: int, timeout_s: float) -> None:
+    """Keep requests flowing, two at a time (``one(i)`` sends request i, from ``first``),
+    while a partitioned group's stages complete -- none may fail -- until the group is
+    dissolved and its stages are whole, warm replicas."""
+    from flashpoint.controller.state.records import ReplicaPhase
+    from flashpoint.testing.harness import wait_for
+
+    served, deadline = first, time.monotonic() + timeout_s
+    while group.group_id in c.controller.state.groups:
+        await asyncio.gather(*(one(served + i) for i in range(2)))
+        served += 2
+        assert time.monotonic() < deadline, \
+            f"the group never dissolved: {c.controller.cluster_status()}"
+    await wait_for("stages are whole replicas", lambda: all(
+        c.controller.state.replicas[r.replica_id].phase == ReplicaPhase.WARM
+        for r in stages), 30)

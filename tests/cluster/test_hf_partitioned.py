@@ -5,7 +5,6 @@ into whole replicas (issue 18 item 3). Invocations go through the HTTP gateway a
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +12,12 @@ import aiohttp
 import numpy as np
 import pytest
 
-from flashpoint.controller.state.records import ReplicaPhase
 from flashpoint.models.sources import PushOptions, publish_source
 from flashpoint.models.tiny_hf import make_text_classifier
 from flashpoint.registry.local import LocalStore
 from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for
 
+from .conftest import serve_until_dissolved
 from .test_partitioned_scaleup import CHUNK, SlowStore, _config
 
 pytest.importorskip("transformers")
@@ -85,15 +84,7 @@ async def test_hf_bert_serves_as_a_pipeline_then_completes(make_cluster: Cluster
         assert {o["replica_id"] for o in outs} == {group.group_id}  # the pipeline answered
         assert outs[0]["cold_start_source"] == "pipeline:2"
 
-        served, deadline = 3, time.monotonic() + 90
-        while group.group_id in c.controller.state.groups:
-            await asyncio.gather(*(one(served + i) for i in range(2)))
-            served += 2
-            assert time.monotonic() < deadline, \
-                f"the group never dissolved: {c.controller.cluster_status()}"
-        await wait_for("stages are whole replicas", lambda: all(
-            c.controller.state.replicas[r.replica_id].phase == ReplicaPhase.WARM
-            for r in stages), 30)
+        await serve_until_dissolved(c, group, stages, one, 3, 90)
         outs = await asyncio.gather(*(one(100 + i) for i in range(3)))
         assert {o["replica_id"] for o in outs} <= {r.replica_id for r in stages}
 

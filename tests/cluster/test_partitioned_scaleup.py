@@ -5,7 +5,6 @@ item 7), with no request failing on the way. Invocations go through the HTTP gat
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,8 @@ from flashpoint.models.publish import load_module
 from flashpoint.models.sources import publish
 from flashpoint.registry.local import LocalStore
 from flashpoint.testing.harness import ClusterFactory, cluster_config, wait_for
+
+from .conftest import serve_until_dissolved
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,15 +117,7 @@ async def test_partitioned_scale_up_serves_a_pipeline_then_dissolves(make_cluste
         assert status["groups"][0]["phase"] == "serving"
 
         # Keep requests flowing while the stages complete: none may fail.
-        served, deadline = 4, time.monotonic() + 60
-        while group.group_id in c.controller.state.groups:
-            await asyncio.gather(*(one(served + i) for i in range(2)))
-            served += 2
-            assert time.monotonic() < deadline, \
-                f"the group never dissolved: {c.controller.cluster_status()}"
-        await wait_for("stages are whole replicas", lambda: all(
-            c.controller.state.replicas[r.replica_id].phase == ReplicaPhase.WARM
-            for r in stages), 30)
+        await serve_until_dissolved(c, group, stages, one, 4, 60)
         outs = await asyncio.gather(*(one(1000 + i) for i in range(4)))
         assert {o["replica_id"] for o in outs} <= {r.replica_id for r in stages}
         assert group.group_id not in c.controller.workers
