@@ -30,7 +30,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -41,6 +41,7 @@ import boto3
 from flashpoint.config import generate_secret
 from flashpoint.registry import S3Store
 from flashpoint.registry.manifest import Manifest
+from flashpoint.testing.cluster_api import ClusterApi
 from flashpoint.testing.leaks import alive, cmdline, descendants
 from flashpoint.testing.netns import NetLab
 
@@ -116,7 +117,7 @@ def established_tcp(pid: int) -> int:
 
 
 @dataclass
-class NetCluster:
+class NetCluster(ClusterApi):
     """Registry, controller and ``host_ids`` as processes in ``lab``; see the module docstring."""
 
     lab: NetLab
@@ -323,61 +324,9 @@ class NetCluster:
         return {m.group(1) for line in text.splitlines()
                 if (m := pat.match(line)) and m.group(1) != self.lab.root_addr}
 
-    async def status(self) -> dict[str, Any]:
+    def _http(self) -> aiohttp.ClientSession:
         assert self.session is not None
-        async with self.session.get(self.url + "/v1/status") as r:
-            assert r.status == 200, await r.text()
-            return await r.json()
-
-    async def deploy(self, name: str, model: str, **spec: Any) -> dict[str, Any]:
-        assert self.session is not None
-        async with self.session.post(self.url + "/v1/functions",
-                                     json={"name": name, "model": model, **spec}) as r:
-            body = await r.json(content_type=None)
-            assert r.status in (200, 201), body
-            return body
-
-    async def invoke(self, name: str, inputs: dict[str, Any]) -> dict[str, Any]:
-        return await self.invoke_body(name, {"inputs": inputs})
-
-    async def invoke_body(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        """A native invoke of any body (``{"inputs": ...}``, ``{"text": ...}``)."""
-        assert self.session is not None
-        async with self.session.post(f"{self.url}/v1/functions/{name}/invoke",
-                                     json=body) as r:
-            reply = await r.json(content_type=None)
-            assert r.status == 200, reply
-            return reply
-
-    async def wait(self, what: str, probe: Callable[[], Awaitable[tuple[bool, Any]]],
-                   timeout_s: float, interval_s: float = 0.1) -> Any:
-        """Poll ``probe`` (-> (reached, what it saw)) until reached; AssertionError naming the
-        state, the last observation and every process's log tail after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        seen: Any = None
-        while True:
-            try:
-                ok, seen = await probe()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                ok, seen = False, repr(exc)
-            if ok:
-                return seen
-            if time.monotonic() >= deadline:
-                raise AssertionError(f"timed out after {timeout_s}s waiting for: {what}; "
-                                     f"last seen: {seen!r}\n{self.diagnostics()}")
-            await asyncio.sleep(interval_s)
-
-    async def wait_warm(self, function: str, hosts: list[str] | None = None, *, count: int = 0,
-                        timeout_s: float = 60.0) -> dict[str, dict[str, Any]]:
-        """Wait until ``function`` has a warm replica on each of ``hosts`` and at least
-        ``count`` warm replicas; returns host -> warm replica."""
-        async def probe() -> tuple[bool, Any]:
-            reps = [r for r in (await self.status())["replicas"] if r["function"] == function]
-            warm = {r["host_id"]: r for r in reps if r["phase"] == "warm"}
-            ok = set(hosts or ()) <= set(warm) and len(warm) >= count
-            return ok, warm if ok else [(r["host_id"], r["phase"], r["source"]) for r in reps]
-        return await self.wait(f"{function} warm on {hosts or []} (at least {count})", probe,
-                               timeout_s)
+        return self.session
 
     def diagnostics(self, lines: int = 12) -> str:
         out = []
