@@ -221,8 +221,10 @@ class Bench:
         print(f"flashpoint: published noop, mlp, big, bert in {time.perf_counter() - t0:.1f}s",
               flush=True)
         big = self.arts.big_bytes
+        # torch_threads 1: every platform's replicas run one torch thread (the peers' are
+        # set so too), whatever share of the cores Flashpoint's default would give them.
         config = {"log_level": "WARNING", "controller": {"listen_port": 0},
-                  "host": {"cpu_devices": 4, "warm_pool_size": 4,
+                  "host": {"cpu_devices": 4, "warm_pool_size": 4, "torch_threads": 1,
                            "device_memory_bytes": 2 * big, "cache_bytes": 10 * big,
                            "host_memory_bytes": 20 * big, "metrics_listen": "127.0.0.1:0"}}
         warm_opts = {"keep_alive_s": 600, "min_replicas": 1, "max_replicas": 1,
