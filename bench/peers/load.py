@@ -108,10 +108,17 @@ async def open_loop(url: str, body: Any, rate_hz: float, duration_s: float,
                     timeout_s: float = 60.0, replicas_wanted: int = 4) -> dict[str, Any]:
     """Send requests at ``rate_hz`` for ``duration_s`` whatever the answers (open loop);
     reports when the ``replicas_wanted``-th distinct replica first answered (from the
-    ``replica`` / ``replica_id`` field of replies) and how many requests failed."""
+    ``replica`` / ``replica_id`` field of replies), how many requests failed and why (HTTP
+    status or exception name), and the p50/p99 latency of those answered."""
     n = int(rate_hz * duration_s)
     first_seen: dict[str, float] = {}
     failed = 0
+    failed_by: dict[str, int] = {}
+
+    def fail(why: str) -> None:
+        nonlocal failed
+        failed += 1
+        failed_by[why] = failed_by.get(why, 0) + 1
     lat: list[float] = []
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn,
@@ -119,7 +126,6 @@ async def open_loop(url: str, body: Any, rate_hz: float, duration_s: float,
         t0 = time.perf_counter()
 
         async def send(i: int) -> None:
-            nonlocal failed
             delay = t0 + i / rate_hz - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -128,10 +134,10 @@ async def open_loop(url: str, body: Any, rate_hz: float, duration_s: float,
                 async with s.post(url, json=body) as r:
                     text = await r.text()
                     if r.status != 200:
-                        failed += 1
+                        fail(f"HTTP {r.status}")
                         return
-            except (TimeoutError, aiohttp.ClientError):
-                failed += 1
+            except (TimeoutError, aiohttp.ClientError) as e:
+                fail(type(e).__name__)
                 return
             done = time.perf_counter()
             lat.append(done - t)
@@ -143,6 +149,7 @@ async def open_loop(url: str, body: Any, rate_hz: float, duration_s: float,
                                duration_s + timeout_s + 10)
     order = sorted(first_seen.values())
     return {"rate_hz": rate_hz, "duration_s": duration_s, "sent": n, "failed": failed,
+            "failed_by": failed_by,
             "replicas_seen": len(first_seen),
             "time_to_nth_replica_s": order[replicas_wanted - 1] if len(order) >= replicas_wanted
             else None, "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99)}

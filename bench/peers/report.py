@@ -79,16 +79,21 @@ def table(result: dict[str, Any]) -> str:
             continue
         lines.append(f"{r['platform']:10s} {r['model']:5s} {_f(r['wall_s'], '9.3f')} "
                      f"{len(r['walls_s']):>5d}  {r['source']}")
-    lines += ["", "== burst from zero to 4 replicas (open loop)",
+    plan = result.get("plan", {})
+    lines += ["", "== burst from zero to 4 replicas (open loop"
+              + (f"; {plan['burst_offered_replicas']:g} replicas' worth of a "
+                 f"{plan['burst_service_s'] * 1e3:.1f} ms single-request service time"
+                 if plan.get("burst_service_s") else "") + ")",
               f"{'platform':10s} {'rate/s':>7s} {'sent':>5s} {'failed':>6s} {'replicas':>8s} "
-              f"{'4th serves at s':>15s}"]
+              f"{'4th serves at s':>15s} {'p50 ms':>8s} {'p99 ms':>8s}"]
     for r in result.get("burst", []):
         if r.get("status", "ok") != "ok":
             lines.append(f"{r['platform']:10s}  not run: {r.get('reason', '')}")
             continue
-        lines.append(f"{r['platform']:10s} {r['rate_hz']:>7.0f} {r['sent']:>5d} "
+        lines.append(f"{r['platform']:10s} {r['rate_hz']:>7.1f} {r['sent']:>5d} "
                      f"{r['failed']:>6d} {r['replicas_seen']:>8d} "
-                     f"{_f(r['time_to_nth_replica_s'], '15.2f')}")
+                     f"{_f(r['time_to_nth_replica_s'], '15.2f')} "
+                     f"{_f(r.get('p50_ms'), '8.1f')} {_f(r.get('p99_ms'), '8.1f')}")
     lines += ["", "== targets (ratios in this run)"]
     for name, t in result.get("targets", {}).items():
         verdict = {True: "met", False: "MISSED", None: "not measured"}[t["met"]]

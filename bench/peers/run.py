@@ -6,15 +6,16 @@
    ``~/.cache/flashpoint-peers/venvs`` (``envs.py``) and the model files every platform
    serves under ``~/.cache/flashpoint-peers/models`` (``artifacts.py``).
 2. Create a network namespace with nothing but ``lo`` (``netns.py``; needs root) and run the
-   measured part (``measure.py``) inside it: the aiohttp floor, Flashpoint (a local cluster in
-   that process, on the namespace's loopback), Ray Serve and BentoML, one after the other, all
-   on 127.0.0.1 and unreachable from anything else.
+   measured part (``measure.py``) inside it: the aiohttp floor, Flashpoint (``flashpoint up``
+   as its own process, as a user runs it, driven over its HTTP API), Ray Serve and BentoML,
+   one after the other, all on 127.0.0.1 and unreachable from anything else.
 3. Delete the namespace, even on failure, after stopping by PID whatever is still inside.
 
 Workloads: warm invoke of a no-op and of a small torch MLP at concurrency 1, 8, 64 (req/s,
 p50, p99, each divided by the floor's); scale from zero to first response of a ~537 MB
 TorchScript MLP and of a BERT-base-shaped Hugging Face classifier; a burst from zero to 4
-replicas under open-loop load. Every platform's small-model answers are checked against the
+replicas under open-loop load (the ~537 MB model at 3.5 replicas' worth of its single-request
+service time, measured in the same run). Every platform's small-model answers are checked against the
 same in-process torch reference; a mismatch fails the run. Prints a table and a JSON line.
 """
 
@@ -43,14 +44,15 @@ import report  # noqa: E402
 INNER_TIMEOUT_S = {True: 1800.0, False: 5400.0}  # by --quick
 
 
-def machine() -> dict[str, object]:
+def machine(load_at_start: tuple[float, float, float]) -> dict[str, object]:
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    load1 = os.getloadavg()[0]
     return {"arch": platform.machine(), "cpus": os.cpu_count(), "memory_gib": round(mem_gb, 1),
-            "gpu": False, "python": platform.python_version(), "loadavg_1m_at_start": load1}
+            "gpu": False, "python": platform.python_version(),
+            "loadavg_1m_at_start": load_at_start[0], "loadavg_1m_at_end": os.getloadavg()[0]}
 
 
 def outer(args: argparse.Namespace) -> int:
+    load_at_start = os.getloadavg()  # before this run adds its own
     import artifacts
     import torch
     import transformers
@@ -98,7 +100,7 @@ def outer(args: argparse.Namespace) -> int:
         print(f"[run] FAILED (rc={rc}); logs: {logs}", flush=True)
         return rc or 1
     result = json.loads(out.read_text())
-    result["machine"] = machine()
+    result["machine"] = machine(load_at_start)
     result["versions"] = {"flashpoint_torch": torch.__version__,
                           "flashpoint_transformers": transformers.__version__,
                           **{p: e.get("versions", e.get("error")) for p, e in peer_envs.items()}}
@@ -112,11 +114,28 @@ def outer(args: argparse.Namespace) -> int:
     return 0
 
 
+def raise_open_files_limit(want: int = 65536) -> int:
+    """Raise this process's soft limit on open files towards its hard limit; the servers and
+    the load process started from here inherit it. The burst holds one connection per
+    request in flight, past the usual soft limit of 1024, and a refused socket would count
+    as the platform's failure. Returns the new soft limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if new > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        return new
+    return soft
+
+
 def inner(spec_path: str) -> int:
     import asyncio
 
     import artifacts
     import measure
+
+    raise_open_files_limit()
 
     spec = json.loads(Path(spec_path).read_text())
     arts = artifacts.ensure(Path(spec["root"]))

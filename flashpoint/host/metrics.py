@@ -1,7 +1,8 @@
 """What a host manager's ``/metrics`` adds to its process registry at each scrape.
 
-The host's own gauges (its workers: idle in the warm pool, holding a replica, stopping) and,
-through :mod:`flashpoint.host.replica_metrics`, every replica's inference counters. Read at
+The host's own gauges (its workers: starting, idle in the warm pool, holding a replica,
+stopping) and, through :mod:`flashpoint.host.replica_metrics`, every replica's inference
+counters. Read at
 scrape time from what the host already keeps, so nothing on the request or deploy path
 updates a metric. The host's endpoint (``[host] metrics_listen``) is
 :class:`~flashpoint.exposition.MetricsEndpoint`; in a local cluster each host gets its own
@@ -20,12 +21,16 @@ from flashpoint.host.replica_metrics import replica_collectors
 
 
 class HostWorkersCollector:
-    """``flashpoint_host_workers{host,state}``: idle (warm pool), serving, stopping."""
+    """``flashpoint_host_workers{host,state}``: starting (spawned, not yet said hello),
+    idle (warm pool), serving, stopping."""
 
     def __init__(self, workers: Iterable[Any], host_id: str) -> None:
-        self._counts = {"idle": 0, "serving": 0, "stopping": 0}
+        self._counts = {"starting": 0, "idle": 0, "serving": 0, "stopping": 0}
         for w in workers:
-            state = "stopping" if w.stopping else "serving" if w.replica_id else "idle"
+            # A worker still importing torch is not in the warm pool yet: counting it idle
+            # would say the pool is full seconds before a cold start could take it.
+            state = ("stopping" if w.stopping else "serving" if w.replica_id
+                     else "starting" if w.conn is None else "idle")
             self._counts[state] += 1
         self._host_id = host_id
 

@@ -1,6 +1,6 @@
-"""bench/peers: the report's ratios, targets, table and JSON line, and the loopback-only
-network namespace helper (root only). The full run needs the peers' venvs and is not part of
-the suite."""
+"""bench/peers: the report's ratios, targets, table and JSON line, the loopback-only
+network namespace helper (root only), and ``flashpoint up`` as the benchmark drives it
+(fp_up.py). The full run needs the peers' venvs and is not part of the suite."""
 
 from __future__ import annotations
 
@@ -14,24 +14,31 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+import aiohttp
 import pytest
 
 PEERS = Path(__file__).resolve().parents[2] / "bench" / "peers"
 
 
-def _load(name: str) -> ModuleType:
+def _load(name: str, *, as_plain: bool = False) -> ModuleType:
     """bench/peers/<name>.py under a name of its own: on sys.path as plain ``netns`` it
-    would shadow the tests/netns package (whose conftest pytest imports as ``netns.conftest``)."""
+    would shadow the tests/netns package (whose conftest pytest imports as ``netns.conftest``).
+    ``as_plain``: also under its plain name, for a sibling that imports it so (fp_up imports
+    ``platforms``; no package of the suite has that name)."""
     spec = importlib.util.spec_from_file_location(f"bench_peers_{name}", PEERS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
+    if as_plain:
+        sys.modules.setdefault(name, module)
     spec.loader.exec_module(module)
     return module
 
 
 netns = _load("netns")
 report = _load("report")
+platforms = _load("platforms", as_plain=True)
+fp_up = _load("fp_up")
 
 
 def _warm(platform: str, setting: str, conc: int, rps: float, p50: float = 1.0,
@@ -128,3 +135,65 @@ def test_namespace_deleted_when_the_body_raises():
         raise ValueError("boom")
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10)
     assert name not in listed.stdout.split()
+
+
+def test_up_config_is_toml_that_flashpoint_loads(tmp_path: Path) -> None:
+    import tomllib
+
+    from flashpoint.config import load_config
+
+    config = {"log_level": "WARNING", "controller": {"listen_port": 0},
+              "host": {"cpu_devices": 4, "warm_pool_size": 4, "cache_bytes": 5 * 2**30,
+                       "metrics_listen": "127.0.0.1:0"}}
+    text = fp_up.to_toml(config)
+    assert tomllib.loads(text) == config
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    cfg = load_config(path)
+    assert (cfg.host.cpu_devices, cfg.host.warm_pool_size, cfg.host.cache_bytes) == (
+        4, 4, 5 * 2**30)
+
+
+def test_idle_workers_reads_the_host_gauge() -> None:
+    text = ('# HELP flashpoint_host_workers Worker processes of this host by state\n'
+            '# TYPE flashpoint_host_workers gauge\n'
+            'flashpoint_host_workers{host="host0",state="starting"} 1.0\n'
+            'flashpoint_host_workers{host="host0",state="idle"} 3.0\n'
+            'flashpoint_host_workers{host="host0",state="serving"} 2.0\n')
+    assert fp_up.idle_workers(text) == 3
+    assert fp_up.idle_workers("# nothing here\n") is None
+
+
+@pytest.mark.timeout(240)
+async def test_flashpoint_up_as_the_benchmark_drives_it(tmp_path: Path) -> None:
+    """A real ``flashpoint up`` process: banner parsed, a function registered and answered
+    over HTTP, its warm pool seen full on the host's /metrics, then stopped by PID with its
+    process group (workers included) gone."""
+    from flashpoint.models.sources import publish
+    from flashpoint.registry.local import LocalStore
+
+    await publish(LocalStore(tmp_path / "registry"), "noop", preset="tiny", version="1",
+                  model_name="noop")
+    config = {"log_level": "WARNING", "controller": {"listen_port": 0},
+              "host": {"cpu_devices": 1, "warm_pool_size": 1, "cache_dir": str(tmp_path / "c"),
+                       "metrics_listen": "127.0.0.1:0"}}
+    server = fp_up.FlashpointUp(config, tmp_path, tmp_path / "up.log")
+    try:
+        await server.start()
+        assert server.url.startswith("http://127.0.0.1:")
+        assert server.host_metrics_url.endswith("/metrics")
+        await server.register({"name": "fpup_noop", "model": "noop", "min_replicas": 1,
+                               "max_replicas": 1, "keep_alive_s": 600})
+        body = {"inputs": {"x": {"data": [1.0, 2.0], "shape": [1, 2], "datatype": "FP32"}}}
+        async with aiohttp.ClientSession() as s, s.post(
+                f"{server.url}/v1/functions/fpup_noop/invoke", json=body) as r:
+            reply = await r.json()
+            assert r.status == 200, reply
+        assert reply["outputs"]["y"]["data"] == [1.0, 2.0]  # the no-op's identity
+        assert [rep["function"] for rep in await server.replicas("fpup_noop")] == ["fpup_noop"]
+        await server.wait_pool_ready(120)  # the replica took the pool's worker; refilled
+    finally:
+        await server.stop()
+    assert server.proc is not None and server.proc.returncode is not None
+    with pytest.raises(ProcessLookupError):  # its group (its workers) is gone too
+        os.killpg(server.proc.pid, 0)

@@ -218,15 +218,18 @@ async def test_gather_skips_failed_slow_idle_and_empty_workers() -> None:
     assert good.calls == ["replica_stats"] and idle.calls == []
 
 
-def test_host_worker_gauges_count_idle_serving_and_stopping_workers() -> None:
+def test_host_worker_gauges_count_starting_idle_serving_and_stopping_workers() -> None:
     workers = [_Worker("w1", _Conn(), replica_id=None), _Worker("w2", _Conn(), replica_id=None),
                _Worker("w3", _Conn(), replica_id="r3"),
-               _Worker("w4", _Conn(), replica_id="r4", stopping=True)]
+               _Worker("w4", _Conn(), replica_id="r4", stopping=True),
+               # spawned, still importing torch: no hello yet, so not in the warm pool
+               _Worker("w5", None, replica_id=None)]  # type: ignore[arg-type]
     reg = CollectorRegistry(auto_describe=False)
     reg.register(HostWorkersCollector(workers, "h7"))
     fam = _parse(generate_latest(reg).decode())["flashpoint_host_workers"]
     assert {(s.labels["host"], s.labels["state"], s.value) for s in fam.samples} == {
-        ("h7", "idle", 2.0), ("h7", "serving", 1.0), ("h7", "stopping", 1.0)}
+        ("h7", "starting", 1.0), ("h7", "idle", 2.0), ("h7", "serving", 1.0),
+        ("h7", "stopping", 1.0)}
 
 
 @pytest.mark.parametrize(("listen", "index", "want"), [
