@@ -20,6 +20,12 @@ leave, and one that could never fit is refused (:class:`~flashpoint.errors.KvCac
 The batch's buffer also holds each row's left padding (rows x the longest, as the old
 per-step padding did for a moment each step) and some headroom to grow into.
 
+Live migration, multi-round (:mod:`flashpoint.models.parking`): :meth:`GenerationEngine.park`
+prefills a sequence that is about to move here while its source still generates; the
+resumed sequence (:meth:`~GenerationEngine.add` with its request's key) then joins by
+extending that cache with the few tokens generated since, in one small pass (several
+together when they extend by as many tokens).
+
 This module is synchronous and owns no thread: :mod:`flashpoint.worker.generation` drives
 it from the worker's event loop (steps on the model thread, joins and cancels between them).
 """
@@ -29,14 +35,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 import torch
 
-from flashpoint.errors import InputTooLong, InvalidInput, KvCacheTooSmall
+from flashpoint.errors import InputTooLong, InvalidInput, KvCacheFull, KvCacheTooSmall
 from flashpoint.models.kv_batch import BatchKv, RowSource
+from flashpoint.models.parking import ParkedPrefix
 
 # One default, so the controller's token count (which cannot import torch) and the engine agree.
 from flashpoint.policy.token_load import DEFAULT_MAX_TOKENS
@@ -84,6 +91,9 @@ class GenSequence:
     length: int = 0  # tokens in its KV cache
     pending: int | None = None  # sampled but not yet fed to the model
     generator: torch.Generator | None = None
+    # a resumed sequence's parked prefix (live migration): it joins by extending that cache;
+    # its reservation is already counted (it took the park's)
+    parked: ParkedPrefix | None = None
 
     @property
     def end(self) -> int:
@@ -163,20 +173,25 @@ class GenerationEngine:
         # the last step's joins: seq id -> seconds of the prefill pass it joined in (a resumed
         # sequence's share of its migration gap)
         self.last_prefill_s: dict[int, float] = {}
+        # the last step's joins onto a parked prefix: seq id -> seconds that prefix's prefill
+        # took (ahead of the move)
+        self.last_park_prefill_s: dict[int, float] = {}
         self._next_id = 0
+        # live migration's parked prefixes by key (request id), and those not prefilled yet
+        self.parked: dict[str, ParkedPrefix] = {}
+        self._to_park: list[ParkedPrefix] = []
+        self.last_parked: list[str] = []  # keys the last step prefilled
+        self.park_hits = 0  # resumed sequences that went on from their parked prefix
+        self.park_misses = 0  # parks discarded on a resume that did not match
         # the decoding sequences' KV cache: row i of ``_batch`` is ``_rows[i]``
         self._batch: BatchKv | None = None
         self._rows: list[GenSequence] = []
 
     # -- joining and leaving ----------------------------------------------------------
-    def add(self, prompt_ids: list[int], params: SamplingParams,
-            progress: SequenceProgress | None = None) -> int:
-        """Queue a sequence to join at the next step; its id. InputTooLong for a prompt the
-        model has no room after; KvCacheTooSmall for one that could never be reserved.
-
-        ``progress``: a sequence that another replica began (live migration): it prefills
-        prompt + the tokens generated there and goes on as if it had never moved (the same
-        ``max_tokens`` budget, stop strings over the whole text, the sampler's state)."""
+    def _fit(self, prompt_ids: Sequence[int], params: SamplingParams
+             ) -> tuple[SamplingParams, int]:
+        """``params`` with ``max_tokens`` cut to the model's positions, and the bytes the
+        sequence reserves; InputTooLong / KvCacheTooSmall as :meth:`add` says."""
         if not prompt_ids:
             raise InvalidInput("the prompt is empty")
         room = self.max_positions - len(prompt_ids)
@@ -193,6 +208,19 @@ class GenerationEngine:
                 f"the sequence needs {need} bytes of KV cache; the replica reserves "
                 f"{self.kv_budget_bytes} in all (ask for fewer max_tokens)",
                 need_bytes=need, budget_bytes=self.kv_budget_bytes)
+        return params, need
+
+    def add(self, prompt_ids: list[int], params: SamplingParams,
+            progress: SequenceProgress | None = None, *, key: str = "") -> int:
+        """Queue a sequence to join at the next step; its id. InputTooLong for a prompt the
+        model has no room after; KvCacheTooSmall for one that could never be reserved.
+
+        ``progress``: a sequence that another replica began (live migration): it prefills
+        prompt + the tokens generated there and goes on as if it had never moved (the same
+        ``max_tokens`` budget, stop strings over the whole text, the sampler's state). A
+        prefix parked under ``key`` (:meth:`park`) that matches it is extended instead;
+        one that does not is discarded."""
+        params, need = self._fit(prompt_ids, params)
         generated = list(progress.generated_ids) if progress is not None else []
         if len(generated) >= params.max_tokens:
             raise InvalidInput(f"a resumed sequence already holds {len(generated)} of its "
@@ -205,8 +233,60 @@ class GenerationEngine:
             seq.pending = generated[-1]
             seq.text = self.decode([t for t in generated if t not in self.eos_token_ids])
             seq.emitted = progress.emitted_text if progress is not None else ""
+        entry = self.parked.get(key) if key else None
+        if entry is not None:
+            self.unpark(key)
+            if entry.matches(prompt_ids, generated):
+                # the sequence takes the park's reservation (and its place in the budget)
+                self.reserved_bytes += need
+                seq.parked = entry
+                self.park_hits += 1
+            else:
+                self.park_misses += 1
         self.waiting.append(seq)
         return self._next_id
+
+    def park(self, key: str, prompt_ids: Sequence[int], generated_ids: Sequence[int],
+             params: SamplingParams, *, expires_s: float) -> None:
+        """Prefill ``prompt_ids`` + all but the last of ``generated_ids`` at the next step
+        and hold the cache under ``key`` until a sequence resumed under it takes it
+        (:meth:`add`), :meth:`unpark` or :meth:`expire` (``expires_s``, on the caller's
+        clock). Reserves the sequence's whole need now: KvCacheFull when it does not fit
+        (the caller moves the sequence without a park); parking a key again replaces it."""
+        params, need = self._fit(prompt_ids, params)
+        if len(generated_ids) >= params.max_tokens:
+            raise InvalidInput("the sequence has no tokens left to generate")
+        self.unpark(key)
+        if self.reserved_bytes + need > self.kv_budget_bytes:
+            raise KvCacheFull(f"parking needs {need} bytes of KV cache; "
+                              f"{self.kv_budget_bytes - self.reserved_bytes} are free",
+                              retry_after_s=0.5)
+        entry = ParkedPrefix(key, tuple(prompt_ids), tuple(generated_ids[:-1]), need, expires_s)
+        self.reserved_bytes += need
+        self.parked[key] = entry
+        self._to_park.append(entry)
+
+    def unpark(self, key: str) -> bool:
+        """Drop the prefix parked under ``key`` (its reservation freed); whether one was."""
+        entry = self.parked.pop(key, None)
+        if entry is None:
+            return False
+        if entry in self._to_park:
+            self._to_park.remove(entry)
+        self.reserved_bytes -= entry.reserved_bytes
+        return True
+
+    def expire(self, now_s: float) -> list[str]:
+        """Drop the parks whose time is up (nothing resumed them); their keys."""
+        gone = [k for k, e in self.parked.items() if e.expires_s <= now_s]
+        for k in gone:
+            self.unpark(k)
+        return gone
+
+    @property
+    def parked_bytes(self) -> int:
+        """KV budget held by parked prefixes."""
+        return sum(e.reserved_bytes for e in self.parked.values())
 
     def take_out(self, seq_id: int) -> SequenceProgress | None:
         """Remove a sequence between steps (its cache freed) and return what it generated
@@ -235,12 +315,16 @@ class GenerationEngine:
         for i, s in enumerate(self.waiting):
             if s.seq_id == seq_id:
                 del self.waiting[i]
+                if s.parked is not None:  # it held the park's reservation while waiting
+                    self.reserved_bytes -= s.reserved_bytes
                 return True
         return False
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and not self.running
+        """No sequence waits or runs and no park waits for its pass (parked prefixes that
+        are ready do not keep the engine busy)."""
+        return not self.waiting and not self.running and not self._to_park
 
     @property
     def kv_allocated_bytes(self) -> int:
@@ -252,10 +336,12 @@ class GenerationEngine:
         joined = []
         while self.waiting and len(self.running) < self.max_running:
             head = self.waiting[0]
-            if self.reserved_bytes + head.reserved_bytes > self.kv_budget_bytes:
+            held = head.parked is not None  # took its park's reservation already
+            if not held and self.reserved_bytes + head.reserved_bytes > self.kv_budget_bytes:
                 break
             self.waiting.popleft()
-            self.reserved_bytes += head.reserved_bytes
+            if not held:
+                self.reserved_bytes += head.reserved_bytes
             self.running[head.seq_id] = head
             joined.append(head)
         return joined
@@ -272,14 +358,30 @@ class GenerationEngine:
         not for the prefills of those before it (one per step made the k-th wait k)."""
         events: list[TokenEvent] = []
         self._drop_left()  # rows cancelled or taken out since the last step
+        self.last_parked = self._park_pending() if self._to_park else []
         joined = self._admit()
         self.last_prefill_s = {}
-        prefilled: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.last_park_prefill_s = {s.seq_id: s.parked.prefill_s for s in joined
+                                    if s.parked is not None}
+        rows_of: dict[int, RowSource] = {}  # each joiner's keys and values
         if joined:
             started = time.perf_counter()
-            logits, prefilled = self._prefill(joined)
+            fresh = [s for s in joined if s.parked is None]
+            order: list[GenSequence] = []
+            tokens: list[int] = []
+            if fresh:
+                logits, prefilled = self._prefill(fresh)
+                rows_of.update({s.seq_id: RowSource(prefilled, j, 0, s.length, s.end)
+                                for j, s in enumerate(fresh)})
+                order += fresh
+                tokens += self._sample(fresh, logits)
+            if len(fresh) < len(joined):  # resumed onto their parked prefixes
+                warm, logits = self._extend([s for s in joined if s.parked is not None],
+                                            rows_of)
+                order += warm
+                tokens += self._sample(warm, logits)
             took = time.perf_counter() - started
-            for seq, token in zip(joined, self._sample(joined, logits), strict=True):
+            for seq, token in zip(order, tokens, strict=True):
                 self.last_prefill_s[seq.seq_id] = took  # each waited for the whole pass
                 events.append(self._take(seq, token))
         resumed = any(len(s.generated) > 1 for s in joined)
@@ -296,8 +398,7 @@ class GenerationEngine:
         joining = [j for j, s in enumerate(joined) if s.seq_id in self.running]
         if joined or len(keep) < len(self._rows):
             sources = self._batch.sources(keep) if self._batch is not None else []
-            sources += [RowSource(prefilled, j, 0, joined[j].length, joined[j].end)
-                        for j in joining]
+            sources += [rows_of[joined[j].seq_id] for j in joining]
             self._batch = BatchKv.rebuild(sources)
             self._rows = [self._rows[i] for i in keep] + [joined[j] for j in joining]
         self.steps += 1
@@ -308,6 +409,52 @@ class GenerationEngine:
         if len(keep) < len(self._rows) and self._batch is not None:
             self._batch = BatchKv.rebuild(self._batch.sources(keep))
             self._rows = [self._rows[i] for i in keep]
+
+    def _park_pending(self) -> list[str]:
+        """One prefill pass over the parks asked for since the last step (module
+        docstring); their keys. Their logits are not wanted: the resume extends them."""
+        parks, self._to_park = self._to_park, []
+        started = time.perf_counter()
+        seqs = [GenSequence(0, list(e.prompt_ids), SamplingParams(max_tokens=1), 0,
+                            generated=list(e.fed_ids)) for e in parks]
+        _, layers = self._prefill(seqs)
+        took = time.perf_counter() - started
+        for j, (e, s) in enumerate(zip(parks, seqs, strict=True)):
+            e.source = RowSource(layers, j, 0, s.length, s.length)  # its end: set on resume
+            e.prefill_s = took
+        return [e.key for e in parks]
+
+    def _extend(self, seqs: list[GenSequence], rows_of: dict[int, RowSource]
+                ) -> tuple[list[GenSequence], torch.Tensor]:
+        """Resumed sequences onto their parked prefixes: each extended by the tokens its
+        source generated after the park, one pass for those that add as many (a small
+        batch, right-aligned as the running one); the sequences in the order of the
+        next-token logits returned, ``[J, vocab]``. Their rows go into ``rows_of``."""
+        by_count: dict[int, list[GenSequence]] = {}
+        for s in seqs:
+            assert s.parked is not None
+            by_count.setdefault(len(s.prompt_ids) + len(s.generated) - s.parked.length,
+                                []).append(s)
+        order: list[GenSequence] = []
+        logits: list[torch.Tensor] = []
+        for count, group in by_count.items():
+            batch = BatchKv.rebuild([replace(s.parked.source, end=s.end)  # type: ignore[union-attr]
+                                     for s in group])
+            assert batch is not None
+            mask, positions, cache = batch.decode_inputs(count)
+            ids = torch.tensor([(s.prompt_ids + s.generated)[-count:] for s in group],
+                               dtype=torch.long, device=self.device)
+            kwargs: dict[str, Any] = {self._logits_kw: 1} if self._logits_kw else {}
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                             **{self._cache_kw: cache}, use_cache=True, **kwargs)
+            batch.advanced(count)
+            for i, (s, row) in enumerate(zip(group, batch.sources(range(len(group))),
+                                             strict=True)):
+                s.length = batch.lengths[i]
+                rows_of[s.seq_id] = row
+            order += group
+            logits.append(out.logits[:, -1])
+        return order, torch.cat(logits)
 
     def _prefill(self, seqs: list[GenSequence]
                  ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:

@@ -58,5 +58,7 @@ async def serve_stream(conn: Any, msg: cw.InferRequest, request: Any, loop: Any,
     timings = {"inference": time.perf_counter() - started}
     if request.progress is not None:  # resumed here: its prefill is part of the gap
         timings["resume_prefill"] = stream.prefill_s
+        if stream.park_prefill_s is not None:  # went on from a parked prefix (multi-round)
+            timings["park_prefill"] = stream.park_prefill_s
     return cw.InferStreamReply(outputs=encode_tensors(finish(result)), chunks=index,
                                timings_s=timings)

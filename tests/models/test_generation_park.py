@@ -1,0 +1,248 @@
+"""Multi-round live migration in the worker's generation loop (ServerlessLLM §5; issue 21
+items 5 and 7): the destination parks a snapshot of a running sequence (prefills prompt +
+tokens so far) while the source keeps generating; the resumed sequence then extends the
+parked cache with the tokens generated since. The ids still equal ``transformers``' own
+greedy ``generate`` in this process; a park that does not match is discarded (the resume
+prefills as before); a park nothing resumes expires or is unparked, and every park's KV
+reservation returns to zero."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from flashpoint.messages.base import from_payload, to_payload
+from flashpoint.messages.migration import (
+    ParkSequences,
+    SequenceHandOff,
+    SequenceSnapshot,
+)
+from flashpoint.models import serving
+from flashpoint.models.publish import load_module, read_files
+from flashpoint.models.sources import publish_source
+from flashpoint.models.tiny_hf import make_causal_lm
+from flashpoint.registry.local import LocalStore
+from flashpoint.worker.generation import GenerationLoop, hand_off_message, resumed_request
+
+pytestmark = pytest.mark.timeout(120)
+
+PROMPTS = ("a spot eviction drains the host", "the cluster scales", "gpus are shared")
+
+
+@pytest.fixture(scope="module")
+def pushed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    tmp = tmp_path_factory.mktemp("park")
+    d = make_causal_lm(tmp / "llama", family="llama", seed=2)
+    store = LocalStore(tmp / "reg")
+    m = asyncio.run(publish_source(store, "lm", d))
+    blob = store.blob_path("lm", "1").read_bytes()
+    module = load_module(m, memoryview(blob), copy=True)
+    served = serving.for_manifest(m, read_files(m, memoryview(blob)))
+    return d, module, served
+
+
+def _inputs(prompt: str, max_tokens: int) -> dict[str, np.ndarray]:
+    return {"text": np.array([prompt.encode()], dtype=object),
+            "max_tokens": np.array([max_tokens], dtype=np.int64),
+            "temperature": np.array([0.0], dtype=np.float32)}
+
+
+def _reference(d: Path, ids: list[int], n: int) -> list[int]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(d))
+    model = AutoModelForCausalLM.from_pretrained(str(d)).eval()
+    return model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                          pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
+
+
+async def _moved(served: Any, module: Any, prompts: tuple[str, ...], *, park_at: int,
+                 extra: int, tamper: bool = False, max_tokens: int = 16
+                 ) -> tuple[dict[str, list[int]], GenerationLoop, GenerationLoop, list[Any]]:
+    """Streams of ``prompts`` on a source loop; once each has ``park_at`` tokens the
+    destination parks their snapshots (through the wire form); after ``extra`` more tokens
+    they are handed off and resumed on the destination. Every stream's ids, both loops
+    (stopped) and the park results. ``tamper``: the snapshots' tokens are altered, so no
+    resume matches its park."""
+    source = GenerationLoop(served.build_engine(module, max_running=8), max_waiting=16)
+    dest = GenerationLoop(served.build_engine(module, max_running=8), max_waiting=16)
+    source.start()
+    dest.start()
+    ids: dict[str, list[int]] = {p: [] for p in prompts}
+    try:
+        streams = {p: source.stream(served.prepare(_inputs(p, max_tokens)), key=p)
+                   for p in prompts}
+        parked: list[Any] = []
+        handed: dict[str, SequenceHandOff] = {}
+
+        async def park_all() -> None:
+            for _ in range(2000):  # bounded: every stream reaches park_at within its budget
+                if all(len(v) >= park_at for v in ids.values()):
+                    break
+                await asyncio.sleep(0.002)  # polling the streams' progress, not a sync
+            snaps = source.snapshot(list(prompts))
+            assert {s.request_id for s in snaps} == set(prompts)
+            if tamper:
+                snaps = [SequenceSnapshot(request_id=s.request_id, prompt_ids=s.prompt_ids,
+                                          generated_ids=(s.generated_ids[0] + 1,
+                                                         *s.generated_ids[1:]),
+                                          max_tokens=s.max_tokens) for s in snaps]
+            msg = from_payload(ParkSequences, to_payload(ParkSequences(sequences=tuple(snaps))))
+            parked.extend(await dest.park(msg.sequences, ttl_s=msg.ttl_s))
+            assert dest.parked_bytes > 0
+
+        # the readers hand off at park_at + extra; hold them until the park is ready so the
+        # move is the multi-round one (the park overlaps the source's generation)
+        gate = asyncio.Event()
+
+        async def gated(p: str) -> None:
+            stream = streams[p]
+            async for event in stream:
+                ids[p].append(event.token_id)
+                if len(ids[p]) >= park_at + extra and gate.is_set():
+                    source.hand_off([p])
+            assert stream.handed_off is not None, "finished before it was handed off"
+            handed[p] = from_payload(SequenceHandOff, to_payload(hand_off_message(
+                stream.request, stream.handed_off, len(ids[p]))))
+
+        async with asyncio.timeout(60):
+            readers = [asyncio.ensure_future(gated(p)) for p in prompts]
+            await park_all()
+            gate.set()
+            await asyncio.gather(*readers)
+            for p in prompts:
+                resumed, _ = resumed_request(served.prepare(_inputs(p, max_tokens)), handed[p])
+                async for event in dest.stream(resumed, key=p):
+                    ids[p].append(event.token_id)
+            await source.wait_idle()
+            await dest.wait_idle()
+        return ids, source, dest, parked
+    finally:
+        await dest.stop()
+        await source.stop()
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS])
+async def test_park_then_resume_with_extra_tokens_equals_generate(
+        pushed: tuple[Path, Any, Any], prompts: tuple[str, ...]) -> None:
+    d, module, served = pushed
+    ids, source, dest, parked = await _moved(served, module, prompts, park_at=4, extra=3)
+    assert all(r.parked and r.prefill_s > 0 for r in parked), parked
+    for p in prompts:
+        want = _reference(d, list(served.prepare(_inputs(p, 16)).prompt_ids), 16)
+        assert ids[p] == want, p
+    # every resume went on from its park (extended, not prefilled again)
+    assert dest.engine.park_hits == len(prompts) and dest.engine.park_misses == 0
+    assert dest.engine.reserved_bytes == 0 and source.engine.reserved_bytes == 0
+    assert dest.parked_bytes == 0
+
+
+async def test_a_park_that_does_not_match_is_discarded(pushed: tuple[Path, Any, Any]) -> None:
+    d, module, served = pushed
+    ids, _, dest, parked = await _moved(served, module, PROMPTS[:2], park_at=3, extra=2,
+                                        tamper=True)
+    assert all(r.parked for r in parked)
+    for p in PROMPTS[:2]:
+        assert ids[p] == _reference(d, list(served.prepare(_inputs(p, 16)).prompt_ids), 16)
+    assert dest.engine.park_misses == 2 and dest.engine.park_hits == 0
+    assert dest.engine.reserved_bytes == 0
+
+
+async def test_a_park_nothing_resumes_expires_and_frees_its_reservation(
+        pushed: tuple[Path, Any, Any]) -> None:
+    _, module, served = pushed
+    loop = GenerationLoop(served.build_engine(module, max_running=8), max_waiting=16)
+    loop.start()
+    try:
+        prompt = tuple(served.prepare(_inputs(PROMPTS[0], 8)).prompt_ids)
+        snap = SequenceSnapshot(request_id="gone", prompt_ids=prompt, generated_ids=(5, 6, 7),
+                                max_tokens=8)
+        (result,) = await asyncio.wait_for(loop.park([snap], ttl_s=0.3), 30)
+        assert result.parked and loop.parked_bytes > 0
+        assert loop.engine.reserved_bytes == loop.parked_bytes
+        async with asyncio.timeout(10):  # the idle loop wakes for the expiry itself
+            while loop.parked_bytes:
+                await asyncio.sleep(0.02)  # polling the loop's accounting, bounded above
+        assert loop.engine.reserved_bytes == 0 and not loop.engine.parked
+    finally:
+        await loop.stop()
+
+
+async def test_unpark_frees_the_parked_cache(pushed: tuple[Path, Any, Any]) -> None:
+    """What the controller sends when the parked request's client left (or it finished
+    on its source, or went elsewhere): the reservation returns to zero at once."""
+    _, module, served = pushed
+    loop = GenerationLoop(served.build_engine(module, max_running=8), max_waiting=16)
+    loop.start()
+    try:
+        prompt = tuple(served.prepare(_inputs(PROMPTS[1], 8)).prompt_ids)
+        snaps = [SequenceSnapshot(request_id=f"r{i}", prompt_ids=prompt,
+                                  generated_ids=(5, 6), max_tokens=8) for i in range(2)]
+        results = await asyncio.wait_for(loop.park(snaps, ttl_s=30), 30)
+        assert all(r.parked for r in results)
+        assert loop.unpark(["r0", "r1", "never"]) == 2
+        async with asyncio.timeout(10):
+            while loop.parked_bytes:
+                await asyncio.sleep(0.02)  # polling the loop's accounting, bounded above
+        assert loop.engine.reserved_bytes == 0
+    finally:
+        await loop.stop()
+
+
+async def test_a_park_that_does_not_fit_is_refused_with_a_code(
+        pushed: tuple[Path, Any, Any]) -> None:
+    _, module, served = pushed
+    engine = served.build_engine(module, max_running=8)
+    prompt = tuple(served.prepare(_inputs(PROMPTS[0], 8)).prompt_ids)
+    need = (len(prompt) + 8) * engine.bytes_per_token
+    engine.kv_budget_bytes = need + need // 2  # room for one park, not two
+    loop = GenerationLoop(engine, max_waiting=16)
+    loop.start()
+    try:
+        snaps = [SequenceSnapshot(request_id=f"r{i}", prompt_ids=prompt, generated_ids=(5,),
+                                  max_tokens=8) for i in range(2)]
+        results = await asyncio.wait_for(loop.park(snaps, ttl_s=30), 30)
+        assert [r.parked for r in results] == [True, False]
+        assert results[1].code == "kv_cache_full"
+        assert loop.unpark(["r0"]) == 1
+    finally:
+        await loop.stop()
+    assert engine.reserved_bytes == 0 and not engine.parked  # stop drops every park
+
+
+def test_the_extension_pass_computes_what_a_whole_prefill_does(
+        pushed: tuple[Path, Any, Any]) -> None:
+    """The resumed sequence's next-token logits, from its parked prefix extended by three
+    tokens, equal ``transformers``' forward over prompt + every token in this process
+    (greedy ids of a random model barely notice a wrong position; logits do)."""
+    _, module, served = pushed
+    engine = served.build_engine(module, max_running=8)
+    request = served.prepare(_inputs(PROMPTS[0], 12))
+    prompt = list(request.prompt_ids)
+    generated = [11, 12, 13, 14, 15]
+    engine.park("k", prompt, generated[:2], request.params, expires_s=1e9)
+    engine.step()  # the park's pass
+    assert engine.parked["k"].ready and engine.parked["k"].length == len(prompt) + 1
+    from flashpoint.models.generate import SequenceProgress
+
+    sid = engine.add(prompt, request.params, SequenceProgress(tuple(generated), ""), key="k")
+    seen: list[torch.Tensor] = []
+    sample = engine._sample
+
+    def spy(seqs: list[Any], logits: torch.Tensor) -> list[int]:
+        seen.append(logits.detach().clone())
+        return sample(seqs, logits)
+
+    engine._sample = spy  # type: ignore[method-assign]
+    (event,) = engine.step()
+    assert event.seq_id == sid and engine.park_hits == 1
+    with torch.inference_mode():
+        want = module.model(input_ids=torch.tensor([prompt + generated])).logits[0, -1]
+    torch.testing.assert_close(seen[0][0], want, atol=1e-4, rtol=1e-4)
+    engine.cancel(sid)
+    assert engine.reserved_bytes == 0
