@@ -549,8 +549,11 @@ class Worker(Actor):
 
     async def _status(self, conn: Any, msg: cw.ReplicaStatus) -> cw.ReplicaStatusReply:
         b = self.batcher
+        engine = getattr(b, "engine", None)  # a generation loop's
         return cw.ReplicaStatusReply(depth=b.depth if b else 0, batches=b.batches_run if b else 0,
-                                     running=getattr(b, "running", 0) if b else 0)
+                                     running=getattr(b, "running", 0) if b else 0,
+                                     kv_reserved_bytes=engine.reserved_bytes if engine else 0,
+                                     parked=len(engine.parked) if engine else 0)
 
 
 def _rid(req: Any) -> str:
