@@ -35,15 +35,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import torch
 
-from flashpoint.errors import InputTooLong, InvalidInput, KvCacheFull, KvCacheTooSmall
+from flashpoint.errors import InputTooLong, InvalidInput, KvCacheTooSmall
 from flashpoint.models.kv_batch import BatchKv, RowSource
-from flashpoint.models.parking import ParkedPrefix
+from flashpoint.models.parking import ParkedPrefix, ParkingMixin
 
 # One default, so the controller's token count (which cannot import torch) and the engine agree.
 from flashpoint.policy.token_load import DEFAULT_MAX_TOKENS
@@ -142,7 +142,7 @@ def sample_token(logits: torch.Tensor, params: SamplingParams,
     return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
 
 
-class GenerationEngine:
+class GenerationEngine(ParkingMixin):
     """See the module docstring. ``model`` is a ``transformers`` causal LM (eval mode);
     ``decode`` turns generated ids into text (stop strings are matched on it)."""
 
@@ -245,48 +245,6 @@ class GenerationEngine:
                 self.park_misses += 1
         self.waiting.append(seq)
         return self._next_id
-
-    def park(self, key: str, prompt_ids: Sequence[int], generated_ids: Sequence[int],
-             params: SamplingParams, *, expires_s: float) -> None:
-        """Prefill ``prompt_ids`` + all but the last of ``generated_ids`` at the next step
-        and hold the cache under ``key`` until a sequence resumed under it takes it
-        (:meth:`add`), :meth:`unpark` or :meth:`expire` (``expires_s``, on the caller's
-        clock). Reserves the sequence's whole need now: KvCacheFull when it does not fit
-        (the caller moves the sequence without a park); parking a key again replaces it."""
-        params, need = self._fit(prompt_ids, params)
-        if len(generated_ids) >= params.max_tokens:
-            raise InvalidInput("the sequence has no tokens left to generate")
-        self.unpark(key)
-        if self.reserved_bytes + need > self.kv_budget_bytes:
-            raise KvCacheFull(f"parking needs {need} bytes of KV cache; "
-                              f"{self.kv_budget_bytes - self.reserved_bytes} are free",
-                              retry_after_s=0.5)
-        entry = ParkedPrefix(key, tuple(prompt_ids), tuple(generated_ids[:-1]), need, expires_s)
-        self.reserved_bytes += need
-        self.parked[key] = entry
-        self._to_park.append(entry)
-
-    def unpark(self, key: str) -> bool:
-        """Drop the prefix parked under ``key`` (its reservation freed); whether one was."""
-        entry = self.parked.pop(key, None)
-        if entry is None:
-            return False
-        if entry in self._to_park:
-            self._to_park.remove(entry)
-        self.reserved_bytes -= entry.reserved_bytes
-        return True
-
-    def expire(self, now_s: float) -> list[str]:
-        """Drop the parks whose time is up (nothing resumed them); their keys."""
-        gone = [k for k, e in self.parked.items() if e.expires_s <= now_s]
-        for k in gone:
-            self.unpark(k)
-        return gone
-
-    @property
-    def parked_bytes(self) -> int:
-        """KV budget held by parked prefixes."""
-        return sum(e.reserved_bytes for e in self.parked.values())
 
     def take_out(self, seq_id: int) -> SequenceProgress | None:
         """Remove a sequence between steps (its cache freed) and return what it generated
@@ -410,52 +368,6 @@ class GenerationEngine:
             self._batch = BatchKv.rebuild(self._batch.sources(keep))
             self._rows = [self._rows[i] for i in keep]
 
-    def _park_pending(self) -> list[str]:
-        """One prefill pass over the parks asked for since the last step (module
-        docstring); their keys. Their logits are not wanted: the resume extends them."""
-        parks, self._to_park = self._to_park, []
-        started = time.perf_counter()
-        seqs = [GenSequence(0, list(e.prompt_ids), SamplingParams(max_tokens=1), 0,
-                            generated=list(e.fed_ids)) for e in parks]
-        _, layers = self._prefill(seqs)
-        took = time.perf_counter() - started
-        for j, (e, s) in enumerate(zip(parks, seqs, strict=True)):
-            e.source = RowSource(layers, j, 0, s.length, s.length)  # its end: set on resume
-            e.prefill_s = took
-        return [e.key for e in parks]
-
-    def _extend(self, seqs: list[GenSequence], rows_of: dict[int, RowSource]
-                ) -> tuple[list[GenSequence], torch.Tensor]:
-        """Resumed sequences onto their parked prefixes: each extended by the tokens its
-        source generated after the park, one pass for those that add as many (a small
-        batch, right-aligned as the running one); the sequences in the order of the
-        next-token logits returned, ``[J, vocab]``. Their rows go into ``rows_of``."""
-        by_count: dict[int, list[GenSequence]] = {}
-        for s in seqs:
-            assert s.parked is not None
-            by_count.setdefault(len(s.prompt_ids) + len(s.generated) - s.parked.length,
-                                []).append(s)
-        order: list[GenSequence] = []
-        logits: list[torch.Tensor] = []
-        for count, group in by_count.items():
-            batch = BatchKv.rebuild([replace(s.parked.source, end=s.end)  # type: ignore[union-attr]
-                                     for s in group])
-            assert batch is not None
-            mask, positions, cache = batch.decode_inputs(count)
-            ids = torch.tensor([(s.prompt_ids + s.generated)[-count:] for s in group],
-                               dtype=torch.long, device=self.device)
-            kwargs: dict[str, Any] = {self._logits_kw: 1} if self._logits_kw else {}
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                             **{self._cache_kw: cache}, use_cache=True, **kwargs)
-            batch.advanced(count)
-            for i, (s, row) in enumerate(zip(group, batch.sources(range(len(group))),
-                                             strict=True)):
-                s.length = batch.lengths[i]
-                rows_of[s.seq_id] = row
-            order += group
-            logits.append(out.logits[:, -1])
-        return order, torch.cat(logits)
-
     def _prefill(self, seqs: list[GenSequence]
                  ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """One forward pass over the joiners' tokens; their next-token logits ``[J, vocab]``
@@ -467,7 +379,14 @@ class GenerationEngine:
         causal attention as ``generate``'s prefill; what the pads compute is discarded."""
         # a resumed sequence (live migration) prefills its generated tokens too: the last
         # one was sampled on the source but never fed to the model
-        rows = [s.prompt_ids + s.generated for s in seqs]
+        logits, layers = self._forward_rows([s.prompt_ids + s.generated for s in seqs])
+        for s in seqs:
+            s.length = len(s.prompt_ids) + len(s.generated)
+        return logits, layers
+
+    def _forward_rows(self, rows: list[list[int]]
+                      ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """:meth:`_prefill`'s pass over these rows of token ids."""
         lengths = [len(r) for r in rows]
         longest = max(lengths)
         ids = torch.zeros((len(rows), longest), dtype=torch.long)  # 0: any real token id
@@ -488,8 +407,6 @@ class GenerationEngine:
                          position_ids=positions, use_cache=True, **kwargs)
         logits = out.logits[torch.arange(len(rows), device=self.device),
                             torch.tensor(columns, device=self.device)]
-        for s, n in zip(seqs, lengths, strict=True):
-            s.length = n
         return logits, _layers_of(_cache_of(out))
 
     def _decode(self) -> torch.Tensor:

@@ -18,15 +18,27 @@ Each park reserves what the sequence will need (prompt + ``max_tokens``, as a ru
 sequence does) out of the replica's KV budget when it is asked for; it is refused with
 :class:`~flashpoint.errors.KvCacheFull` when that does not fit now, and the reservation
 passes to the sequence on resume, or is freed when the park is dropped (unparked, expired,
-discarded on a mismatch). Pure data: :class:`~flashpoint.models.generate.GenerationEngine`
-does the passes.
+discarded on a mismatch). :class:`ParkingMixin` is the engine's part
+(:class:`~flashpoint.models.generate.GenerationEngine` inherits it): parking, dropping,
+expiry, the parks' prefill pass and the resumed sequences' extension pass.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
-from flashpoint.models.kv_batch import RowSource
+import torch
+
+from flashpoint.errors import InvalidInput, KvCacheFull
+from flashpoint.models.kv_batch import BatchKv, RowSource
+
+# The engine's sequences and sampling parameters (``models/generate.py``, which imports this
+# module) are typed ``Any`` here: no import back.
+GenSequence = Any
+SamplingParams = Any
 
 
 @dataclass
@@ -60,3 +72,108 @@ class ParkedPrefix:
         n = len(self.fed_ids)
         return (self.ready and tuple(prompt_ids) == self.prompt_ids
                 and len(generated_ids) > n and tuple(generated_ids[:n]) == self.fed_ids)
+
+
+class ParkingMixin:
+    """The engine's parking (module docstring). Expects the engine's ``_fit``,
+    ``_forward_rows``, ``model``, ``device``, ``reserved_bytes``, ``kv_budget_bytes`` and the
+    attributes it sets in ``__init__`` (``parked``, ``_to_park``, ...)."""
+
+    parked: dict[str, ParkedPrefix]
+    _to_park: list[ParkedPrefix]
+    reserved_bytes: int
+    kv_budget_bytes: int
+    model: Any
+    device: Any
+    _cache_kw: str
+    _logits_kw: str | None
+    _fit: Any
+    _forward_rows: Any
+
+    def park(self, key: str, prompt_ids: Sequence[int], generated_ids: Sequence[int],
+             params: SamplingParams, *, expires_s: float) -> None:
+        """Prefill ``prompt_ids`` + all but the last of ``generated_ids`` at the next step
+        and hold the cache under ``key`` until a sequence resumed under it takes it
+        (:meth:`add`), :meth:`unpark` or :meth:`expire` (``expires_s``, on the caller's
+        clock). Reserves the sequence's whole need now: KvCacheFull when it does not fit
+        (the caller moves the sequence without a park); parking a key again replaces it."""
+        params, need = self._fit(prompt_ids, params)
+        if len(generated_ids) >= params.max_tokens:
+            raise InvalidInput("the sequence has no tokens left to generate")
+        self.unpark(key)
+        if self.reserved_bytes + need > self.kv_budget_bytes:
+            raise KvCacheFull(f"parking needs {need} bytes of KV cache; "
+                              f"{self.kv_budget_bytes - self.reserved_bytes} are free",
+                              retry_after_s=0.5)
+        entry = ParkedPrefix(key, tuple(prompt_ids), tuple(generated_ids[:-1]), need, expires_s)
+        self.reserved_bytes += need
+        self.parked[key] = entry
+        self._to_park.append(entry)
+
+    def unpark(self, key: str) -> bool:
+        """Drop the prefix parked under ``key`` (its reservation freed); whether one was."""
+        entry = self.parked.pop(key, None)
+        if entry is None:
+            return False
+        if entry in self._to_park:
+            self._to_park.remove(entry)
+        self.reserved_bytes -= entry.reserved_bytes
+        return True
+
+    def expire(self, now_s: float) -> list[str]:
+        """Drop the parks whose time is up (nothing resumed them); their keys."""
+        gone = [k for k, e in self.parked.items() if e.expires_s <= now_s]
+        for k in gone:
+            self.unpark(k)
+        return gone
+
+    @property
+    def parked_bytes(self) -> int:
+        """KV budget held by parked prefixes."""
+        return sum(e.reserved_bytes for e in self.parked.values())
+
+
+    def _park_pending(self) -> list[str]:
+        """One prefill pass over the parks asked for since the last step (module
+        docstring); their keys. Their logits are not wanted: the resume extends them."""
+        parks, self._to_park = self._to_park, []
+        started = time.perf_counter()
+        _, layers = self._forward_rows([[*e.prompt_ids, *e.fed_ids] for e in parks])
+        took = time.perf_counter() - started
+        for j, e in enumerate(parks):
+            e.source = RowSource(layers, j, 0, e.length, e.length)  # its end: set on resume
+            e.prefill_s = took
+        return [e.key for e in parks]
+
+    def _extend(self, seqs: list[GenSequence], rows_of: dict[int, RowSource]
+                ) -> tuple[list[GenSequence], torch.Tensor]:
+        """Resumed sequences onto their parked prefixes: each extended by the tokens its
+        source generated after the park, one pass for those that add as many (a small
+        batch, right-aligned as the running one); the sequences in the order of the
+        next-token logits returned, ``[J, vocab]``. Their rows go into ``rows_of``."""
+        by_count: dict[int, list[GenSequence]] = {}
+        for s in seqs:
+            assert s.parked is not None
+            by_count.setdefault(len(s.prompt_ids) + len(s.generated) - s.parked.length,
+                                []).append(s)
+        order: list[GenSequence] = []
+        logits: list[torch.Tensor] = []
+        for count, group in by_count.items():
+            batch = BatchKv.rebuild([replace(s.parked.source, end=s.end)  # type: ignore[union-attr]
+                                     for s in group])
+            assert batch is not None
+            mask, positions, cache = batch.decode_inputs(count)
+            ids = torch.tensor([(s.prompt_ids + s.generated)[-count:] for s in group],
+                               dtype=torch.long, device=self.device)
+            kwargs: dict[str, Any] = {self._logits_kw: 1} if self._logits_kw else {}
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                             **{self._cache_kw: cache}, use_cache=True, **kwargs)
+            batch.advanced(count)
+            for i, (s, row) in enumerate(zip(group, batch.sources(range(len(group))),
+                                             strict=True)):
+                s.length = batch.lengths[i]
+                rows_of[s.seq_id] = row
+            order += group
+            logits.append(out.logits[:, -1])
+        return order, torch.cat(logits)
+

@@ -63,68 +63,88 @@ def _reference(d: Path, ids: list[int], n: int) -> list[int]:
 
 async def _moved(served: Any, module: Any, prompts: tuple[str, ...], *, park_at: int,
                  extra: int, tamper: bool = False, max_tokens: int = 16
-                 ) -> tuple[dict[str, list[int]], GenerationLoop, GenerationLoop, list[Any]]:
-    """Streams of ``prompts`` on a source loop; once each has ``park_at`` tokens the
-    destination parks their snapshots (through the wire form); after ``extra`` more tokens
-    they are handed off and resumed on the destination. Every stream's ids, both loops
-    (stopped) and the park results. ``tamper``: the snapshots' tokens are altered, so no
-    resume matches its park."""
-    source = GenerationLoop(served.build_engine(module, max_running=8), max_waiting=16)
+                 ) -> tuple[dict[str, list[int]], Any, GenerationLoop, list[Any]]:
+    """Sequences of ``prompts`` on a source engine (stepped here, so the rounds interleave
+    the same way every run); once they have ``park_at`` tokens the destination loop parks
+    their snapshots (through the wire form) while the source takes ``extra`` more steps;
+    then they are taken out, one more step apart, and resumed on the destination together
+    from their hand-offs. Every
+    sequence's ids, the source engine, the destination loop (stopped) and the park results.
+    ``tamper``: the snapshots' tokens are altered, so no resume matches its park."""
+    source = served.build_engine(module, max_running=8)
     dest = GenerationLoop(served.build_engine(module, max_running=8), max_waiting=16)
-    source.start()
     dest.start()
     ids: dict[str, list[int]] = {p: [] for p in prompts}
+    requests = {p: served.prepare(_inputs(p, max_tokens)) for p in prompts}
+    seq_of = {source.add(list(r.prompt_ids), r.params): p for p, r in requests.items()}
+
+    def step() -> None:
+        for e in source.step():
+            assert e.finish is None, "finished before it was handed off"
+            ids[seq_of[e.seq_id]].append(e.token_id)
+
     try:
-        streams = {p: source.stream(served.prepare(_inputs(p, max_tokens)), key=p)
-                   for p in prompts}
-        parked: list[Any] = []
-        handed: dict[str, SequenceHandOff] = {}
-
-        async def park_all() -> None:
-            for _ in range(2000):  # bounded: every stream reaches park_at within its budget
-                if all(len(v) >= park_at for v in ids.values()):
-                    break
-                await asyncio.sleep(0.002)  # polling the streams' progress, not a sync
-            snaps = source.snapshot(list(prompts))
-            assert {s.request_id for s in snaps} == set(prompts)
-            if tamper:
-                snaps = [SequenceSnapshot(request_id=s.request_id, prompt_ids=s.prompt_ids,
-                                          generated_ids=(s.generated_ids[0] + 1,
-                                                         *s.generated_ids[1:]),
-                                          max_tokens=s.max_tokens) for s in snaps]
-            msg = from_payload(ParkSequences, to_payload(ParkSequences(sequences=tuple(snaps))))
-            parked.extend(await dest.park(msg.sequences, ttl_s=msg.ttl_s))
-            assert dest.parked_bytes > 0
-
-        # the readers hand off at park_at + extra; hold them until the park is ready so the
-        # move is the multi-round one (the park overlaps the source's generation)
-        gate = asyncio.Event()
-
-        async def gated(p: str) -> None:
-            stream = streams[p]
-            async for event in stream:
-                ids[p].append(event.token_id)
-                if len(ids[p]) >= park_at + extra and gate.is_set():
-                    source.hand_off([p])
-            assert stream.handed_off is not None, "finished before it was handed off"
-            handed[p] = from_payload(SequenceHandOff, to_payload(hand_off_message(
-                stream.request, stream.handed_off, len(ids[p]))))
-
+        for _ in range(park_at):
+            step()
+        snaps = [SequenceSnapshot(request_id=p, prompt_ids=tuple(s.prompt_ids),
+                                  generated_ids=tuple(s.generated), max_tokens=s.params.max_tokens)
+                 for sid, s in source.running.items() for p in [seq_of[sid]]]
+        if tamper:
+            snaps = [SequenceSnapshot(request_id=s.request_id, prompt_ids=s.prompt_ids,
+                                      generated_ids=(s.generated_ids[0] + 1,
+                                                     *s.generated_ids[1:]),
+                                      max_tokens=s.max_tokens) for s in snaps]
+        msg = from_payload(ParkSequences, to_payload(ParkSequences(sequences=tuple(snaps))))
         async with asyncio.timeout(60):
-            readers = [asyncio.ensure_future(gated(p)) for p in prompts]
-            await park_all()
-            gate.set()
-            await asyncio.gather(*readers)
-            for p in prompts:
-                resumed, _ = resumed_request(served.prepare(_inputs(p, max_tokens)), handed[p])
-                async for event in dest.stream(resumed, key=p):
+            parked = await dest.park(msg.sequences, ttl_s=msg.ttl_s)
+            assert dest.parked_bytes > 0
+            for _ in range(extra):  # the source went on meanwhile
+                step()
+            handed: dict[str, SequenceHandOff] = {}
+            for n, (sid, p) in enumerate(seq_of.items()):
+                if n:  # the next ones later: each extends its park by one token more
+                    step()
+                progress = source.take_out(sid)
+                assert progress is not None
+                handed[p] = from_payload(SequenceHandOff, to_payload(hand_off_message(
+                    requests[p], progress, len(ids[p]))))
+
+            async def resume(p: str, stream: Any) -> None:
+                async for event in stream:
                     ids[p].append(event.token_id)
-            await source.wait_idle()
+
+            # joined together: one extension pass per count of tokens to add
+            streams = {p: dest.stream(resumed_request(served.prepare(
+                _inputs(p, max_tokens)), h)[0], key=p) for p, h in handed.items()}
+            await asyncio.gather(*(resume(p, st) for p, st in streams.items()))
             await dest.wait_idle()
-        return ids, source, dest, parked
+        return ids, source, dest, list(parked)
     finally:
         await dest.stop()
-        await source.stop()
+
+
+async def test_a_snapshot_reads_a_running_sequence_without_stopping_it(
+        pushed: tuple[Path, Any, Any]) -> None:
+    d, module, served = pushed
+    loop = GenerationLoop(served.build_engine(module, max_running=8), max_waiting=16)
+    loop.start()
+    request = served.prepare(_inputs(PROMPTS[0], 12))
+    try:
+        got: list[int] = []
+        snaps = []
+        async with asyncio.timeout(60):
+            async for event in loop.stream(request, key="k"):
+                got.append(event.token_id)
+                if len(got) == 3:
+                    snaps = loop.snapshot(["k", "unknown"])
+        want = _reference(d, list(request.prompt_ids), 12)
+        assert got == want  # it went on to the end
+        (snap,) = snaps
+        n = len(snap.generated_ids)
+        assert snap.request_id == "k" and snap.prompt_ids == request.prompt_ids
+        assert n >= 3 and list(snap.generated_ids) == want[:n] and snap.max_tokens == 12
+    finally:
+        await loop.stop()
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS])
@@ -138,7 +158,7 @@ async def test_park_then_resume_with_extra_tokens_equals_generate(
         assert ids[p] == want, p
     # every resume went on from its park (extended, not prefilled again)
     assert dest.engine.park_hits == len(prompts) and dest.engine.park_misses == 0
-    assert dest.engine.reserved_bytes == 0 and source.engine.reserved_bytes == 0
+    assert dest.engine.reserved_bytes == 0 and source.reserved_bytes == 0
     assert dest.parked_bytes == 0
 
 
