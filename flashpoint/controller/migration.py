@@ -11,10 +11,13 @@ streamed generations it runs move to other replicas instead of holding it until 
    A move to a destination replica is multi-round (ServerlessLLM §5; :meth:`Migrator.
    _park_then_ask`): the source is first asked for the sequences' tokens so far without
    stopping (``snapshot_sequences``), the destination prefills them ahead and holds the
-   caches under the request ids (``park_sequences``, answered once ready), and only then is
-   the source asked to hand off -- so the destination's prefill overlaps the source's
-   generation instead of the client's gap; on the resume the destination extends the
-   parked cache by the few tokens generated meanwhile. The wait for the park is bounded
+   caches under the request ids (``park_sequences``, answered once ready); while the source
+   made more than ``ROUND_TOKENS`` tokens during a round, another round (``park_rounds`` at
+   most) parks a new snapshot, which the destination adds to the parked cache in a small
+   pass, each round shorter than the one before. Only then is the source asked to hand
+   off: the destination's prefill overlaps the source's generation instead of the client's
+   gap, and on the resume the destination extends the parked cache by the few tokens
+   generated meanwhile. The wait for the park is bounded
    (``park_wait_s``; a forced drain at most half its time left): past it, or when the park
    is refused (no KV room), the source hands off anyway and the destination prefills as
    before. A park nothing will resume -- the request finished on its source, its client
@@ -75,6 +78,9 @@ MIGRATION_GAP = Histogram(
     "flashpoint_migration_gap_seconds",
     "Per moved stream: from the source's last token to the destination's first",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
+# A later park round is not worth its round trips once the source made at most this many
+# tokens during the round before: the resume's pass adds them as cheaply.
+ROUND_TOKENS = 2
 PARKS = Counter("flashpoint_migration_parks_total",
                 "Sequences prefilled ahead on their destination before a move, by outcome "
                 "(parked, or why not: kv_cache_full, timeout, ...)", ["outcome"])
@@ -85,14 +91,15 @@ class Migrator:
     releases the credit it was given); ``pump(function)`` dispatches a function's queue.
     ``park_wait_s``: how long a move waits for its destination's park (0: moves are not
     parked, the single-round move); ``park_ttl_s``: how long a worker keeps a park that
-    nothing resumes."""
+    nothing resumes; ``park_rounds``: at most this many park rounds a move (module
+    docstring)."""
 
     def __init__(self, state: cs.ControllerState, dispatcher: Dispatcher,
                  streams: StreamRegistry, workers: dict[str, WorkerHandle],
                  spawn: Callable[[Any, str], asyncio.Task],
                  send: Callable[[list[Pending], str], Awaitable[None]],
                  pump: Callable[[str], None], *, park_wait_s: float = 2.0,
-                 park_ttl_s: float = 10.0) -> None:
+                 park_ttl_s: float = 10.0, park_rounds: int = 3) -> None:
         self.state = state
         self.dispatcher = dispatcher
         self.streams = streams
@@ -105,6 +112,7 @@ class Migrator:
         self._parked: dict[str, str] = {}  # request id -> the replica parking it
         self.park_wait_s = park_wait_s
         self.park_ttl_s = park_ttl_s
+        self.park_rounds = park_rounds
         self._soon = False
 
     # the request path's hooks ------------------------------------------------------------
@@ -262,19 +270,37 @@ class Migrator:
 
     async def _park(self, source: str, moves: tuple[MoveSequence, ...], wait_s: float
                     ) -> None:
+        """Round 1 parks the sequences' snapshots; each later round (``park_rounds`` in
+        all) parks a new snapshot of those parked, which the destination extends by the
+        tokens generated during the round before -- until a round finds at most
+        ``ROUND_TOKENS`` new tokens, few enough for the resume's own pass."""
         src = self.workers.get(source)
         if src is None:
             return
         dest_of = {m.request_id: m.destination for m in moves}
-        snaps = await src.snapshot(tuple(dest_of), timeout_s=wait_s)
-        by_dest: dict[str, list[Any]] = {}
-        for snap in snaps:
-            pending = self._where.get(snap.request_id)
-            if pending is None or pending[0].future.done():
-                continue  # finished (or its caller left) meanwhile
-            by_dest.setdefault(dest_of[snap.request_id], []).append(snap)
-            self._track_park(pending[0], dest_of[snap.request_id])
-        await asyncio.gather(*(self._park_on(d, tuple(s)) for d, s in by_dest.items()))
+        seen: dict[str, int] = {}  # request id -> tokens in its last parked snapshot
+        ids = tuple(dest_of)
+        for round_ in range(max(1, self.park_rounds)):
+            snaps = await src.snapshot(ids, timeout_s=wait_s)
+            grown = max((len(s.generated_ids) - seen.get(s.request_id, 0) for s in snaps),
+                        default=0)
+            if round_ and grown <= ROUND_TOKENS:
+                return
+            by_dest: dict[str, list[Any]] = {}
+            for snap in snaps:
+                pending = self._where.get(snap.request_id)
+                if pending is None or pending[0].future.done():
+                    continue  # finished (or its caller left) meanwhile
+                if round_ and self._parked.get(snap.request_id) != dest_of[snap.request_id]:
+                    continue  # its first park was refused
+                by_dest.setdefault(dest_of[snap.request_id], []).append(snap)
+                if not round_:
+                    self._track_park(pending[0], dest_of[snap.request_id])
+                seen[snap.request_id] = len(snap.generated_ids)
+            await asyncio.gather(*(self._park_on(d, tuple(s)) for d, s in by_dest.items()))
+            ids = tuple(r for r in dest_of if self._parked.get(r) == dest_of[r])
+            if not ids:
+                return
 
     def _track_park(self, p: Pending, destination: str) -> None:
         """``p`` is (being) parked on ``destination``: drop it there should the request end

@@ -54,6 +54,8 @@ class ParkedPrefix:
     expires_s: float
     source: RowSource | None = None
     prefill_s: float = 0.0  # how long the pass that prefilled it took
+    # a later round's park (multi-round): the ready prefix it extends, until its pass
+    base: ParkedPrefix | None = None
 
     @property
     def length(self) -> int:
@@ -91,24 +93,42 @@ class ParkingMixin:
     _forward_rows: Any
 
     def park(self, key: str, prompt_ids: Sequence[int], generated_ids: Sequence[int],
-             params: SamplingParams, *, expires_s: float) -> None:
+             params: SamplingParams, *, expires_s: float) -> bool:
         """Prefill ``prompt_ids`` + all but the last of ``generated_ids`` at the next step
         and hold the cache under ``key`` until a sequence resumed under it takes it
         (:meth:`add`), :meth:`unpark` or :meth:`expire` (``expires_s``, on the caller's
         clock). Reserves the sequence's whole need now: KvCacheFull when it does not fit
-        (the caller moves the sequence without a park); parking a key again replaces it."""
+        (the caller moves the sequence without a park). Parking a key again with a longer
+        snapshot of the same sequence (a later round) extends the ready prefix by the new
+        tokens in a small pass instead; with any other it replaces it. True when the park is
+        ready at once (a later round with no new token), else it is at the next step."""
         params, need = self._fit(prompt_ids, params)
         if len(generated_ids) >= params.max_tokens:
             raise InvalidInput("the sequence has no tokens left to generate")
+        fed = tuple(generated_ids[:-1])
+        old = self.parked.get(key)
+        if old is not None and old.ready and old.prompt_ids == tuple(prompt_ids) \
+                and fed[:len(old.fed_ids)] == old.fed_ids:
+            # a later round: extend the parked prefix by the tokens generated since (it
+            # keeps its reservation); nothing new: it is ready as it is
+            if len(fed) == len(old.fed_ids):
+                old.expires_s = expires_s
+                return True
+            later = ParkedPrefix(key, old.prompt_ids, fed, old.reserved_bytes, expires_s,
+                                 base=old)
+            self.parked[key] = later
+            self._to_park.append(later)
+            return False
         self.unpark(key)
         if self.reserved_bytes + need > self.kv_budget_bytes:
             raise KvCacheFull(f"parking needs {need} bytes of KV cache; "
                               f"{self.kv_budget_bytes - self.reserved_bytes} are free",
                               retry_after_s=0.5)
-        entry = ParkedPrefix(key, tuple(prompt_ids), tuple(generated_ids[:-1]), need, expires_s)
+        entry = ParkedPrefix(key, tuple(prompt_ids), fed, need, expires_s)
         self.reserved_bytes += need
         self.parked[key] = entry
         self._to_park.append(entry)
+        return False
 
     def unpark(self, key: str) -> bool:
         """Drop the prefix parked under ``key`` (its reservation freed); whether one was."""
@@ -132,48 +152,64 @@ class ParkingMixin:
         """KV budget held by parked prefixes."""
         return sum(e.reserved_bytes for e in self.parked.values())
 
-
     def _park_pending(self) -> list[str]:
-        """One prefill pass over the parks asked for since the last step (module
-        docstring); their keys. Their logits are not wanted: the resume extends them."""
+        """One pass over the parks asked for since the last step (module docstring): the new
+        ones prefilled together, a later round's extended from the prefix it replaces; their
+        keys. Their logits are not wanted: the resume extends them."""
         parks, self._to_park = self._to_park, []
         started = time.perf_counter()
-        _, layers = self._forward_rows([[*e.prompt_ids, *e.fed_ids] for e in parks])
+        fresh = [e for e in parks if e.base is None]
+        if fresh:
+            _, layers = self._forward_rows([[*e.prompt_ids, *e.fed_ids] for e in fresh])
+            for j, e in enumerate(fresh):
+                e.source = RowSource(layers, j, 0, e.length, e.length)  # end: set on resume
+        later = [e for e in parks if e.base is not None]
+        if later:
+            _, rows = self._extend_rows(
+                [e.base.source for e in later],  # type: ignore[union-attr]
+                [list(e.fed_ids[len(e.base.fed_ids):]) for e in later],  # type: ignore[union-attr]
+                [e.length for e in later])
+            for e, row in zip(later, rows, strict=True):
+                e.source, e.base = row, None  # the earlier prefix's cache can go
         took = time.perf_counter() - started
-        for j, e in enumerate(parks):
-            e.source = RowSource(layers, j, 0, e.length, e.length)  # its end: set on resume
+        for e in parks:
             e.prefill_s = took
         return [e.key for e in parks]
 
     def _extend(self, seqs: list[GenSequence], rows_of: dict[int, RowSource]
                 ) -> tuple[list[GenSequence], torch.Tensor]:
-        """Resumed sequences onto their parked prefixes: each extended by the tokens its
-        source generated after the park, one pass for those that add as many (a small
-        batch, right-aligned as the running one); the sequences in the order of the
-        next-token logits returned, ``[J, vocab]``. Their rows go into ``rows_of``."""
-        by_count: dict[int, list[GenSequence]] = {}
-        for s in seqs:
-            assert s.parked is not None
-            by_count.setdefault(len(s.prompt_ids) + len(s.generated) - s.parked.length,
-                                []).append(s)
-        order: list[GenSequence] = []
-        logits: list[torch.Tensor] = []
+        """Resumed sequences onto their parked prefixes, each extended by the tokens its
+        source generated after the park (:meth:`_extend_rows`); their next-token logits,
+        ``[J, vocab]``, in ``seqs``' order. Their rows go into ``rows_of``."""
+        sources = [s.parked.source for s in seqs]
+        tails = [(s.prompt_ids + s.generated)[s.parked.length:] for s in seqs]
+        logits, rows = self._extend_rows(sources, tails, [s.end for s in seqs])
+        for s, row in zip(seqs, rows, strict=True):
+            s.length = row.length
+            rows_of[s.seq_id] = row
+        return seqs, logits
+
+    def _extend_rows(self, sources: list[RowSource], tails: list[list[int]], ends: list[int]
+                     ) -> tuple[torch.Tensor, list[RowSource]]:
+        """Cached rows extended by ``tails`` (at least one token each): one pass for the
+        rows that add as many tokens (a small batch, right-aligned as the running one). Each
+        row's next-token logits ``[R, vocab]`` and its new keys and values, in input order;
+        ``ends``: how many tokens each may come to hold."""
+        by_count: dict[int, list[int]] = {}
+        for i, tail in enumerate(tails):
+            by_count.setdefault(len(tail), []).append(i)
+        logits: list[torch.Tensor | None] = [None] * len(tails)
+        rows: list[RowSource | None] = [None] * len(tails)
         for count, group in by_count.items():
-            batch = BatchKv.rebuild([replace(s.parked.source, end=s.end)  # type: ignore[union-attr]
-                                     for s in group])
+            batch = BatchKv.rebuild([replace(sources[i], end=ends[i]) for i in group])
             assert batch is not None
             mask, positions, cache = batch.decode_inputs(count)
-            ids = torch.tensor([(s.prompt_ids + s.generated)[-count:] for s in group],
-                               dtype=torch.long, device=self.device)
+            ids = torch.tensor([tails[i] for i in group], dtype=torch.long, device=self.device)
             kwargs: dict[str, Any] = {self._logits_kw: 1} if self._logits_kw else {}
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                              **{self._cache_kw: cache}, use_cache=True, **kwargs)
             batch.advanced(count)
-            for i, (s, row) in enumerate(zip(group, batch.sources(range(len(group))),
+            for j, (i, row) in enumerate(zip(group, batch.sources(range(len(group))),
                                              strict=True)):
-                s.length = batch.lengths[i]
-                rows_of[s.seq_id] = row
-            order += group
-            logits.append(out.logits[:, -1])
-        return order, torch.cat(logits)
-
+                logits[i], rows[i] = out.logits[j, -1], row
+        return torch.stack(logits), rows  # type: ignore[arg-type]

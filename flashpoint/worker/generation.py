@@ -173,7 +173,8 @@ class GenerationLoop:
                    ) -> list[ParkResult]:
         """Prefill each snapshot's tokens ahead of its resume (module docstring); answers
         once every one is ready or refused (``code``: why, e.g. ``kv_cache_full``). A park
-        nothing resumes is dropped after ``ttl_s``."""
+        nothing resumes is dropped after ``ttl_s``. A later round (a longer snapshot of a
+        sequence parked here) extends its prefix by the new tokens only."""
         loop = asyncio.get_running_loop()
         waiters = []
         for snap in snapshots:
@@ -225,12 +226,16 @@ class GenerationLoop:
             if snap.request_id not in self._park_waiters:
                 continue  # replaced or dropped meanwhile
             try:
-                self.engine.park(snap.request_id, snap.prompt_ids, snap.generated_ids,
-                                 SamplingParams(max_tokens=snap.max_tokens),
-                                 expires_s=expires_s)
+                ready = self.engine.park(snap.request_id, snap.prompt_ids, snap.generated_ids,
+                                         SamplingParams(max_tokens=snap.max_tokens),
+                                         expires_s=expires_s)
             except FlashpointError as exc:
                 self._parked(snap.request_id, ParkResult(request_id=snap.request_id,
                                                          parked=False, code=exc.code))
+                continue
+            if ready:  # a later round with nothing new to add
+                self._parked(snap.request_id, ParkResult(request_id=snap.request_id,
+                                                         parked=True))
 
     def _settle_parks(self, err: FlashpointError) -> None:
         """After a failed step: answer the parks it may have prefilled (a park whose pass

@@ -25,8 +25,12 @@ class _GenWorker:
     """A generation replica's migration RPCs, recording the order they were called in."""
 
     def __init__(self, calls: list[tuple[str, str, tuple[str, ...]]], name: str, *,
-                 park_code: str = "", park_hangs: bool = False) -> None:
+                 park_code: str = "", park_hangs: bool = False,
+                 tokens: tuple[int, ...] = (2,)) -> None:
         self.calls, self.name = calls, name
+        # how many tokens each sequence has at each snapshot (the last one from then on)
+        self.tokens = list(tokens)
+        self.parked: list[tuple[int, ...]] = []  # the generated ids of each park
         self.park_code, self.park_hangs = park_code, park_hangs
         self.unparked: list[str] = []
 
@@ -37,12 +41,15 @@ class _GenWorker:
     async def snapshot(self, request_ids: tuple[str, ...], timeout_s: float = 5.0
                        ) -> tuple[SequenceSnapshot, ...]:
         self.calls.append((self.name, "snapshot", request_ids))
-        return tuple(SequenceSnapshot(request_id=r, prompt_ids=(1, 2), generated_ids=(5, 6),
-                                      max_tokens=10) for r in request_ids)
+        n = self.tokens.pop(0) if len(self.tokens) > 1 else self.tokens[0]
+        return tuple(SequenceSnapshot(request_id=r, prompt_ids=(1, 2),
+                                      generated_ids=tuple(range(5, 5 + n)), max_tokens=40)
+                     for r in request_ids)
 
     async def park(self, snaps: tuple[SequenceSnapshot, ...], ttl_s: float, timeout_s: float
                    ) -> tuple[ParkResult, ...]:
         self.calls.append((self.name, "park", tuple(s.request_id for s in snaps)))
+        self.parked += [s.generated_ids for s in snaps]
         if self.park_hangs:
             await asyncio.Event().wait()  # never ready: the controller's bound ends it
         return tuple(ParkResult(request_id=s.request_id, parked=not self.park_code,
@@ -54,7 +61,7 @@ class _GenWorker:
 
 
 def _setup(*, draining: bool = False, deadline_s: float | None = None, room: int = 4,
-           park_wait_s: float = 2.0, **dest: Any
+           park_wait_s: float = 2.0, tokens: tuple[int, ...] = (2,), **dest: Any
            ) -> tuple[Migrator, Dispatcher, dict[str, _GenWorker], list[Any], list[Any],
                       list[Any]]:
     state = _State()
@@ -73,7 +80,7 @@ def _setup(*, draining: bool = False, deadline_s: float | None = None, room: int
     for _ in range(4 - room):
         d.claim("r2")
     calls: list[Any] = []
-    workers = {"r1": _GenWorker(calls, "r1"), "r2": _GenWorker(calls, "r2", **dest)}
+    workers = {"r1": _GenWorker(calls, "r1", tokens=tokens), "r2": _GenWorker(calls, "r2", **dest)}
     spawned: list[Any] = []
     sent: list[Any] = []
 
@@ -115,14 +122,41 @@ async def test_the_destination_parks_before_the_source_is_asked_to_stop() -> Non
     m.sent(p, "r1")
     m.step(1.0)
     await _run(spawned)
+    # round 2's snapshot finds no new token: no second park
     assert calls == [("r1", "snapshot", ("q1",)), ("r2", "park", ("q1",)),
-                     ("r1", "hand_off", ("q1",))]
+                     ("r1", "snapshot", ("q1",)), ("r1", "hand_off", ("q1",))]
     _hand_off(m, p)
     await _run(spawned)
     assert sent == [(["q1"], "r2")] and d.inflight_of("r2") == 1
     p.future.set_result(({}, "r2"))  # finished there: its park was taken by the resume
     await _run(spawned)
     assert workers["r2"].unparked == []
+
+
+async def test_later_rounds_park_what_the_source_made_meanwhile_until_it_is_little() -> None:
+    """ServerlessLLM's multi-round move: while a round saw more than two new tokens,
+    another round parks the longer snapshot (the destination extends its prefix); a round
+    that sees at most two ends the rounds; never more than ``park_rounds``."""
+    m, _, workers, calls, spawned, _ = _setup(tokens=(4, 14, 18, 19))
+    p = _pending("q1")
+    m.streams.open("q1")
+    m.sent(p, "r1")
+    m.step(1.0)
+    await _run(spawned)
+    assert [c[1] for c in calls] == ["snapshot", "park", "snapshot", "park", "snapshot",
+                                     "park", "hand_off"]  # 3 rounds: park_rounds' default
+    assert [len(g) for g in workers["r2"].parked] == [4, 14, 18]
+    calls.clear()
+    m, _, workers, calls, spawned, _ = _setup(tokens=(4, 9, 11))
+    p = _pending("q2")
+    m.streams.open("q2")
+    m.sent(p, "r1")
+    m.step(1.0)
+    await _run(spawned)
+    # round 2 saw 5 new tokens: parked; round 3 saw 2: not worth a round
+    assert [c[1] for c in calls] == ["snapshot", "park", "snapshot", "park", "snapshot",
+                                     "hand_off"]
+    assert [len(g) for g in workers["r2"].parked] == [4, 9]
 
 
 async def test_a_park_that_does_not_come_back_in_time_hands_off_anyway() -> None:
@@ -147,7 +181,7 @@ async def test_a_refused_park_moves_as_before() -> None:
     m.sent(p, "r1")
     m.step(1.0)
     await _run(spawned)
-    assert [c[1] for c in calls] == ["snapshot", "park", "hand_off"]
+    assert [c[1] for c in calls] == ["snapshot", "park", "hand_off"]  # no second round
     _hand_off(m, p)
     await _run(spawned)
     assert sent == [(["q1"], "r2")] and workers["r2"].unparked == []

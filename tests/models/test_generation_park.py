@@ -266,3 +266,41 @@ def test_the_extension_pass_computes_what_a_whole_prefill_does(
     torch.testing.assert_close(seen[0][0], want, atol=1e-4, rtol=1e-4)
     engine.cancel(sid)
     assert engine.reserved_bytes == 0
+
+
+async def test_a_later_round_extends_the_park_and_the_resume_equals_generate(
+        pushed: tuple[Path, Any, Any]) -> None:
+    """Multi-round: a second, longer snapshot of a parked sequence extends its prefix by the
+    new tokens only (the reservation unchanged); the resume then extends by the last few,
+    and the ids still equal ``generate``; a third snapshot with nothing new is ready at once."""
+    from flashpoint.models.generate import SequenceProgress
+
+    d, module, served = pushed
+    request = served.prepare(_inputs(PROMPTS[2], 14))
+    prompt = list(request.prompt_ids)
+    want = _reference(d, prompt, 14)
+    loop = GenerationLoop(served.build_engine(module, max_running=8), max_waiting=16)
+    loop.start()
+    try:
+        async with asyncio.timeout(60):
+            first = SequenceSnapshot(request_id="k", prompt_ids=tuple(prompt),
+                                     generated_ids=tuple(want[:3]), max_tokens=14)
+            (r1,) = await loop.park([first], ttl_s=30)
+            reserved = loop.engine.reserved_bytes
+            second = SequenceSnapshot(request_id="k", prompt_ids=tuple(prompt),
+                                      generated_ids=tuple(want[:7]), max_tokens=14)
+            (r2,) = await loop.park([second], ttl_s=30)
+            (r3,) = await loop.park([second], ttl_s=30)  # nothing new
+            assert r1.parked and r2.parked and r3.parked
+            assert loop.engine.parked["k"].length == len(prompt) + 6
+            assert loop.engine.reserved_bytes == reserved  # the same reservation
+            got = list(want[:9])
+            resumed = type(request)(request.prompt_ids, request.params,
+                                    SequenceProgress(tuple(want[:9]), ""))
+            async for event in loop.stream(resumed, key="k"):
+                got.append(event.token_id)
+            assert loop.engine.park_hits == 1
+        assert got == want
+        assert loop.engine.reserved_bytes == 0 and loop.parked_bytes == 0
+    finally:
+        await loop.stop()
