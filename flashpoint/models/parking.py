@@ -53,7 +53,7 @@ class ParkedPrefix:
     reserved_bytes: int
     expires_s: float
     source: RowSource | None = None
-    prefill_s: float = 0.0  # how long the pass that prefilled it took
+    prefill_s: float = 0.0  # how long the pass that prefilled it took (its first round)
     # a later round's park (multi-round): the ready prefix it extends, until its pass
     base: ParkedPrefix | None = None
 
@@ -170,9 +170,11 @@ class ParkingMixin:
                 [list(e.fed_ids[len(e.base.fed_ids):]) for e in later],  # type: ignore[union-attr]
                 [e.length for e in later])
             for e, row in zip(later, rows, strict=True):
-                e.source, e.base = row, None  # the earlier prefix's cache can go
+                # the sequence's prefill stays the first round's; the earlier prefix's cache
+                # can go
+                e.source, e.prefill_s, e.base = row, e.base.prefill_s, None  # type: ignore[union-attr]
         took = time.perf_counter() - started
-        for e in parks:
+        for e in fresh:
             e.prefill_s = took
         return [e.key for e in parks]
 
