@@ -97,7 +97,10 @@ async def main(args: argparse.Namespace) -> dict:
             "controller": {"listen_port": 0}, "log_level": "WARNING",
             # One device per host with room for one replica: the second function must go to
             # the other host, which then sources from the first host's RAM.
+            # Each host stands for a machine of this one's size (they never compute at
+            # the same time here): its one device gets every core (policy/cpu_threads.py).
             "host": {"cpu_devices": 1, "warm_pool_size": 1,
+                     "cpu_cores": args.cpu_cores or len(os.sched_getaffinity(0)),
                      "device_memory_bytes": int(size * 1.5) + (100 << 20),
                      "cache_bytes": 3 * size, "host_memory_bytes": 8 * size,
                      **({"torch_threads": args.torch_threads} if args.torch_threads else {}),
@@ -108,6 +111,7 @@ async def main(args: argparse.Namespace) -> dict:
         rows: list[dict] = []
         async with LocalCluster(cfg, hosts=2, store=store) as cluster:
             ctl = cluster.controller
+            threads = cluster.hosts[0].pool.torch_threads  # what the workers got
 
             async def cold(fn: str, label: str) -> None:
                 await _until(lambda: not ctl.state.replicas_of(fn), 120, f"{fn} scaled to zero")
@@ -157,7 +161,8 @@ async def main(args: argparse.Namespace) -> dict:
 
     out = {"bench": "coldstart", "machine": f"{platform.machine()} {os.cpu_count()} cpu",
            "model": args.model, "preset": args.preset, "model_bytes": size,
-           "torch_threads": cfg.host.torch_threads, "cache_dir": cfg.host.cache_dir,
+           "torch_threads": threads, "cpu_cores": cfg.host.cpu_cores,
+           "cache_dir": cfg.host.cache_dir,
            "s3_wall_s": med("s3", "wall_s"), "peer_wall_s": med("peer", "wall_s"),
            "ram_wall_s_median": med("ram", "wall_s"),
            "sources": {label: by[label][0]["source"] for label in by}, "rows": rows}
@@ -180,6 +185,8 @@ if __name__ == "__main__":
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--torch-threads", type=int, default=0,
                     help="[host] torch_threads for the workers (0: the configured default)")
+    ap.add_argument("--cpu-cores", type=int, default=0,
+                    help="[host] cpu_cores of each host (0: this machine's cores)")
     ap.add_argument("--cache-dir", default="",
                     help="[host] cache_dir (default: a directory in /dev/shm), e.g. on a tmpfs "
                          "mounted with huge=within_size")

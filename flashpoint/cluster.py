@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from typing import Any
 
@@ -56,7 +57,7 @@ class LocalCluster:
         # Hosts here share one machine: each gets its own metrics port (the configured
         # one plus its index), so a second host does not fail to bind the first one's.
         host = {"metrics_listen": host_listen(self.config.host.metrics_listen, len(self.hosts)),
-                **host}
+                **self._cores_share(), **host}
         host_cfg = dataclasses.replace(self.config.host, controller_url=self.controller.rpc_url,
                                        kind=kind, **host)
         cfg = dataclasses.replace(self.config, host=host_cfg)
@@ -64,6 +65,14 @@ class LocalCluster:
         self.hosts.append(manager)
         await manager.start()
         return manager
+
+    def _cores_share(self) -> dict[str, int]:
+        """The hosts here share one machine's cores: unless ``[host] cpu_cores`` says
+        otherwise, each gets an even share, so that their workers' torch threads
+        (policy/cpu_threads.py) do not add up to more than the machine has."""
+        if self.config.host.cpu_cores > 0:
+            return {}
+        return {"cpu_cores": max(1, len(os.sched_getaffinity(0)) // max(1, self.n_hosts))}
 
     async def add_host(self, kind: str = "ondemand", ready_timeout_s: float = 60.0,
                        **host: Any) -> HostManager:

@@ -285,7 +285,10 @@ class HostConfig:
     cache_bytes: int = 8 << 30
     heartbeat_interval_s: float = 1.0
     warm_pool_size: int = 2  # pre-started worker processes with torch imported
-    torch_threads: int = 1  # intra-op threads per CPU worker
+    # Intra-op threads per worker; 0 = auto: a CPU-only host's cores (``cpu_cores``) divided
+    # among its CPU devices, one on a GPU host (policy/cpu_threads.py).
+    torch_threads: int = 0
+    cpu_cores: int = 0  # cores this host's CPU devices share; 0 = those this process may use
     # Idle warm-pool workers import transformers too (~2 s of CPU each), so a Hugging Face
     # model's cold start pays for bytes, not imports. Off: its first cold start imports it.
     preload_transformers: bool = True

@@ -31,7 +31,7 @@ ZERO_DURATIONS = frozenset({
     "migration_park_wait_s",  # 0: single-round live migration
 })
 # Counts that must be at least 1 (a zero would stall or divide by zero); others are >= 0.
-POSITIVE_COUNTS = frozenset({"torch_threads", "max_queued_per_function", "max_start_failures",
+POSITIVE_COUNTS = frozenset({"max_queued_per_function", "max_start_failures",
                              "migration_park_rounds"})
 # Numbers that are fractions in [0, 1] (PROTEAN's BE occupancy thresholds).
 FRACTIONS = frozenset({"protean_t_low", "protean_t_high"})

@@ -231,6 +231,7 @@ class HostManager(Actor):
     # state -------------------------------------------------------------------------------
     def _set_devices(self, devices: list[Device]) -> None:
         self.devices = devices
+        self.pool.size_threads(devices, gpus=len(self.gpu.gpus))
         self.state.handle(hs.DevicesReported(tuple((d.device_id, d.memory_bytes) for d in devices)))
 
     def _release(self, replica_id: str) -> None:
@@ -492,10 +493,9 @@ class HostManager(Actor):
             await self._start_failed(rt, exc)
 
     async def _complete_stage(self, rt: ReplicaTask, segment: Any) -> None:
-        """Model completion: once this host holds the whole model, turn the stage replica
-        ``rt`` into a whole one (its worker builds the whole module over the bytes it maps;
-        its stage server, if any, keeps serving until ``dissolve_stage``). A failure leaves
-        it a working stage and is logged."""
+        """Model completion: once this host holds the whole model, turn stage ``rt`` into a
+        whole replica (its worker builds the whole module over the bytes it maps; its stage
+        server, if any, serves until ``dissolve_stage``). A failure leaves it a stage, logged."""
         try:
             await segment.wait_complete(self.config.controller.deploy_timeout_s)
             w = rt.worker

@@ -19,12 +19,14 @@ from typing import Any
 
 from flashpoint.config import HostConfig
 from flashpoint.errors import BadRequest, FlashpointError
+from flashpoint.gpu.inventory import Device
 from flashpoint.host import state as hs
 from flashpoint.host.stage_hold import StageHolds
 from flashpoint.ids import new_id
 from flashpoint.log import get_logger
 from flashpoint.messages import host_worker as hw
 from flashpoint.messages.base import to_payload
+from flashpoint.policy.cpu_threads import intra_op_threads, usable_cores
 from flashpoint.rpc import roles
 
 log = get_logger("flashpoint.host")
@@ -70,7 +72,17 @@ class WorkerPool:
         self._on_exit = on_exit
         self.workers: dict[str, WorkerProcess] = {}
         self.local_url = ""  # the host's worker-facing RPC server, once it listens
+        # Intra-op threads each new worker's torch gets (policy/cpu_threads.py; the host
+        # sets it once it knows its devices).
+        self.torch_threads = max(1, hc.torch_threads)
         self._refill_lock = asyncio.Lock()
+
+    def size_threads(self, devices: list[Device], gpus: int) -> None:
+        """Set the intra-op threads of the workers spawned from now on, once the host knows
+        its devices (``policy/cpu_threads.py``)."""
+        self.torch_threads = intra_op_threads(
+            self.hc.torch_threads, usable_cores(self.hc.cpu_cores, len(os.sched_getaffinity(0))),
+            cpu_devices=sum(d.kind == "cpu" for d in devices), gpus=gpus)
 
     @property
     def idle(self) -> list[WorkerProcess]:
@@ -104,7 +116,7 @@ class WorkerPool:
         env.update(self._spawn_env())  # LD_PRELOAD of the hook on a tokens host
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "flashpoint.worker.actor", "--host-url", self.local_url,
-            "--worker-id", worker_id, "--torch-threads", str(self.hc.torch_threads),
+            "--worker-id", worker_id, "--torch-threads", str(self.torch_threads),
             *(["--preload-transformers"] if _preload(self.hc) else []),
             env=env, stdin=asyncio.subprocess.DEVNULL,
         )

@@ -55,8 +55,10 @@ def cluster_config(tmp_path: Path, *, controller: dict[str, Any] | None = None,
         "log_level": "WARNING",
         "controller": {"listen_port": 0, "heartbeat_timeout_s": 3.0, "loop_interval_s": 0.05,
                        **(controller or {})},
+        # One torch thread per worker: the suite's clusters run beside the test process
+        # and each other on a small machine, where more would oversubscribe its cores.
         "host": {"cpu_devices": 1, "warm_pool_size": 1, "heartbeat_interval_s": 0.3,
-                 "cache_dir": str(tmp_path / "cache"), **host},
+                 "torch_threads": 1, "cache_dir": str(tmp_path / "cache"), **host},
     }).with_home(tmp_path)
 
 

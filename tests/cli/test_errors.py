@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(300)
     ("[controller]\nheartbeat_timeout_s = 0\n",
      ["[controller] heartbeat_timeout_s = 0", "a duration in seconds > 0"]),
     ("[host]\ncpu_devices = -1\n", ["[host] cpu_devices = -1", "a count >= 0"]),
-    ("[host]\ntorch_threads = 0\n", ["[host] torch_threads = 0", "a count >= 1"]),
+    ("[host]\ntorch_threads = -1\n", ["[host] torch_threads = -1", "a count >= 0"]),
     ("[host]\ncache_bytes = 1.5\n", ["[host] cache_bytes = 1.5", "an integer"]),
     ("[host]\npreload_transformers = 1\n", ["preload_transformers = 1", "true or false"]),
     ("[controller]\nlisten_prot = 9000\n",

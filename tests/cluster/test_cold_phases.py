@@ -46,9 +46,19 @@ async def test_cold_start_phases_are_present_and_sum_to_the_wall(cluster) -> Non
         for k in ("fetch", "load", "to_device", "first_inference", "queue", "total", "inference"):
             assert k in res.timings_s, k
         total = phases_sum_s(res.timings_s)
-        assert abs(total - wall) <= 0.05 * wall, (
-            f"phases sum to {total * 1e3:.1f} ms, wall {wall * 1e3:.1f} ms: "
-            + ", ".join(f"{k}={res.timings_s[k] * 1e3:.1f}" for k in COLD_PHASES))
+        shown = ", ".join(f"{k}={res.timings_s[k] * 1e3:.1f}" for k in COLD_PHASES)
+        # The phases partition the controller's own span of the request (arrival to reply),
+        # to the clock's rounding: nothing is counted twice or left out.
+        assert abs(total - res.timings_s["total"]) <= 1e-3, (
+            f"phases sum to {total * 1e3:.1f} ms, the request's span "
+            f"{res.timings_s['total'] * 1e3:.1f} ms: {shown}")
+        # Against this test's wall: within 5 %, or the few ms the test's own loop (shared
+        # with the controller and the host) loses around the call when the OS runs other
+        # processes on a loaded machine: 4-21 ms seen at load average 5-7 on 2 vCPUs, outside
+        # the controller's span. This tiny model starts in ~40-80 ms, where 5 % is below a
+        # scheduler quantum; bench/coldstart.py checks 5 % at bert-base size (98.8-100 %).
+        assert total <= wall and wall - total <= max(0.05 * wall, 0.030), (
+            f"phases sum to {total * 1e3:.1f} ms, wall {wall * 1e3:.1f} ms: {shown}")
 
 
 async def test_warm_pool_refills_once_the_new_replica_answered(make_cluster: ClusterFactory,
