@@ -161,6 +161,15 @@ class ControllerConfig:
     ondemand_price_usd_per_hour: float = 0.0
     # A draining host's replicas stop taking work at least this long before its deadline.
     drain_margin_s: float = 10.0
+    # Live migration (controller/migration.py): how long a move to another replica waits for
+    # the destination to prefill the sequence ahead ("park") before the source stops anyway
+    # (0 = single-round moves: the destination prefills inside the gap), and how long a
+    # worker keeps a park that nothing resumes.
+    migration_park_wait_s: float = 2.0
+    migration_park_ttl_s: float = 10.0
+    # At most this many park rounds a move: each later one parks a new snapshot (the tokens
+    # generated during the round before), so the resume has fewer to add in the gap.
+    migration_park_rounds: int = 3
     # TLS for the gateway and the RPC endpoint (both on one port): certificate and key files
     # (PEM). Empty = plain HTTP / ws:// (loopback clusters, or TLS terminated in front).
     tls_cert_path: str = ""

@@ -28,9 +28,11 @@ MAX_PORT = 65535
 ZERO_DURATIONS = frozenset({
     "drain_margin_s", "kaas_object_ttl_s", "mig_drain_grace_s", "partition_overhead_s",
     "partition_link_latency_s", "refill_hold_s", "orphan_grace_s", "completion_hold_s",
+    "migration_park_wait_s",  # 0: single-round live migration
 })
 # Counts that must be at least 1 (a zero would stall or divide by zero); others are >= 0.
-POSITIVE_COUNTS = frozenset({"max_queued_per_function", "max_start_failures"})
+POSITIVE_COUNTS = frozenset({"max_queued_per_function", "max_start_failures",
+                             "migration_park_rounds"})
 # Numbers that are fractions in [0, 1] (PROTEAN's BE occupancy thresholds).
 FRACTIONS = frozenset({"protean_t_low", "protean_t_high"})
 # Keys whose values are one of a fixed set (a typo would otherwise surface much later).

@@ -152,7 +152,8 @@ class Controller(Actor):
         # live migration of streamed generations off leaving replicas (controller/migration.py)
         self.requests.migration = self.migration = Migrator(
             self.state, self.dispatcher, self.streams, self.workers, self.spawn,
-            self.requests.send, self.requests.pump)
+            self.requests.send, self.requests.pump, park_wait_s=self.cc.migration_park_wait_s,
+            park_ttl_s=self.cc.migration_park_ttl_s, park_rounds=self.cc.migration_park_rounds)
 
     # lifecycle ---------------------------------------------------------------------------
     async def on_start(self) -> None:

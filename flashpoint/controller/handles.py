@@ -145,3 +145,32 @@ class WorkerHandle:
         reply = await self.conn.call("hand_off", to_payload(HandOffSequences(
             request_ids=request_ids)), timeout_s=timeout_s)
         return from_payload(HandOffAccepted, reply, method="hand_off").handing_off
+
+    async def snapshot(self, request_ids: tuple[str, ...], timeout_s: float = 5.0
+                       ) -> tuple[Any, ...]:
+        """Live migration's first round on the source: these streamed sequences' tokens so
+        far (``SequenceSnapshot``), read without stopping them."""
+        from flashpoint.messages.migration import SequenceSnapshots, SnapshotSequences
+
+        reply = await self.conn.call("snapshot_sequences", to_payload(SnapshotSequences(
+            request_ids=request_ids)), timeout_s=timeout_s)
+        return from_payload(SequenceSnapshots, reply,
+                            method="snapshot_sequences").sequences
+
+    async def park(self, snapshots: tuple[Any, ...], ttl_s: float, timeout_s: float
+                   ) -> tuple[Any, ...]:
+        """Live migration's destination round: prefill these snapshots ahead of their
+        resume; one ``ParkResult`` each, once every one is ready or refused."""
+        from flashpoint.messages.migration import ParkSequences, SequencesParked
+
+        reply = await self.conn.call("park_sequences", to_payload(ParkSequences(
+            sequences=snapshots, ttl_s=ttl_s)), timeout_s=timeout_s)
+        return from_payload(SequencesParked, reply, method="park_sequences").results
+
+    async def unpark(self, request_ids: tuple[str, ...], timeout_s: float = 5.0) -> int:
+        """Drop the parks of these requests (nothing will resume them here)."""
+        from flashpoint.messages.migration import Unparked, UnparkSequences
+
+        reply = await self.conn.call("unpark_sequences", to_payload(UnparkSequences(
+            request_ids=request_ids)), timeout_s=timeout_s)
+        return from_payload(Unparked, reply, method="unpark_sequences").dropped

@@ -157,6 +157,10 @@ class ReplicaStatusReply(Message, kw_only=True):
     depth: int
     batches: int
     running: int = 0  # sequences generating now (a text-generation replica)
+    # a text-generation replica's KV budget reserved now (running, waiting-parked and parked
+    # sequences), and how many prefixes it holds parked for live migration
+    kv_reserved_bytes: int = 0
+    parked: int = 0
 
 
 class Ping(Message, kw_only=True):

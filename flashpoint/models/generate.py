@@ -20,6 +20,12 @@ leave, and one that could never fit is refused (:class:`~flashpoint.errors.KvCac
 The batch's buffer also holds each row's left padding (rows x the longest, as the old
 per-step padding did for a moment each step) and some headroom to grow into.
 
+Live migration, multi-round (:mod:`flashpoint.models.parking`): :meth:`GenerationEngine.park`
+prefills a sequence that is about to move here while its source still generates; the
+resumed sequence (:meth:`~GenerationEngine.add` with its request's key) then joins by
+extending that cache with the few tokens generated since, in one small pass (several
+together when they extend by as many tokens).
+
 This module is synchronous and owns no thread: :mod:`flashpoint.worker.generation` drives
 it from the worker's event loop (steps on the model thread, joins and cancels between them).
 """
@@ -37,6 +43,7 @@ import torch
 
 from flashpoint.errors import InputTooLong, InvalidInput, KvCacheTooSmall
 from flashpoint.models.kv_batch import BatchKv, RowSource
+from flashpoint.models.parking import ParkedPrefix, ParkingMixin
 
 # One default, so the controller's token count (which cannot import torch) and the engine agree.
 from flashpoint.policy.token_load import DEFAULT_MAX_TOKENS
@@ -84,6 +91,9 @@ class GenSequence:
     length: int = 0  # tokens in its KV cache
     pending: int | None = None  # sampled but not yet fed to the model
     generator: torch.Generator | None = None
+    # a resumed sequence's parked prefix (live migration): it joins by extending that cache;
+    # its reservation is already counted (it took the park's)
+    parked: ParkedPrefix | None = None
 
     @property
     def end(self) -> int:
@@ -132,7 +142,7 @@ def sample_token(logits: torch.Tensor, params: SamplingParams,
     return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
 
 
-class GenerationEngine:
+class GenerationEngine(ParkingMixin):
     """See the module docstring. ``model`` is a ``transformers`` causal LM (eval mode);
     ``decode`` turns generated ids into text (stop strings are matched on it)."""
 
@@ -163,20 +173,25 @@ class GenerationEngine:
         # the last step's joins: seq id -> seconds of the prefill pass it joined in (a resumed
         # sequence's share of its migration gap)
         self.last_prefill_s: dict[int, float] = {}
+        # the last step's joins onto a parked prefix: seq id -> seconds that prefix's prefill
+        # took (ahead of the move)
+        self.last_park_prefill_s: dict[int, float] = {}
         self._next_id = 0
+        # live migration's parked prefixes by key (request id), and those not prefilled yet
+        self.parked: dict[str, ParkedPrefix] = {}
+        self._to_park: list[ParkedPrefix] = []
+        self.last_parked: list[str] = []  # keys the last step prefilled
+        self.park_hits = 0  # resumed sequences that went on from their parked prefix
+        self.park_misses = 0  # parks discarded on a resume that did not match
         # the decoding sequences' KV cache: row i of ``_batch`` is ``_rows[i]``
         self._batch: BatchKv | None = None
         self._rows: list[GenSequence] = []
 
     # -- joining and leaving ----------------------------------------------------------
-    def add(self, prompt_ids: list[int], params: SamplingParams,
-            progress: SequenceProgress | None = None) -> int:
-        """Queue a sequence to join at the next step; its id. InputTooLong for a prompt the
-        model has no room after; KvCacheTooSmall for one that could never be reserved.
-
-        ``progress``: a sequence that another replica began (live migration): it prefills
-        prompt + the tokens generated there and goes on as if it had never moved (the same
-        ``max_tokens`` budget, stop strings over the whole text, the sampler's state)."""
+    def _fit(self, prompt_ids: Sequence[int], params: SamplingParams
+             ) -> tuple[SamplingParams, int]:
+        """``params`` with ``max_tokens`` cut to the model's positions, and the bytes the
+        sequence reserves; InputTooLong / KvCacheTooSmall as :meth:`add` says."""
         if not prompt_ids:
             raise InvalidInput("the prompt is empty")
         room = self.max_positions - len(prompt_ids)
@@ -193,6 +208,19 @@ class GenerationEngine:
                 f"the sequence needs {need} bytes of KV cache; the replica reserves "
                 f"{self.kv_budget_bytes} in all (ask for fewer max_tokens)",
                 need_bytes=need, budget_bytes=self.kv_budget_bytes)
+        return params, need
+
+    def add(self, prompt_ids: list[int], params: SamplingParams,
+            progress: SequenceProgress | None = None, *, key: str = "") -> int:
+        """Queue a sequence to join at the next step; its id. InputTooLong for a prompt the
+        model has no room after; KvCacheTooSmall for one that could never be reserved.
+
+        ``progress``: a sequence that another replica began (live migration): it prefills
+        prompt + the tokens generated there and goes on as if it had never moved (the same
+        ``max_tokens`` budget, stop strings over the whole text, the sampler's state). A
+        prefix parked under ``key`` (:meth:`park`) that matches it is extended instead;
+        one that does not is discarded."""
+        params, need = self._fit(prompt_ids, params)
         generated = list(progress.generated_ids) if progress is not None else []
         if len(generated) >= params.max_tokens:
             raise InvalidInput(f"a resumed sequence already holds {len(generated)} of its "
@@ -205,6 +233,16 @@ class GenerationEngine:
             seq.pending = generated[-1]
             seq.text = self.decode([t for t in generated if t not in self.eos_token_ids])
             seq.emitted = progress.emitted_text if progress is not None else ""
+        entry = self.parked.get(key) if key else None
+        if entry is not None:
+            self.unpark(key)
+            if entry.matches(prompt_ids, generated):
+                # the sequence takes the park's reservation (and its place in the budget)
+                self.reserved_bytes += need
+                seq.parked = entry
+                self.park_hits += 1
+            else:
+                self.park_misses += 1
         self.waiting.append(seq)
         return self._next_id
 
@@ -235,12 +273,16 @@ class GenerationEngine:
         for i, s in enumerate(self.waiting):
             if s.seq_id == seq_id:
                 del self.waiting[i]
+                if s.parked is not None:  # it held the park's reservation while waiting
+                    self.reserved_bytes -= s.reserved_bytes
                 return True
         return False
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and not self.running
+        """No sequence waits or runs and no park waits for its pass (parked prefixes that
+        are ready do not keep the engine busy)."""
+        return not self.waiting and not self.running and not self._to_park
 
     @property
     def kv_allocated_bytes(self) -> int:
@@ -252,10 +294,12 @@ class GenerationEngine:
         joined = []
         while self.waiting and len(self.running) < self.max_running:
             head = self.waiting[0]
-            if self.reserved_bytes + head.reserved_bytes > self.kv_budget_bytes:
+            held = head.parked is not None  # took its park's reservation already
+            if not held and self.reserved_bytes + head.reserved_bytes > self.kv_budget_bytes:
                 break
             self.waiting.popleft()
-            self.reserved_bytes += head.reserved_bytes
+            if not held:
+                self.reserved_bytes += head.reserved_bytes
             self.running[head.seq_id] = head
             joined.append(head)
         return joined
@@ -272,14 +316,30 @@ class GenerationEngine:
         not for the prefills of those before it (one per step made the k-th wait k)."""
         events: list[TokenEvent] = []
         self._drop_left()  # rows cancelled or taken out since the last step
+        self.last_parked = self._park_pending() if self._to_park else []
         joined = self._admit()
         self.last_prefill_s = {}
-        prefilled: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.last_park_prefill_s = {s.seq_id: s.parked.prefill_s for s in joined
+                                    if s.parked is not None}
+        rows_of: dict[int, RowSource] = {}  # each joiner's keys and values
         if joined:
             started = time.perf_counter()
-            logits, prefilled = self._prefill(joined)
+            fresh = [s for s in joined if s.parked is None]
+            order: list[GenSequence] = []
+            tokens: list[int] = []
+            if fresh:
+                logits, prefilled = self._prefill(fresh)
+                rows_of.update({s.seq_id: RowSource(prefilled, j, 0, s.length, s.end)
+                                for j, s in enumerate(fresh)})
+                order += fresh
+                tokens += self._sample(fresh, logits)
+            if len(fresh) < len(joined):  # resumed onto their parked prefixes
+                warm, logits = self._extend([s for s in joined if s.parked is not None],
+                                            rows_of)
+                order += warm
+                tokens += self._sample(warm, logits)
             took = time.perf_counter() - started
-            for seq, token in zip(joined, self._sample(joined, logits), strict=True):
+            for seq, token in zip(order, tokens, strict=True):
                 self.last_prefill_s[seq.seq_id] = took  # each waited for the whole pass
                 events.append(self._take(seq, token))
         resumed = any(len(s.generated) > 1 for s in joined)
@@ -296,8 +356,7 @@ class GenerationEngine:
         joining = [j for j, s in enumerate(joined) if s.seq_id in self.running]
         if joined or len(keep) < len(self._rows):
             sources = self._batch.sources(keep) if self._batch is not None else []
-            sources += [RowSource(prefilled, j, 0, joined[j].length, joined[j].end)
-                        for j in joining]
+            sources += [rows_of[joined[j].seq_id] for j in joining]
             self._batch = BatchKv.rebuild(sources)
             self._rows = [self._rows[i] for i in keep] + [joined[j] for j in joining]
         self.steps += 1
@@ -320,7 +379,14 @@ class GenerationEngine:
         causal attention as ``generate``'s prefill; what the pads compute is discarded."""
         # a resumed sequence (live migration) prefills its generated tokens too: the last
         # one was sampled on the source but never fed to the model
-        rows = [s.prompt_ids + s.generated for s in seqs]
+        logits, layers = self._forward_rows([s.prompt_ids + s.generated for s in seqs])
+        for s in seqs:
+            s.length = len(s.prompt_ids) + len(s.generated)
+        return logits, layers
+
+    def _forward_rows(self, rows: list[list[int]]
+                      ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """:meth:`_prefill`'s pass over these rows of token ids."""
         lengths = [len(r) for r in rows]
         longest = max(lengths)
         ids = torch.zeros((len(rows), longest), dtype=torch.long)  # 0: any real token id
@@ -341,8 +407,6 @@ class GenerationEngine:
                          position_ids=positions, use_cache=True, **kwargs)
         logits = out.logits[torch.arange(len(rows), device=self.device),
                             torch.tensor(columns, device=self.device)]
-        for s, n in zip(seqs, lengths, strict=True):
-            s.length = n
         return logits, _layers_of(_cache_of(out))
 
     def _decode(self) -> torch.Tensor:

@@ -115,31 +115,33 @@ class BatchKv:
                           self.ends[i]) for i in keep]
 
     # -- one decode step ------------------------------------------------------------------
-    def decode_inputs(self) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """The attention mask ``[rows, width + 1]`` (zeros over each row's padding), the
-        position ids ``[rows, 1]`` (each row's own length) and a ``transformers`` cache that
-        appends the step's keys and values in place. Call :meth:`advanced` after the pass."""
+    def decode_inputs(self, tokens: int = 1) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """The attention mask ``[rows, width + tokens]`` (zeros over each row's padding), the
+        position ids ``[rows, tokens]`` (from each row's own length) and a ``transformers``
+        cache that appends the pass's keys and values in place. Call :meth:`advanced` after
+        the pass. ``tokens`` > 1: every row takes that many new tokens in one pass (a parked
+        prefix extended with the tokens its source generated since, live migration)."""
         from transformers import DynamicCache
 
-        if self.width + 1 > self.capacity:
-            self._grow()
+        if self.width + tokens > self.capacity:
+            self._grow(tokens)
         device = self.buffers[0][0].device
         lengths = torch.tensor(self.lengths, device=device)
-        columns = torch.arange(self.width + 1, device=device)
+        columns = torch.arange(self.width + tokens, device=device)
         mask = (columns[None, :] >= (self.width - lengths)[:, None]).long()
-        positions = lengths[:, None]
+        positions = lengths[:, None] + torch.arange(tokens, device=device)[None, :]
         layer = buffer_layer_class()
         cache = DynamicCache()
         cache.layers = [layer(k, v, self.width) for k, v in self.buffers]
         return mask, positions, cache
 
-    def advanced(self) -> None:
-        """The decode step wrote one token per row (column ``width``)."""
-        self.width += 1
-        self.lengths = [n + 1 for n in self.lengths]
+    def advanced(self, tokens: int = 1) -> None:
+        """The pass wrote ``tokens`` tokens per row (from column ``width``)."""
+        self.width += tokens
+        self.lengths = [n + tokens for n in self.lengths]
 
-    def _grow(self) -> None:
-        capacity = max(self.width + 1,
+    def _grow(self, tokens: int = 1) -> None:
+        capacity = max(self.width + tokens,
                        min(self._limit(), self.width + max(MIN_GROWTH, self.width // 2)))
         grown = []
         for keys, values in self.buffers:

@@ -54,7 +54,7 @@ from flashpoint.log import bind_ids, bound_ids, configure, get_logger, logs_debu
 from flashpoint.messages import controller_worker as cw
 from flashpoint.messages import host_worker as hw
 from flashpoint.messages.base import from_payload, handler, to_payload
-from flashpoint.messages.migration import HandOffAccepted, HandOffSequences, InferHandedOff
+from flashpoint.messages.migration import InferHandedOff
 from flashpoint.policy.request_class import RequestClass
 from flashpoint.rpc.roles import CREDENTIAL_ENV, Credential
 from flashpoint.spec import FunctionSpec
@@ -62,6 +62,7 @@ from flashpoint.tensors import decode_tensors, encode_tensors
 from flashpoint.worker import loading
 from flashpoint.worker import state as ws
 from flashpoint.worker.loading import LoadedReplica
+from flashpoint.worker.migration_rpc import migration_methods
 from flashpoint.worker.streaming import serve_stream
 
 LOGGER = "flashpoint.worker"
@@ -208,7 +209,7 @@ class Worker(Actor):
         else:
             methods = {"infer": handler(cw.InferRequest, self._infer, "infer"),
                        "infer_many": handler(cw.InferMany, self._infer_many, "infer_many"),
-                       "hand_off": handler(HandOffSequences, self._hand_off, "hand_off")}
+                       **migration_methods(lambda: self.batcher)}
         self._controller = ReconnectingClient(
             self._controller_url, {**methods, **common}, secret=self.credential.key,
             name=self.credential.principal, on_connected=self._announce)
@@ -541,12 +542,6 @@ class Worker(Actor):
                                     stats={**batcher.stats.snapshot(),
                                                                      "queued": batcher.depth})
 
-    async def _hand_off(self, conn: Any, msg: HandOffSequences) -> HandOffAccepted:
-        """Live migration: the controller takes these streamed sequences elsewhere; each
-        leaves at the next token boundary and its ``infer`` call answers InferHandedOff."""
-        hand_off = getattr(self.batcher, "hand_off", None)  # a generation loop's only
-        return HandOffAccepted(handing_off=hand_off(msg.request_ids) if hand_off else 0)
-
     async def _ping(self, conn: Any, msg: cw.Ping) -> cw.Pong:
         """The controller's liveness probe on this connection (answered by the event loop,
         so a stopped or wedged process misses it; inference runs off the loop)."""
@@ -554,8 +549,11 @@ class Worker(Actor):
 
     async def _status(self, conn: Any, msg: cw.ReplicaStatus) -> cw.ReplicaStatusReply:
         b = self.batcher
+        engine = getattr(b, "engine", None)  # a generation loop's
         return cw.ReplicaStatusReply(depth=b.depth if b else 0, batches=b.batches_run if b else 0,
-                                     running=getattr(b, "running", 0) if b else 0)
+                                     running=getattr(b, "running", 0) if b else 0,
+                                     kv_reserved_bytes=engine.reserved_bytes if engine else 0,
+                                     parked=len(engine.parked) if engine else 0)
 
 
 def _rid(req: Any) -> str:

@@ -12,6 +12,11 @@ The waiting queue is bounded: past it a request is refused with ``kv_cache_full`
 Live migration: :meth:`GenerationLoop.hand_off` takes keyed sequences out at the next token
 boundary; each one's stream then ends with :attr:`SequenceStream.handed_off`, the
 :class:`~flashpoint.models.generate.SequenceProgress` another replica resumes from.
+Multi-round (ServerlessLLM §5): :meth:`GenerationLoop.snapshot` reads a running sequence's
+tokens without stopping it; on the destination :meth:`GenerationLoop.park` prefills them
+ahead (:mod:`flashpoint.models.parking`) and answers once the cache is ready, so the resumed
+sequence later only extends it. Parks are dropped by :meth:`GenerationLoop.unpark`, by the
+resume, or when their time is up (checked between steps, and by the idle loop).
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ from dataclasses import dataclass, field
 
 from flashpoint.errors import FlashpointError, KvCacheFull, ModelFailed, Unavailable
 from flashpoint.log import get_logger
-from flashpoint.messages.migration import SequenceHandOff
+from flashpoint.messages.migration import ParkResult, SequenceHandOff, SequenceSnapshot
 from flashpoint.models.generate import (
     FinishReason,
     GenerationEngine,
     GenerationRequest,
     GenerationResult,
+    SamplingParams,
     SequenceProgress,
     TokenEvent,
 )
@@ -51,6 +57,7 @@ class _Sink:
     enqueued_s: float = field(default_factory=time.perf_counter)
     key: str = ""  # the caller's name for it (its request id): what hand_off selects by
     prefill_s: float = 0.0  # how long its prefill took here (the pass it joined in)
+    park_prefill_s: float | None = None  # resumed onto a parked prefix: that pass's time
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,10 @@ class GenerationLoop:
         self._joining: list[_Sink] = []
         self._cancelling: list[_Sink] = []
         self._handing: list[_Sink] = []  # to leave at the next token boundary (hand_off)
+        # live migration's parks: asked for (applied between steps), and their waiters
+        self._parking: list[tuple[SequenceSnapshot, float]] = []
+        self._unparking: list[str] = []
+        self._park_waiters: dict[str, asyncio.Future] = {}
         self._sinks: dict[int, _Sink] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()  # no sequence joining, waiting or running
@@ -87,6 +98,10 @@ class GenerationLoop:
         err = Unavailable("replica stopping", retry_after_s=0.1)
         for sink in [*self._joining, *self._sinks.values()]:
             self._end(sink, err)
+        for key in list(self._park_waiters):
+            self._parked(key, ParkResult(request_id=key, parked=False, code=err.code))
+        for key in list(self.engine.parked):
+            self.engine.unpark(key)
         self._joining.clear()
         self._sinks.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -101,7 +116,7 @@ class GenerationLoop:
         while True:
             await self._idle.wait()
             if self.engine.idle and not self._joining and not self._cancelling \
-                    and not self._handing:
+                    and not self._handing and not self._parking:
                 return
             self._idle.clear()
 
@@ -139,6 +154,107 @@ class GenerationLoop:
             self._idle.clear()
             self._wake.set()
         return count
+
+    def snapshot(self, keys: Collection[str]) -> list[SequenceSnapshot]:
+        """The running sequences streamed under ``keys`` as they are now, without stopping
+        them (the first round of a move: the destination parks them). A step may be adding
+        a token meanwhile: any prefix is fine, the resume extends from what was parked."""
+        wanted = set(keys) - {""}
+        out = []
+        for sink in list(self._sinks.values()):
+            seq = self.engine.running.get(sink.seq_id) if sink.seq_id is not None else None
+            if sink.key in wanted and seq is not None and not sink.finished:
+                out.append(SequenceSnapshot(
+                    request_id=sink.key, prompt_ids=tuple(seq.prompt_ids),
+                    generated_ids=tuple(seq.generated), max_tokens=seq.params.max_tokens))
+        return out
+
+    async def park(self, snapshots: Collection[SequenceSnapshot], *, ttl_s: float
+                   ) -> list[ParkResult]:
+        """Prefill each snapshot's tokens ahead of its resume (module docstring); answers
+        once every one is ready or refused (``code``: why, e.g. ``kv_cache_full``). A park
+        nothing resumes is dropped after ``ttl_s``. A later round (a longer snapshot of a
+        sequence parked here) extends its prefix by the new tokens only."""
+        loop = asyncio.get_running_loop()
+        waiters = []
+        for snap in snapshots:
+            old = self._park_waiters.pop(snap.request_id, None)
+            if old is not None and not old.done():
+                old.set_result(ParkResult(request_id=snap.request_id, parked=False,
+                                          code="replaced"))
+            fut = loop.create_future()
+            self._park_waiters[snap.request_id] = fut
+            self._parking.append((snap, time.monotonic() + ttl_s))
+            waiters.append(fut)
+        self._idle.clear()
+        self._wake.set()
+        return list(await asyncio.gather(*waiters))
+
+    def unpark(self, keys: Collection[str]) -> int:
+        """Drop the parks under ``keys`` (their sequences resumed elsewhere, finished, or
+        their clients left) at the next token boundary; how many were asked for here."""
+        count = 0
+        for key in keys:
+            if key in self.engine.parked or key in self._park_waiters:
+                self._unparking.append(key)
+                count += 1
+        if count:
+            self._wake.set()
+        return count
+
+    @property
+    def parked_bytes(self) -> int:
+        """KV budget the parks hold now."""
+        return self.engine.parked_bytes
+
+    def _parked(self, key: str, result: ParkResult) -> None:
+        fut = self._park_waiters.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.set_result(result)
+
+    def _apply_parks(self) -> None:
+        """Parks and unparks asked for, and expiry, applied while no step runs."""
+        for key in self._unparking:
+            self.engine.unpark(key)
+            self._parked(key, ParkResult(request_id=key, parked=False, code="unparked"))
+        self._unparking.clear()
+        for key in self.engine.expire(time.monotonic()):
+            log.info("park_expired", request_id=key)
+            self._parked(key, ParkResult(request_id=key, parked=False, code="expired"))
+        parking, self._parking = self._parking, []
+        for snap, expires_s in parking:
+            if snap.request_id not in self._park_waiters:
+                continue  # replaced or dropped meanwhile
+            try:
+                ready = self.engine.park(snap.request_id, snap.prompt_ids, snap.generated_ids,
+                                         SamplingParams(max_tokens=snap.max_tokens),
+                                         expires_s=expires_s)
+            except FlashpointError as exc:
+                self._parked(snap.request_id, ParkResult(request_id=snap.request_id,
+                                                         parked=False, code=exc.code))
+                continue
+            if ready:  # a later round with nothing new to add
+                self._parked(snap.request_id, ParkResult(request_id=snap.request_id,
+                                                         parked=True))
+
+    def _settle_parks(self, err: FlashpointError) -> None:
+        """After a failed step: answer the parks it may have prefilled (a park whose pass
+        failed is dropped, with ``err``'s code)."""
+        for key in [k for k in self._park_waiters if k in self.engine.parked]:
+            entry = self.engine.parked[key]
+            if entry.ready:
+                self._parked(key, ParkResult(request_id=key, parked=True,
+                                             prefill_s=entry.prefill_s))
+            else:
+                self.engine.unpark(key)
+                self._parked(key, ParkResult(request_id=key, parked=False, code=err.code))
+
+    def _next_expiry(self) -> float | None:
+        """Seconds until the next park expires (None when none is parked)."""
+        if not self.engine.parked:
+            return None
+        return max(0.0, min(e.expires_s for e in self.engine.parked.values())
+                   - time.monotonic())
 
     async def submit(self, request: GenerationRequest, *, alone: bool = True,
                      best_effort: bool = False) -> tuple[GenerationResult, dict[str, float]]:
@@ -199,7 +315,8 @@ class GenerationLoop:
 
     # -- the loop -----------------------------------------------------------------------
     def _between_steps(self) -> None:
-        """Joins and cancellations, applied while no step runs."""
+        """Joins, cancellations and parks, applied while no step runs."""
+        self._apply_parks()
         for sink in self._cancelling:
             if sink.seq_id is not None:
                 self.engine.cancel(sink.seq_id)
@@ -215,7 +332,7 @@ class GenerationLoop:
         for sink in joining:
             try:
                 sink.seq_id = self.engine.add(list(sink.request.prompt_ids), sink.request.params,
-                                              sink.request.progress)
+                                              sink.request.progress, key=sink.key)
             except FlashpointError as exc:
                 self._end(sink, exc)
                 continue
@@ -227,9 +344,15 @@ class GenerationLoop:
             self._between_steps()
             if self.engine.idle:
                 self._wake.clear()
-                if not self._joining and not self._cancelling:
+                if not self._joining and not self._cancelling and not self._parking \
+                        and not self._unparking:
                     self._idle.set()
-                    await self._wake.wait()
+                    # parked prefixes expire while nothing else happens, too
+                    try:
+                        async with asyncio.timeout(self._next_expiry()):
+                            await self._wake.wait()
+                    except TimeoutError:
+                        pass
                 continue
             self._idle.clear()
             before = set(self.engine.running)
@@ -244,6 +367,7 @@ class GenerationLoop:
                 err = exc if isinstance(exc, FlashpointError) else ModelFailed(
                     f"model raised {type(exc).__name__}: {exc}"[:500])
                 log.warning("generation_step_failed", error=str(err))
+                self._settle_parks(err)
                 for seq_id in list(self.engine.running):
                     self.engine.cancel(seq_id)
                     sink = self._sinks.pop(seq_id, None)
@@ -251,6 +375,10 @@ class GenerationLoop:
                         self._end(sink, err)
                 continue
             run_s = time.perf_counter() - started
+            for key in self.engine.last_parked:
+                entry = self.engine.parked.get(key)
+                self._parked(key, ParkResult(request_id=key, parked=entry is not None,
+                                             prefill_s=entry.prefill_s if entry else 0.0))
             self.batches_run += 1
             self.stats.batch_ran(len(events), len(events), run_s)
             for event in events:
@@ -260,6 +388,7 @@ class GenerationLoop:
                 if event.seq_id not in before:  # joined in this step
                     self.stats.queued(started - sink.enqueued_s)
                     sink.prefill_s = self.engine.last_prefill_s.get(event.seq_id, 0.0)
+                    sink.park_prefill_s = self.engine.last_park_prefill_s.get(event.seq_id)
                 self._end(sink, event)
                 if event.finish is not None:
                     self._sinks.pop(event.seq_id, None)
@@ -297,8 +426,15 @@ class SequenceStream:
 
     @property
     def prefill_s(self) -> float:
-        """Seconds its prefill took on this replica (0 until it has joined)."""
+        """Seconds its prefill took on this replica (0 until it has joined): the extension
+        pass when it resumed onto a parked prefix."""
         return self._sink.prefill_s
+
+    @property
+    def park_prefill_s(self) -> float | None:
+        """Resumed onto a parked prefix: seconds that prefix's prefill took (ahead of the
+        move, outside the gap); None otherwise."""
+        return self._sink.park_prefill_s
 
     async def aclose(self) -> None:
         """Cancel the sequence unless it has finished (idempotent)."""

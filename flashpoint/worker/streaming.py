@@ -4,7 +4,9 @@ One ``gen_chunk`` notification per token boundary to the caller (``index`` from 
 the reply: the whole answer and ``chunks``, how many were sent. The caller cancelling the
 call (a client gone) cancels the sequence and frees its cache. Live migration: a request
 with ``resume`` goes on from another replica's tokens (its chunks numbered on); one handed
-off here (``hand_off``) answers :class:`~flashpoint.messages.migration.InferHandedOff`.
+off here (``hand_off``) answers :class:`~flashpoint.messages.migration.InferHandedOff`. A
+resumed request's timings carry ``resume_prefill`` (its pass here, inside the gap) and, when
+it went on from a prefix parked ahead (multi-round), ``park_prefill`` (that prefill's pass).
 """
 
 from __future__ import annotations
@@ -58,5 +60,7 @@ async def serve_stream(conn: Any, msg: cw.InferRequest, request: Any, loop: Any,
     timings = {"inference": time.perf_counter() - started}
     if request.progress is not None:  # resumed here: its prefill is part of the gap
         timings["resume_prefill"] = stream.prefill_s
+        if stream.park_prefill_s is not None:  # went on from a parked prefix (multi-round)
+            timings["park_prefill"] = stream.park_prefill_s
     return cw.InferStreamReply(outputs=encode_tensors(finish(result)), chunks=index,
                                timings_s=timings)

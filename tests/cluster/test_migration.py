@@ -5,7 +5,9 @@ sequences move to the other replica. Every stream completes, its token ids equal
 ``transformers``' own greedy ``generate`` in this process (an independent reference), its
 text adds up, its usage counts are right, and its migration gap is in its result (and in the
 ``flashpoint_migration_gap_seconds`` metric) and bounded. The leaving replica is stopped only
-after its sequences moved."""
+after its sequences moved. The moves are multi-round (ServerlessLLM §5): each moved sequence
+went on from the prefix its destination parked ahead, and afterwards the destination holds
+no park and no KV reservation."""
 
 from __future__ import annotations
 
@@ -32,7 +34,9 @@ pytestmark = pytest.mark.timeout(300)
 PROMPTS = ("the cluster scales", "a cold start fetches bytes from a peer", "gpus are shared",
            "a spot eviction drains")
 STREAMS = 16
-MAX_TOKENS = 120
+# long enough that a quiet box's streams (TPOT a few ms) are still running once the park
+# rounds of a multi-round move are done (~0.1-0.6 s after the notice)
+MAX_TOKENS = 200
 GAP_BOUND_S = 2.0  # generous for a shared 2-core box; bench/migration.py measures the gap
 
 
@@ -79,8 +83,10 @@ async def test_streams_move_off_a_leaving_replica(make_cluster: ClusterFactory,
     model_dir, refs = lm
     cfg = cluster_config(tmp_path)
     # a drain retires at once (its deadline is within the margin): no wait for a replacement
+    # a park is waited for up to 30 s (a loaded box must not turn the multi-round move into
+    # the single-round fallback this test would then see)
     cfg = dataclasses.replace(cfg, controller=dataclasses.replace(
-        cfg.controller, drain_margin_s=120.0))
+        cfg.controller, drain_margin_s=120.0, migration_park_wait_s=30.0))
     store = make_store(cfg)
     await publish_source(store, "lm", model_dir)
     notice = tmp_path / "evict-host1"
@@ -161,12 +167,19 @@ async def test_streams_move_off_a_leaving_replica(make_cluster: ClusterFactory,
             # it moved after its first 3 chunks; the destination prefilled what it had
             assert 3 <= t["migrated_at"] < len(want_ids) and t["resume_prefill"] > 0, t
             assert s.result.replica_id != leaving
+            # it went on from the prefix parked ahead (multi-round), not a whole prefill
+            assert t["park_prefill"] > 0, t
     # every sequence of the leaving replica that was still running moved (none finished
     # on their own this early: each had MAX_TOKENS to go)
     assert moved == STREAMS // 2, [s.result.timings_s for s in streams if s.result]
     assert _gap_count() - gaps_before == moved
     # the replica went as soon as its sequences had moved, not after they would have ended
     assert stopped_after_s < 30.0
+    # nothing leaks on the destination: every park was taken by its resume, every sequence
+    # finished and gave its KV reservation back
+    (dest,) = {s.result.replica_id for s in streams if s.result is not None}
+    status = await ctl.workers[dest].conn.call("replica_status", {}, timeout_s=5)
+    assert status["parked"] == 0 and status["kv_reserved_bytes"] == 0, status
 
 
 def _spec(**replicas: int) -> Any:

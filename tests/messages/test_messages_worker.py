@@ -128,3 +128,33 @@ def test_a_resumed_infer_request_carries_its_hand_off():
     assert to_payload(msg)["resume"]["rng_state"] == b"\x01\x02"
     plain = from_payload(cw.InferRequest, {"request_id": "r"}, method="infer")
     assert plain.resume is msgspec.UNSET and "resume" not in to_payload(plain)
+
+
+def test_park_messages_through_the_frame_codec():
+    """Multi-round live migration (messages/migration.py): snapshots nest in a park through
+    the real frames; results default to no code; an unknown field is refused by name."""
+    from flashpoint.messages.migration import (
+        ParkResult,
+        ParkSequences,
+        SequenceSnapshot,
+        SequenceSnapshots,
+        SequencesParked,
+        UnparkSequences,
+    )
+
+    snap = SequenceSnapshot(request_id="r", prompt_ids=(1, 2), generated_ids=(3, 4),
+                            max_tokens=9)
+    got = from_payload(SequenceSnapshots, _through_frames(
+        "snapshot_sequences", to_payload(SequenceSnapshots(sequences=(snap,)))))
+    assert got.sequences == (snap,)
+    park = from_payload(ParkSequences, _through_frames(
+        "park_sequences", to_payload(ParkSequences(sequences=(snap,), ttl_s=3.0))))
+    assert park.sequences == (snap,) and park.ttl_s == 3.0
+    reply = from_payload(SequencesParked, _through_frames("park_sequences", {
+        "results": [{"request_id": "r", "parked": False, "code": "kv_cache_full"},
+                    {"request_id": "s", "parked": True, "prefill_s": 0.01}]}))
+    assert reply.results == (ParkResult(request_id="r", parked=False, code="kv_cache_full"),
+                             ParkResult(request_id="s", parked=True, prefill_s=0.01))
+    with pytest.raises(ProtocolError, match="surprise"):
+        from_payload(UnparkSequences, {"request_ids": ["r"], "surprise": 1},
+                     method="unpark_sequences")

@@ -27,6 +27,13 @@ The rules:
     back.
 
 A sequence already asked to move is not in the snapshot (the caller tracks those).
+
+Multi-round moves (ServerlessLLM §5): a move to a destination replica first parks the
+sequence there -- the destination prefills its tokens so far while the source goes on --
+and only then asks the source to stop, so the prefill leaves the client's gap. How long
+that may take is :func:`park_wait_s`: the configured bound, and for a forced leave with a
+deadline (a spot drain) at most half the time left, so the hand-off still happens in time.
+Moves to the queue are not parked (no replica to park on).
 """
 
 from __future__ import annotations
@@ -114,3 +121,15 @@ def plan_migrations(snap: MigrationSnapshot) -> tuple[MoveSequence, ...]:
         elif src.cause.forced:
             moves.append(MoveSequence(s.request_id, s.replica_id, ""))
     return tuple(moves)
+
+
+def park_wait_s(cause: LeaveCause, now_s: float, deadline_s: float | None,
+                bound_s: float) -> float:
+    """How long a move off a replica leaving for ``cause`` may wait for its destination's
+    park before the source is asked to stop anyway (0: do not park). ``deadline_s``: when
+    a draining host goes away (None when none is known)."""
+    if bound_s <= 0:
+        return 0.0
+    if cause.forced and deadline_s is not None:
+        return max(0.0, min(bound_s, (deadline_s - now_s) / 2))
+    return bound_s
