@@ -153,7 +153,8 @@ class Controller(Actor):
         self.requests.migration = self.migration = Migrator(
             self.state, self.dispatcher, self.streams, self.workers, self.spawn,
             self.requests.send, self.requests.pump, park_wait_s=self.cc.migration_park_wait_s,
-            park_ttl_s=self.cc.migration_park_ttl_s, park_rounds=self.cc.migration_park_rounds)
+            park_ttl_s=self.cc.migration_park_ttl_s, park_rounds=self.cc.migration_park_rounds,
+            park_min_tokens=self.cc.migration_park_min_tokens)
 
     # lifecycle ---------------------------------------------------------------------------
     async def on_start(self) -> None:

@@ -44,6 +44,7 @@ choice, and its sequences go on on the whole replicas.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -62,6 +63,7 @@ from flashpoint.controller.state.migration import (
     TargetReplica,
     park_wait_s,
     plan_migrations,
+    worth_parking,
 )
 from flashpoint.controller.state.records import GroupPhase
 from flashpoint.errors import FlashpointError
@@ -92,14 +94,16 @@ class Migrator:
     ``park_wait_s``: how long a move waits for its destination's park (0: moves are not
     parked, the single-round move); ``park_ttl_s``: how long a worker keeps a park that
     nothing resumes; ``park_rounds``: at most this many park rounds a move (module
-    docstring)."""
+    docstring); ``park_min_tokens``: a sequence moving alone is parked only from this many
+    tokens on (``worth_parking``)."""
 
     def __init__(self, state: cs.ControllerState, dispatcher: Dispatcher,
                  streams: StreamRegistry, workers: dict[str, WorkerHandle],
                  spawn: Callable[[Any, str], asyncio.Task],
                  send: Callable[[list[Pending], str], Awaitable[None]],
                  pump: Callable[[str], None], *, park_wait_s: float = 2.0,
-                 park_ttl_s: float = 10.0, park_rounds: int = 3) -> None:
+                 park_ttl_s: float = 10.0, park_rounds: int = 3,
+                 park_min_tokens: int = 0) -> None:
         self.state = state
         self.dispatcher = dispatcher
         self.streams = streams
@@ -113,6 +117,7 @@ class Migrator:
         self.park_wait_s = park_wait_s
         self.park_ttl_s = park_ttl_s
         self.park_rounds = park_rounds
+        self.park_min_tokens = park_min_tokens
         self._soon = False
 
     # the request path's hooks ------------------------------------------------------------
@@ -163,10 +168,15 @@ class Migrator:
         by_source: dict[str, list[str]] = {}
         to_park: dict[str, list[MoveSequence]] = {}
         waits: dict[str, float] = {}
-        for move in plan_migrations(snap):
+        moves = plan_migrations(snap)
+        tokens = {s.request_id: s.tokens for s in snap.streams}
+        together = collections.Counter(m.destination for m in moves)
+        for move in moves:
             cause = causes[move.source]
             self._asked[move.request_id] = (move.destination, cause)
-            wait = self._park_wait(move, cause, now_s)
+            wait = self._park_wait(move, cause, now_s) if worth_parking(
+                together[move.destination], tokens.get(move.request_id, 0),
+                self.park_min_tokens) else 0.0
             if wait > 0:
                 to_park.setdefault(move.source, []).append(move)
                 waits[move.source] = min(wait, waits.get(move.source, wait))

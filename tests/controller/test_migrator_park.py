@@ -14,7 +14,7 @@ from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.controller.handles import Pending
 from flashpoint.controller.migration import Migrator
 from flashpoint.controller.state.core import HostRecord, ReplicaPhase, ReplicaRecord
-from flashpoint.controller.state.migration import LeaveCause, park_wait_s
+from flashpoint.controller.state.migration import LeaveCause, park_wait_s, worth_parking
 from flashpoint.gateway.streams import StreamRegistry
 from flashpoint.messages.base import to_payload
 from flashpoint.messages.migration import ParkResult, SequenceHandOff, SequenceSnapshot
@@ -61,7 +61,8 @@ class _GenWorker:
 
 
 def _setup(*, draining: bool = False, deadline_s: float | None = None, room: int = 4,
-           park_wait_s: float = 2.0, tokens: tuple[int, ...] = (2,), **dest: Any
+           park_wait_s: float = 2.0, tokens: tuple[int, ...] = (2,), park_min_tokens: int = 0,
+           **dest: Any
            ) -> tuple[Migrator, Dispatcher, dict[str, _GenWorker], list[Any], list[Any],
                       list[Any]]:
     state = _State()
@@ -91,7 +92,8 @@ def _setup(*, draining: bool = False, deadline_s: float | None = None, room: int
         spawned.append(coro)
 
     m = Migrator(state, d, StreamRegistry(), workers, spawn, send,  # type: ignore[arg-type]
-                 lambda name: None, park_wait_s=park_wait_s)
+                 lambda name: None, park_wait_s=park_wait_s,
+                 park_min_tokens=park_min_tokens)
     return m, d, workers, calls, spawned, sent
 
 
@@ -231,3 +233,30 @@ def test_park_wait_bounds() -> None:
     assert park_wait_s(LeaveCause.HOST_DRAIN, 5.0, 1.0, 2.0) == 0.0  # past it
     assert park_wait_s(LeaveCause.MIG, 0.0, None, 2.0) == 2.0
     assert park_wait_s(LeaveCause.SCALE_DOWN, 0.0, None, 0.0) == 0.0  # parking off
+
+
+def test_worth_parking() -> None:
+    assert worth_parking(2, 0, 128)  # two prefills would share the gap
+    assert not worth_parking(1, 40, 128)  # a lone short one: its prefill ~ the extension
+    assert worth_parking(1, 128, 128)  # a lone long one
+    assert worth_parking(1, 0, 0)  # 0: every move to a replica is parked
+
+
+async def test_a_lone_short_sequence_moves_in_one_round_and_several_are_parked() -> None:
+    m, _, _, calls, spawned, _ = _setup(park_min_tokens=100)
+    p = _pending("q1")
+    m.streams.open("q1")
+    m.sent(p, "r1")
+    m.step(1.0)
+    await _run(spawned)
+    assert calls == [("r1", "hand_off", ("q1",))]  # no snapshot, no park
+    m, _, _, calls, spawned, _ = _setup(park_min_tokens=100)
+    ps = [_pending(r) for r in ("q1", "q2")]
+    for p in ps:
+        m.streams.open(p.request_id)
+        m.sent(p, "r1")
+    m.step(1.0)
+    await _run(spawned)
+    assert ("r2", "park", ("q1", "q2")) in calls or {
+        c[2] for c in calls if c[1] == "park"} == {("q1",), ("q2",)}, calls
+    assert calls[-1][1] == "hand_off"

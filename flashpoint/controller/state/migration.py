@@ -33,7 +33,10 @@ sequence there -- the destination prefills its tokens so far while the source go
 and only then asks the source to stop, so the prefill leaves the client's gap. How long
 that may take is :func:`park_wait_s`: the configured bound, and for a forced leave with a
 deadline (a spot drain) at most half the time left, so the hand-off still happens in time.
-Moves to the queue are not parked (no replica to park on).
+Moves to the queue are not parked (no replica to park on). Nor is a lone short sequence
+(:func:`worth_parking`): its prefill costs about what the resume's extension pass costs
+(one forward's fixed cost each, measured on the bench's small model), so parking it adds
+only its round trips to the move.
 """
 
 from __future__ import annotations
@@ -133,3 +136,11 @@ def park_wait_s(cause: LeaveCause, now_s: float, deadline_s: float | None,
     if cause.forced and deadline_s is not None:
         return max(0.0, min(bound_s, (deadline_s - now_s) / 2))
     return bound_s
+
+
+def worth_parking(together: int, tokens: int, min_tokens: int) -> bool:
+    """Whether a move is parked first: when ``together`` > 1 sequences move to the same
+    destination in one plan (their prefills would be one long pass inside the gap), or the
+    sequence already holds ``min_tokens`` tokens or more (its prefill outgrows the one short
+    extension pass that parking leaves in the gap)."""
+    return together > 1 or tokens >= min_tokens
