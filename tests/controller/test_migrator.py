@@ -41,11 +41,16 @@ def _rep(rid: str, host: str, phase: ReplicaPhase) -> ReplicaRecord:
     return ReplicaRecord(rid, "llm", host, "cpu0", 1, phase, 0.0, model_key="lm@1")
 
 
-def _setup(*, draining: bool = False, blocked: bool = False, room: int = 4
-           ) -> tuple[Migrator, _State, Dispatcher, dict[str, _Worker], list[Any], list[Any]]:
+def _setup(*, draining: bool = False, blocked: bool = False, room: int = 4,
+           deadline_s: float | None = None, workers: dict[str, Any] | None = None,
+           **migrator: Any
+           ) -> tuple[Migrator, _State, Dispatcher, dict[str, Any], list[Any], list[Any]]:
+    """A migrator over leaving replica r1 (host h1) and warm r2 (host h0, ``room`` free
+    credits); ``workers`` their fakes (default: hand-off only); ``migrator``: its options."""
     state = _State()
     state.hosts = {h: HostRecord(h, {}, 0, set(), 0.0) for h in ("h0", "h1")}
     state.hosts["h1"].draining = draining
+    state.hosts["h1"].drain_deadline_s = deadline_s
     if blocked:
         state.blocked.add(("h1", "cpu0"))
     state.replicas = {"r1": _rep("r1", "h1", ReplicaPhase.STOPPING),
@@ -56,7 +61,8 @@ def _setup(*, draining: bool = False, blocked: bool = False, room: int = 4
     d.add_replica("r2", "llm", 4)
     for _ in range(4 - room):
         d.claim("r2")
-    workers = {"r1": _Worker(), "r2": _Worker()}
+    if workers is None:
+        workers = {"r1": _Worker(), "r2": _Worker()}
     spawned: list[Any] = []
     sent: list[Any] = []
 
@@ -67,7 +73,7 @@ def _setup(*, draining: bool = False, blocked: bool = False, room: int = 4
         spawned.append(coro)
 
     m = Migrator(state, d, StreamRegistry(), workers, spawn, send,  # type: ignore[arg-type]
-                 lambda name: None)
+                 lambda name: None, **migrator)
     return m, state, d, workers, spawned, sent
 
 

@@ -13,12 +13,11 @@ from typing import Any
 from flashpoint.controller.dispatch import Dispatcher
 from flashpoint.controller.handles import Pending
 from flashpoint.controller.migration import Migrator
-from flashpoint.controller.state.core import HostRecord, ReplicaPhase, ReplicaRecord
 from flashpoint.controller.state.migration import LeaveCause, park_wait_s, worth_parking
-from flashpoint.gateway.streams import StreamRegistry
 from flashpoint.messages.base import to_payload
 from flashpoint.messages.migration import ParkResult, SequenceHandOff, SequenceSnapshot
-from tests.controller.test_migrator import _State
+from tests.controller.test_migrator import _pending
+from tests.controller.test_migrator import _setup as base_setup
 
 
 class _GenWorker:
@@ -65,41 +64,12 @@ def _setup(*, draining: bool = False, deadline_s: float | None = None, room: int
            **dest: Any
            ) -> tuple[Migrator, Dispatcher, dict[str, _GenWorker], list[Any], list[Any],
                       list[Any]]:
-    state = _State()
-    state.hosts = {h: HostRecord(h, {}, 0, set(), 0.0) for h in ("h0", "h1")}
-    state.hosts["h1"].draining = draining
-    state.hosts["h1"].drain_deadline_s = deadline_s
-    state.replicas = {
-        "r1": ReplicaRecord("r1", "llm", "h1", "cpu0", 1, ReplicaPhase.STOPPING, 0.0,
-                            model_key="lm@1"),
-        "r2": ReplicaRecord("r2", "llm", "h0", "cpu0", 1, ReplicaPhase.WARM, 0.0,
-                            model_key="lm@1")}
-    d = Dispatcher()
-    d.add_replica("r1", "llm", 4)
-    d.stop_accepting("r1")
-    d.add_replica("r2", "llm", 4)
-    for _ in range(4 - room):
-        d.claim("r2")
     calls: list[Any] = []
     workers = {"r1": _GenWorker(calls, "r1", tokens=tokens), "r2": _GenWorker(calls, "r2", **dest)}
-    spawned: list[Any] = []
-    sent: list[Any] = []
-
-    async def send(ps: list[Pending], rid: str) -> None:
-        sent.append(([p.request_id for p in ps], rid))
-
-    def spawn(coro: Any, name: str) -> Any:
-        spawned.append(coro)
-
-    m = Migrator(state, d, StreamRegistry(), workers, spawn, send,  # type: ignore[arg-type]
-                 lambda name: None, park_wait_s=park_wait_s,
-                 park_min_tokens=park_min_tokens)
+    m, _, d, _, spawned, sent = base_setup(
+        draining=draining, deadline_s=deadline_s, room=room, workers=workers,
+        park_wait_s=park_wait_s, park_min_tokens=park_min_tokens)
     return m, d, workers, calls, spawned, sent
-
-
-def _pending(rid: str) -> Pending:
-    return Pending(rid, "llm", {"request_id": rid}, asyncio.get_running_loop().create_future(),
-                   0.0, 1e9, False, stream=True)
 
 
 async def _run(spawned: list[Any]) -> None:
@@ -111,6 +81,18 @@ async def _run(spawned: list[Any]) -> None:
             await coro
 
 
+async def _moving(m: Migrator, spawned: list[Any], *request_ids: str) -> list[Pending]:
+    """Streams ``request_ids`` running on the leaving r1, then a migration step and what it
+    spawned, run to the end."""
+    ps = [_pending(r) for r in request_ids]
+    for p in ps:
+        m.streams.open(p.request_id)
+        m.sent(p, "r1")
+    m.step(1.0)
+    await _run(spawned)
+    return ps
+
+
 def _hand_off(m: Migrator, p: Pending) -> None:
     wire = to_payload(SequenceHandOff(prompt_ids=(1, 2), generated_ids=(5, 6, 7, 8),
                                       emitted_text="abcd", chunks=4))
@@ -119,11 +101,7 @@ def _hand_off(m: Migrator, p: Pending) -> None:
 
 async def test_the_destination_parks_before_the_source_is_asked_to_stop() -> None:
     m, d, workers, calls, spawned, sent = _setup()
-    p = _pending("q1")
-    m.streams.open("q1")
-    m.sent(p, "r1")
-    m.step(1.0)
-    await _run(spawned)
+    (p,) = await _moving(m, spawned, "q1")
     # round 2's snapshot finds no new token: no second park
     assert calls == [("r1", "snapshot", ("q1",)), ("r2", "park", ("q1",)),
                      ("r1", "snapshot", ("q1",)), ("r1", "hand_off", ("q1",))]
@@ -140,21 +118,13 @@ async def test_later_rounds_park_what_the_source_made_meanwhile_until_it_is_litt
     another round parks the longer snapshot (the destination extends its prefix); a round
     that sees at most two ends the rounds; never more than ``park_rounds``."""
     m, _, workers, calls, spawned, _ = _setup(tokens=(4, 14, 18, 19))
-    p = _pending("q1")
-    m.streams.open("q1")
-    m.sent(p, "r1")
-    m.step(1.0)
-    await _run(spawned)
+    (p,) = await _moving(m, spawned, "q1")
     assert [c[1] for c in calls] == ["snapshot", "park", "snapshot", "park", "snapshot",
                                      "park", "hand_off"]  # 3 rounds: park_rounds' default
     assert [len(g) for g in workers["r2"].parked] == [4, 14, 18]
     calls.clear()
     m, _, workers, calls, spawned, _ = _setup(tokens=(4, 9, 11))
-    p = _pending("q2")
-    m.streams.open("q2")
-    m.sent(p, "r1")
-    m.step(1.0)
-    await _run(spawned)
+    (p,) = await _moving(m, spawned, "q2")
     # round 2 saw 5 new tokens: parked; round 3 saw 2: not worth a round
     assert [c[1] for c in calls] == ["snapshot", "park", "snapshot", "park", "snapshot",
                                      "hand_off"]
@@ -178,11 +148,7 @@ async def test_a_park_that_does_not_come_back_in_time_hands_off_anyway() -> None
 
 async def test_a_refused_park_moves_as_before() -> None:
     m, _, workers, calls, spawned, sent = _setup(park_code="kv_cache_full")
-    p = _pending("q1")
-    m.streams.open("q1")
-    m.sent(p, "r1")
-    m.step(1.0)
-    await _run(spawned)
+    (p,) = await _moving(m, spawned, "q1")
     assert [c[1] for c in calls] == ["snapshot", "park", "hand_off"]  # no second round
     _hand_off(m, p)
     await _run(spawned)
@@ -191,11 +157,7 @@ async def test_a_refused_park_moves_as_before() -> None:
 
 async def test_a_client_that_leaves_after_the_park_frees_it_on_the_destination() -> None:
     m, _, workers, calls, spawned, _ = _setup()
-    p = _pending("q1")
-    m.streams.open("q1")
-    m.sent(p, "r1")
-    m.step(1.0)
-    await _run(spawned)
+    (p,) = await _moving(m, spawned, "q1")
     p.future.cancel()  # the client disconnected before the hand-off came back
     await asyncio.sleep(0)  # the future's done callbacks run on the next loop iteration
     await _run(spawned)
@@ -204,11 +166,7 @@ async def test_a_client_that_leaves_after_the_park_frees_it_on_the_destination()
 
 async def test_a_hand_off_sent_to_the_queue_drops_its_park() -> None:
     m, d, workers, _, spawned, sent = _setup()
-    p = _pending("q1")
-    m.streams.open("q1")
-    m.sent(p, "r1")
-    m.step(1.0)
-    await _run(spawned)
+    (p,) = await _moving(m, spawned, "q1")
     for _ in range(4):  # the destination filled up meanwhile: no credit to claim
         d.claim("r2")
     _hand_off(m, p)
@@ -244,11 +202,7 @@ def test_worth_parking() -> None:
 
 async def test_a_lone_short_sequence_moves_in_one_round_and_several_are_parked() -> None:
     m, _, _, calls, spawned, _ = _setup(park_min_tokens=100)
-    p = _pending("q1")
-    m.streams.open("q1")
-    m.sent(p, "r1")
-    m.step(1.0)
-    await _run(spawned)
+    (p,) = await _moving(m, spawned, "q1")
     assert calls == [("r1", "hand_off", ("q1",))]  # no snapshot, no park
     m, _, _, calls, spawned, _ = _setup(park_min_tokens=100)
     ps = [_pending(r) for r in ("q1", "q2")]

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tests.models.causal_lm import push_causal_lm
 
 from flashpoint.messages.base import from_payload, to_payload
 from flashpoint.messages.migration import (
@@ -22,11 +23,6 @@ from flashpoint.messages.migration import (
     SequenceHandOff,
     SequenceSnapshot,
 )
-from flashpoint.models import serving
-from flashpoint.models.publish import load_module, read_files
-from flashpoint.models.sources import publish_source
-from flashpoint.models.tiny_hf import make_causal_lm
-from flashpoint.registry.local import LocalStore
 from flashpoint.worker.generation import GenerationLoop, hand_off_message, resumed_request
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,14 +32,7 @@ PROMPTS = ("a spot eviction drains the host", "the cluster scales", "gpus are sh
 
 @pytest.fixture(scope="module")
 def pushed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
-    tmp = tmp_path_factory.mktemp("park")
-    d = make_causal_lm(tmp / "llama", family="llama", seed=2)
-    store = LocalStore(tmp / "reg")
-    m = asyncio.run(publish_source(store, "lm", d))
-    blob = store.blob_path("lm", "1").read_bytes()
-    module = load_module(m, memoryview(blob), copy=True)
-    served = serving.for_manifest(m, read_files(m, memoryview(blob)))
-    return d, module, served
+    return push_causal_lm(tmp_path_factory.mktemp("park"))
 
 
 def _inputs(prompt: str, max_tokens: int) -> dict[str, np.ndarray]:
