@@ -40,6 +40,15 @@ def _reference(lm: tuple[Any, Any], prompt: str, n: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
+def _alone(lm: tuple[Any, Any], prompt: str, params: SamplingParams) -> list[int]:
+    """The ids ``prompt`` gets with ``params`` on an engine of its own."""
+    engine = _engine(lm)
+    sid = engine.add(lm[1](prompt).input_ids, params)
+    got: dict[int, list[int]] = {}
+    _run(engine, got, 40)
+    return got[sid]
+
+
 def _run(engine: GenerationEngine, got: dict[int, list[int]], steps: int) -> int:
     """Up to ``steps`` steps; the most sequences that took a token in one step."""
     most = 0
@@ -87,22 +96,19 @@ def test_greedy_batched_with_joins_and_leaves_equals_generate(lm: tuple[Any, Any
 def test_seeded_sampling_is_reproducible_alone_or_batched(lm: tuple[Any, Any]) -> None:
     _, tok = lm
     params = SamplingParams(10, temperature=1.5, top_p=0.9, seed=7)
-    alone = _engine(lm)
-    a = alone.add(tok(PROMPTS[0]).input_ids, params)
-    got_alone: dict[int, list[int]] = {}
-    _run(alone, got_alone, 40)
+    ids_alone = _alone(lm, PROMPTS[0], params)
     batched = _engine(lm)
     batched.add(tok(PROMPTS[1]).input_ids, SamplingParams(10, temperature=1.0, seed=1))
     _run(batched, {}, 1)
     b = batched.add(tok(PROMPTS[0]).input_ids, params)
     got_batched: dict[int, list[int]] = {}
     _run(batched, got_batched, 40)
-    assert got_alone[a] == got_batched[b]
+    assert ids_alone == got_batched[b]
     other = _engine(lm)
     c = other.add(tok(PROMPTS[0]).input_ids, SamplingParams(10, temperature=1.5, top_p=0.9, seed=8))
     got_other: dict[int, list[int]] = {}
     _run(other, got_other, 40)
-    assert got_other[c] != got_alone[a]  # 10 draws over a ~200-word vocabulary
+    assert got_other[c] != ids_alone  # 10 draws over a ~200-word vocabulary
 
 
 def test_stop_string_cuts_the_text_and_finishes(lm: tuple[Any, Any]) -> None:
@@ -156,10 +162,7 @@ def test_joiners_at_one_boundary_prefill_in_one_pass(lm: tuple[Any, Any]) -> Non
     what it draws alone."""
     model, tok = lm
     sampled = SamplingParams(10, temperature=1.3, top_p=0.95, seed=5)
-    alone = _engine(lm)
-    a = alone.add(tok(PROMPTS[3]).input_ids, sampled)
-    got_alone: dict[int, list[int]] = {}
-    _run(alone, got_alone, 40)
+    ids_alone = _alone(lm, PROMPTS[3], sampled)
     engine = _engine(lm)
     sids = [engine.add(tok(p).input_ids, SamplingParams(9, temperature=0.0)) for p in PROMPTS]
     s = engine.add(tok(PROMPTS[3]).input_ids, sampled)
@@ -182,7 +185,7 @@ def test_joiners_at_one_boundary_prefill_in_one_pass(lm: tuple[Any, Any]) -> Non
     assert engine.idle and engine.reserved_bytes == 0
     for sid, prompt in zip(sids, PROMPTS, strict=True):
         assert got[sid] == _reference(lm, prompt, 9), prompt
-    assert got[s] == got_alone[a]
+    assert got[s] == ids_alone
 
 
 def test_cancel_mid_batch_keeps_the_others_and_the_buffer_bounded(lm: tuple[Any, Any]) -> None:
