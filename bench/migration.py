@@ -23,7 +23,16 @@ moved stream:
   ``gap <= prefill_here + 2 * tpot``.
 
 ``--park-wait 0`` turns the multi-round move off (the single-round move: the destination
-prefills inside the gap), to compare the two on one machine back to back.
+prefills inside the gap), to compare the two on one machine back to back;
+``--park-min-tokens`` sets ``controller.migration_park_min_tokens`` (a sequence moving alone
+is parked only from that many tokens on).
+
+The eviction's other consequences are off unless ``--replace``: the controller's host
+provider (which starts a replacement spot host in this process) and room for a third
+replica on host0 (``device_memory_bytes`` fits one). In a real cluster the replacement host
+and its replica's cold start run on other machines; here every process shares this VM's
+cores, and a replacement's interpreter start and warm-up (~1-2 s of CPU) would run on the
+destination's cores during the move and be measured as part of its gap.
 
 Every stream's ids are checked against ``transformers``' greedy ``generate``. ``--trials``
 clusters are started in turn (a drained host is gone). Prints a line per moved stream and a
@@ -73,8 +82,8 @@ def _prefill_s(model: Any, ids: list[int]) -> float:
 
 
 async def _trial(model_dir: Path, streams_n: int, after: int, max_tokens: int,
-                 refs: dict[str, list[int]], tok: Any, model: Any, park_wait_s: float
-                 ) -> list[dict[str, float]]:
+                 refs: dict[str, list[int]], tok: Any, model: Any, park_wait_s: float,
+                 park_min_tokens: int | None, replace: bool) -> list[dict[str, float]]:
     from flashpoint.cluster import LocalCluster
     from flashpoint.config import load_config
     from flashpoint.gateway.backend import StreamChunk
@@ -84,17 +93,22 @@ async def _trial(model_dir: Path, streams_n: int, after: int, max_tokens: int,
 
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
-        cfg = load_config(overrides={
-            "log_level": "WARNING",
-            "controller": {"listen_port": 0, "heartbeat_timeout_s": 3.0,
-                           "loop_interval_s": 0.05, "drain_margin_s": 120.0,
-                           "migration_park_wait_s": park_wait_s},
-            "host": {"cpu_devices": 1, "warm_pool_size": 1, "heartbeat_interval_s": 0.3,
-                     "cache_dir": str(tmp / "cache")},
-        }).with_home(tmp)
+        controller: dict[str, Any] = {
+            "listen_port": 0, "heartbeat_timeout_s": 3.0, "loop_interval_s": 0.05,
+            "drain_margin_s": 120.0, "migration_park_wait_s": park_wait_s}
+        if park_min_tokens is not None:
+            controller["migration_park_min_tokens"] = park_min_tokens
+        host: dict[str, Any] = {"cpu_devices": 1, "warm_pool_size": 1,
+                                "heartbeat_interval_s": 0.3, "cache_dir": str(tmp / "cache")}
+        if not replace:  # one replica per device: the model (16 MB) + 64 MB overhead fits once
+            host["device_memory_bytes"] = 120 << 20
+        cfg = load_config(overrides={"log_level": "WARNING", "controller": controller,
+                                     "host": host}).with_home(tmp)
         store = make_store(cfg)
         await publish_source(store, "lm", model_dir)
         c = LocalCluster(cfg, hosts=0, store=store)
+        if not replace:
+            c.controller.provider = None  # no replacement host (module docstring)
         await asyncio.wait_for(c.start(), 90)
         notice = tmp / "evict"
         try:
@@ -173,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=120)
     ap.add_argument("--park-wait", type=float, default=2.0,
                     help="controller.migration_park_wait_s (0: single-round moves)")
+    ap.add_argument("--park-min-tokens", type=int, default=None,
+                    help="controller.migration_park_min_tokens (default: the config's)")
+    ap.add_argument("--replace", action="store_true",
+                    help="let the eviction start a replacement host and replica meanwhile")
     args = ap.parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -194,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.streams:
             for trial in range(args.trials):
                 got = asyncio.run(_trial(model_dir, n, args.after, args.max_tokens, refs, tok,
-                                         model, args.park_wait))
+                                         model, args.park_wait, args.park_min_tokens,
+                                         args.replace))
                 for r in got:
                     print(f"streams={n} trial={trial} moved_at={r['tokens_at_move']} "
                           f"gap={r['gap_ms']:.1f}ms prefill={r['prefill_ms']:.1f}ms "
@@ -204,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"{'met' if r['met'] else 'MISSED'}", flush=True)
                 rows += [dict(r, trial=trial) for r in got]
     summary: dict[str, Any] = {"bench": "migration", "size": args.size, "family": args.family,
-                               "park_wait_s": args.park_wait}
+                               "park_wait_s": args.park_wait,
+                               "park_min_tokens": args.park_min_tokens,
+                               "replace": args.replace}
     for n in args.streams:
         mine = [r for r in rows if r["streams"] == n]
         if mine:

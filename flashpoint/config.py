@@ -170,9 +170,11 @@ class ControllerConfig:
     # At most this many park rounds a move: each later one parks a new snapshot (the tokens
     # generated during the round before), so the resume has fewer to add in the gap.
     migration_park_rounds: int = 3
-    # A sequence moving alone is parked only from this many tokens so far: below it, its
-    # prefill costs about what the resume's extension pass costs (state/migration.py).
-    migration_park_min_tokens: int = 128
+    # A sequence moving alone is parked only from this many tokens so far (0: every move to
+    # a replica is parked). Parking a short lone sequence still shortens its gap (the
+    # extension pass costs less than the prefill it replaces: bench/RESULTS.md); a model
+    # whose forward pass is mostly fixed cost may set this to skip the extra round trips.
+    migration_park_min_tokens: int = 0
     # TLS for the gateway and the RPC endpoint (both on one port): certificate and key files
     # (PEM). Empty = plain HTTP / ws:// (loopback clusters, or TLS terminated in front).
     tls_cert_path: str = ""
