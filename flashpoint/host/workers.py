@@ -169,11 +169,18 @@ class WorkerPool:
             await self._on_exit(w, rc)
 
     async def stop_worker(self, w: WorkerProcess, timeout_s: float) -> None:
+        """Stop ``w``: asked to shut down over its connection; one with no connection (still
+        starting up, or its connection gone) has nothing to finish and nobody to ask, so it
+        is sent SIGTERM at once instead of being waited for. Killed if still running after
+        ``timeout_s``."""
         w.stopping = True
         if w.proc.returncode is None and w.conn is not None and not w.conn.closed:
             with contextlib.suppress(Exception):
                 await w.conn.call("shutdown", to_payload(hw.Shutdown()),
                                   timeout_s=min(1.0, timeout_s))
+        elif w.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.terminate()  # by PID, through the process handle we started
         try:
             await asyncio.wait_for(w.proc.wait(), timeout_s)
         except TimeoutError:
