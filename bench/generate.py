@@ -14,10 +14,11 @@ replica, continuous batching). Measured side by side in one run:
    from host RAM (a scale from zero of a new function over the same model, whose bytes the
    host's cache holds: the replica's source is ``local``).
 3. **TPOT** p50/p99 over the streams of each concurrency: ``(last − first token) / (n − 1)``.
-4. **Migration gap** (issue 21 item 5): not measured here yet; ``--migration`` runs the
-   hook :func:`measure_migration_gap`, which returns None until live migration lands (the
-   table prints ``n/a``). Fill it in there: drain the replica mid-stream and report the
-   largest inter-token gap of the moved streams against the destination's prefill + 2 TPOT.
+4. **Migration gap** (issue 21 item 5), with ``--migration``: ``bench/migration.py``'s
+   measurement, run after the rest (its own two-host cluster, a spot drain mid-stream, a
+   small Llama-style model: one trial at 2 and at 16 streams); printed as each moved
+   stream's gap against the destination's prefill + 2 TPOT, and its summary goes into the
+   JSON line's ``migration``. ``python bench/migration.py`` runs it alone, with more trials.
 
     python bench/generate.py                  # GPT-2-small size, ~3-6 minutes on 2 vCPUs
     python bench/generate.py --quick          # tiny model, seconds (the smoke test's run)
@@ -157,17 +158,6 @@ async def concurrent(session: Any, url: str, fn: str, streams: int, max_tokens: 
             "tpot_p50_ms": pct(tpots, 50) * 1e3, "tpot_p99_ms": pct(tpots, 99) * 1e3}
 
 
-async def measure_migration_gap(session: Any, url: str, cluster: Any, fn: str,
-                                max_tokens: int) -> dict[str, Any] | None:
-    """The migration gap column (issue 21 item 5): None until live migration exists.
-
-    To fill in: start N streams on ``fn``'s replica, drain it mid-stream (a scale-down or
-    the host's drain), and return ``{"gap_p50_ms", "gap_max_ms", "prefill_ms",
-    "tpot_ms", "target_met"}`` from each moved stream's largest inter-token gap against
-    the destination's prefill time + 2 TPOT."""
-    return None
-
-
 async def served(directory: Path, args: argparse.Namespace, base: Baseline) -> dict[str, Any]:
     import aiohttp
 
@@ -239,9 +229,6 @@ async def served(directory: Path, args: argparse.Namespace, base: Baseline) -> d
                 level["baseline_tokens_per_s"] = b["tokens_per_s"]
                 level["ratio"] = level["tokens_per_s"] / b["tokens_per_s"]
                 out["levels"].append(level)
-            out["migration"] = (await measure_migration_gap(s, url, cluster, "gen",
-                                                            args.max_tokens)
-                                if args.migration else None)
     shutil.rmtree(home, ignore_errors=True)  # its registry and cache copies of the model
     return out
 
@@ -259,7 +246,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads, for the worker and the in-process baseline alike")
     ap.add_argument("--migration", action="store_true",
-                    help="also run the migration-gap hook (issue 21 item 5; n/a until then)")
+                    help="also measure the migration gap (bench/migration.py, one trial)")
     args = ap.parse_args()
     if args.quick:
         args.streams, args.max_tokens, args.rounds = "1,2", 6, 1
@@ -271,6 +258,11 @@ def main() -> int:
     build_s = time.perf_counter() - t_build
     base = Baseline(directory, args.threads)
     srv = asyncio.run(served(directory, args, base))
+    gap = None
+    if args.migration:  # its own clusters, one after another: after this one has stopped
+        from migration import run as run_migration  # bench/migration.py, beside this file
+
+        gap = run_migration(["--streams", "2", "16", "--trials", "1"])
     rows = srv["levels"]
     print(f"\nText generation: {'tiny' if args.quick else 'GPT-2-small-sized'} random model "
           f"({srv['model_bytes'] / 1e6:.0f} MB), max_tokens {args.max_tokens}, "
@@ -278,21 +270,24 @@ def main() -> int:
     print("baseline: one-at-a-time generate in process, run just before each level\n")
     header = ["streams", "served tok/s", "generate tok/s", "ratio vs generate", "TTFT p50 ms",
               "TTFT p99 ms",
-              "TPOT p50 ms", "TPOT p99 ms", "migration gap"]
-    gap = srv["migration"]
+              "TPOT p50 ms", "TPOT p99 ms"]
     print(" | ".join(header))
     for lv in rows:
         print(" | ".join([str(lv["streams"]), f"{lv['tokens_per_s']:.1f}",
                           f"{lv['baseline_tokens_per_s']:.1f}", f"{lv['ratio']:.2f}x",
                           f"{lv['ttft_p50_ms']:.1f}", f"{lv['ttft_p99_ms']:.1f}",
-                          f"{lv['tpot_p50_ms']:.1f}", f"{lv['tpot_p99_ms']:.1f}",
-                          "n/a" if gap is None else f"{gap['gap_max_ms']:.1f}"]))
+                          f"{lv['tpot_p50_ms']:.1f}", f"{lv['tpot_p99_ms']:.1f}"]))
     warm = srv["ttft_warm_ms"]
     print(f"\nTTFT warm (1 stream): median {statistics.median(warm):.1f} ms over {len(warm)}")
     print(f"TTFT from host RAM (scale from zero, source {srv['ram_sources']}): "
           f"median {statistics.median(srv['ttft_ram_ms']):.1f} ms "
           f"({', '.join(f'{x:.0f}' for x in srv['ttft_ram_ms'])})")
     print(f"TTFT from the registry (first start): {srv['ttft_registry_ms']:.1f} ms")
+    for key, m in (gap or {}).items():
+        if key.startswith("streams_"):
+            print(f"migration gap, {key.split('_')[1]} streams: p50 {m['gap_ms_p50']:.1f} ms, "
+                  f"max {m['gap_ms_max']:.1f} ms; target gap <= prefill + 2 TPOT met by "
+                  f"{m['met']} of {m['moved']} moved")
     eight = next((lv for lv in rows if lv["streams"] == 8), None)
     if eight is not None:
         print(f"target >= 3x at 8 streams: {'met' if eight['ratio'] >= 3 else 'NOT met'} "

@@ -38,7 +38,7 @@ Every stream's ids are checked against ``transformers``' greedy ``generate``. ``
 clusters are started in turn (a drained host is gone). Prints a line per moved stream and a
 JSON line at the end.
 
-    python bench/migration.py [--streams 2 16] [--trials 2] [--size small]
+    python bench/migration.py [--streams 2 16] [--trials 2] [--size small] [--replace]
 """
 
 from __future__ import annotations
@@ -177,14 +177,18 @@ async def _trial(model_dir: Path, streams_n: int, after: int, max_tokens: int,
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse ``argv`` (this script's options), run the trials (a line per moved stream)
+    and return the summary (``bench/generate.py --migration`` calls this too)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, nargs="+", default=[2, 16])
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--size", default="small")
     ap.add_argument("--family", default="llama")
     ap.add_argument("--after", type=int, default=8, help="tokens of every stream before the move")
-    ap.add_argument("--max-tokens", type=int, default=120)
+    # long enough that a stream still runs once its move's park rounds are done (they can
+    # take until token ~100 at a quiet machine's TPOT; the model has 256 positions)
+    ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--park-wait", type=float, default=2.0,
                     help="controller.migration_park_wait_s (0: single-round moves)")
     ap.add_argument("--park-min-tokens", type=int, default=None,
@@ -239,7 +243,11 @@ def main(argv: list[str] | None = None) -> int:
                 "parked": sum(r["parked"] for r in mine),
                 "met": sum(r["met"] for r in mine),
                 "met_here": sum(r["met_here"] for r in mine)}
-    print(json.dumps(summary))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    print(json.dumps(run(argv)))
     return 0
 
 

@@ -29,5 +29,5 @@ def test_generate_bench_quick_runs() -> None:
         assert lv["tokens_per_s"] > 0 and lv["ttft_p50_ms"] > 0
         assert lv["ratio"] == pytest.approx(lv["tokens_per_s"] / lv["baseline_tokens_per_s"])
     assert result["ram_sources"] == ["local"]  # the scale from zero came out of host RAM
-    assert result["migration"] is None  # issue 21 item 5 fills this in
-    assert "ratio vs generate" in out.stdout and "migration gap" in out.stdout
+    assert result["migration"] is None  # only with --migration (bench/migration.py's run)
+    assert "ratio vs generate" in out.stdout
