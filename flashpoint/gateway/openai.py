@@ -42,6 +42,9 @@ _COMMON_KEYS = frozenset(("model", "max_tokens", "max_completion_tokens", "tempe
                           "stop", "seed", "stream", "n", "user", "stream_options",
                           "frequency_penalty", "presence_penalty", "logprobs"))
 MAX_STOP = 16
+# The roles OpenAI's chat API defines. Tools are not served, but a conversation may still
+# carry a tool's earlier answer as text.
+CHAT_ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
 
 
 def _number(body: dict[str, Any], key: str, kind: type) -> Any:
@@ -71,10 +74,8 @@ def generation_inputs(body: Any, *, chat: bool) -> dict[str, np.ndarray]:
         raise BadRequest("logprobs are not supported")
     inputs: dict[str, np.ndarray] = {}
     if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list")
-        inputs["messages"] = np.array([json.dumps(messages).encode()], dtype=object)
+        inputs["messages"] = np.array([json.dumps(chat_messages(body.get("messages"))).encode()],
+                                      dtype=object)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -103,6 +104,33 @@ def generation_inputs(body: Any, *, chat: bool) -> dict[str, np.ndarray]:
             # [1, k]: every input shares the request's leading (batch) dimension
             inputs["stop"] = np.array([[s.encode() for s in stop]], dtype=object)
     return inputs
+
+
+def chat_messages(messages: Any) -> list[dict[str, str]]:
+    """A chat body's ``messages`` as the worker takes them: ``{role, content}`` with text
+    content. Content may come as OpenAI's list of parts: its text parts are joined (with a
+    newline, as other OpenAI-compatible servers do); any other part (an image, audio) is a
+    400, as is a role OpenAI does not define."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise BadRequest(f"messages[{i}] must be an object with 'role' and 'content'")
+        role, content = m.get("role"), m.get("content")
+        if role not in CHAT_ROLES:
+            raise BadRequest(f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}, "
+                             f"got {role!r}")
+        if isinstance(content, list):
+            kinds = {p.get("type") if isinstance(p, dict) else None for p in content}
+            if kinds - {"text"} or not all(isinstance(p.get("text"), str) for p in content):
+                raise BadRequest(f"messages[{i}].content: only text parts are served "
+                                 f"(type 'text' with a 'text' string)")
+            content = "\n".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise BadRequest(f"messages[{i}].content must be a string or a list of text parts")
+        out.append({"role": role, "content": content})
+    return out
 
 
 def _first(outputs: dict[str, np.ndarray], name: str) -> Any:

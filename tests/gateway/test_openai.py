@@ -27,6 +27,35 @@ def test_a_completion_body_becomes_generation_tensors() -> None:
     assert b'"role": "user"' in chat["messages"][0] and chat["stop"].shape == (1, 1)
 
 
+def test_chat_content_parts_become_text_and_roles_are_openais() -> None:
+    import json
+
+    chat = generation_inputs({"model": "m", "messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "one"},
+                                     {"type": "text", "text": "two"}], "name": "ann"},
+    ]}, chat=True)
+    assert json.loads(chat["messages"][0]) == [{"role": "developer", "content": "be brief"},
+                                               {"role": "user", "content": "one\ntwo"}]
+
+
+@pytest.mark.parametrize("messages, says", [
+    ([], "non-empty"),
+    ("hi", "non-empty"),
+    (["hi"], r"messages\[0\] must be an object"),
+    ([{"role": "wizard", "content": "x"}], r"messages\[0\].role must be one of"),
+    ([{"role": "user"}], r"messages\[0\].content must be"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": 3}], r"messages\[1\]"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+     "only text parts"),
+    ([{"role": "user", "content": [{"type": "text"}]}], "only text parts"),
+    ([{"role": "user", "content": ["plain"]}], "only text parts"),
+])
+def test_bad_chat_messages_are_bad_requests(messages: object, says: str) -> None:
+    with pytest.raises(BadRequest, match=says):
+        generation_inputs({"model": "m", "messages": messages}, chat=True)
+
+
 @pytest.mark.parametrize("body, says", [
     ({"model": "m"}, "'prompt'"),
     ({"model": "m", "prompt": ["a", "b"]}, "'prompt'"),

@@ -146,3 +146,20 @@ def test_chat_template_renders_messages(pushed: tuple[Path, Any, Any]) -> None:
     want = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
     assert list(served.prepare(inputs).prompt_ids) == list(want)
+
+
+def test_a_chat_template_that_refuses_the_messages_is_a_bad_input(
+        pushed: tuple[Path, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A template's own ``raise_exception`` (Llama-2's "roles must alternate" and the like)
+    is the caller's error, a typed 400, not a model failure."""
+    _, _, (_, served) = pushed
+    refusing = ("{% if messages[0]['role'] != 'user' %}"
+                "{{ raise_exception('Conversation must start with a user message') }}"
+                "{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    monkeypatch.setattr(served.tokenizer, "chat_template", refusing)
+    bad = [{"role": "assistant", "content": "hello"}]
+    with pytest.raises(InvalidInput, match="must start with a user message"):
+        served.prepare({"messages": np.array([json.dumps(bad).encode()], dtype=object)})
+    good = [{"role": "user", "content": "the cluster scales"}]
+    assert served.prepare({"messages": np.array([json.dumps(good).encode()], dtype=object)
+                           }).prompt_ids

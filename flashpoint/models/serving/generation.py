@@ -102,8 +102,14 @@ class TextGeneration:
             if not getattr(self.tokenizer, "chat_template", None):
                 raise InvalidInput("this model's tokenizer has no chat template: use "
                                    "completions with a prompt")
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                      tokenize=False)
+            try:
+                text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                          tokenize=False)
+            except Exception as e:  # noqa: BLE001 - the template judged the messages
+                # (a template raises for a conversation it does not take: roles out of
+                # order, a system message it has no place for): the caller's to fix
+                raise InvalidInput(f"the model's chat template refused these messages: "
+                                   f"{type(e).__name__}: {e}"[:500]) from None
             return list(self.tokenizer(text, add_special_tokens=False).input_ids)
         if PROMPT_INPUT not in inputs:
             raise InvalidInput("a generation request needs 'text' (a prompt) or 'messages'")
