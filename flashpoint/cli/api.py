@@ -16,7 +16,8 @@ import sys
 import time
 from typing import Any
 
-from flashpoint.cli.failures import HTTP_STATUS, no_cluster
+from flashpoint.cli.failures import HTTP_STATUS, connect_reason, no_cluster
+from flashpoint.cli.generate import complete, wants_generation
 from flashpoint.cli.parser import profile_body, spec_fields
 from flashpoint.cli.tables import function_lines, profile_lines, status_lines
 from flashpoint.errors import BadRequest
@@ -40,7 +41,7 @@ async def http(method: str, url: str, body: Any = None, key: str | None = None,
     except aiohttp.InvalidURL:
         raise BadRequest(f"{url} is not a URL (--url wants e.g. http://127.0.0.1:8080)") from None
     except aiohttp.ClientConnectorError as e:
-        raise no_cluster(base or url, _why(e)) from None
+        raise no_cluster(base or url, connect_reason(e)) from None
     except (aiohttp.ClientError, TimeoutError) as e:
         raise no_cluster(base or url, str(e) or type(e).__name__) from None
     try:
@@ -54,14 +55,6 @@ async def http(method: str, url: str, body: Any = None, key: str | None = None,
         err.details[HTTP_STATUS] = r.status
         raise err
     return data
-
-
-def _why(exc: Any) -> str:
-    """``connection refused`` and the like, from aiohttp's connector error."""
-    os_error = getattr(exc, "os_error", None)
-    if isinstance(os_error, ConnectionRefusedError):
-        return "connection refused"
-    return (getattr(os_error, "strerror", None) or str(os_error or exc)).lower()
 
 
 def invoke_body(args: argparse.Namespace) -> dict[str, Any]:
@@ -137,6 +130,8 @@ async def run(args: argparse.Namespace) -> int:
         roll = isinstance(answer, dict) and rolling(answer.get("rollout") or {})
         if args.wait and ((args.min_replicas or 0) > 0 or roll):
             return await wait_deployed(args, rollout=roll)
+    elif args.cmd == "invoke" and wants_generation(args):
+        return await complete(args)
     elif args.cmd == "invoke":
         answer = await http("POST", f"{url}/v1/functions/{args.function}/invoke",
                             invoke_body(args), key, url)

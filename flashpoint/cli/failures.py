@@ -13,6 +13,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from flashpoint.errors import ConnectFailed, FlashpointError, RegistryError
 
@@ -26,6 +27,14 @@ def no_cluster(url: str, why: str) -> ConnectFailed:
     """Nothing answers at the API URL (connection refused, unknown host, timeout)."""
     return ConnectFailed(f"no cluster at {url} ({why}) — start one with `flashpoint up`, "
                          "or pass --url (or set FLASHPOINT_URL)", url=url)
+
+
+def connect_reason(exc: Any) -> str:
+    """``connection refused`` and the like, from aiohttp's connector error."""
+    os_error = getattr(exc, "os_error", None)
+    if isinstance(os_error, ConnectionRefusedError):
+        return "connection refused"
+    return (getattr(os_error, "strerror", None) or str(os_error or exc)).lower()
 
 
 def http_status(exc: BaseException) -> int | None:

@@ -245,6 +245,17 @@ def _add_api(sub: Any) -> None:
                                help="a text for a text model (repeat for several)")
             given.add_argument("--image", action="append", type=Path,
                                help="an image file (JPEG/PNG) for an image model (repeatable)")
+            gen = sp.add_argument_group(
+                "text generation", "for a language model: any of these prints the completion "
+                "as text (through /v1/completions) instead of the tensors")
+            gen.add_argument("--max-tokens", type=int_in(1), default=None,
+                             help="the most tokens to generate")
+            gen.add_argument("--temperature", type=number_in(0.0), default=None,
+                             help="0 = greedy (default 1)")
+            gen.add_argument("--seed", type=int, default=None,
+                             help="a seed for reproducible sampling")
+            gen.add_argument("--stream", action="store_true",
+                             help="print the tokens as they are generated")
 
 
 def grid(text: str) -> tuple[list[float], list[float]]:
