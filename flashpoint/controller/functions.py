@@ -76,7 +76,8 @@ class FunctionCatalog:
         manifest, its plan table solved when it may run in stages); ``persist``: also into
         the function table on disk (False when restoring from it)."""
         manifest = await self.manifest(spec.model, spec.model_version)
-        if not spec.inputs and manifest.io.inputs:
+        # (a text-generation model declares outputs only: its request tensors are optional)
+        if not spec.inputs and not spec.outputs and (manifest.io.inputs or manifest.io.outputs):
             spec = _replace_io(spec, manifest.io)
         plans, whole_cold_s = None, 0.0
         if spec.max_stages > 1:

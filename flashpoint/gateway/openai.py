@@ -4,7 +4,7 @@
                                          stop?, seed?}  -> text_completion
     POST /v1/chat/completions   invoke  {model, messages, ...} -> chat.completion (the
                                          model's own chat template renders the messages)
-    GET  /v1/models             invoke  the registered functions as models
+    GET  /v1/models             invoke  the text-generation functions as models
 
 ``stream: true`` answers with server-sent events as the tokens come (a backend with
 ``invoke_stream``: the controller); a client that disconnects cancels its sequence.
@@ -45,6 +45,15 @@ MAX_STOP = 16
 # The roles OpenAI's chat API defines. Tools are not served, but a conversation may still
 # carry a tool's earlier answer as text.
 CHAT_ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
+# What a text-generation function answers with (models/serving/generation.py's OUTPUTS, kept
+# in step by tests/gateway/test_openai.py; not imported: that module needs torch, a gateway
+# does not).
+GENERATION_OUTPUTS = frozenset(("text", "finish_reason", "completion_tokens"))
+
+
+def generates(spec: Any) -> bool:
+    """Whether function ``spec`` serves a text-generation model (the OpenAI routes' kind)."""
+    return GENERATION_OUTPUTS <= {t.name for t in spec.outputs}
 
 
 def _number(body: dict[str, Any], key: str, kind: type) -> Any:
@@ -162,7 +171,7 @@ class OpenAIRoutes:
         self.ctx.require(request, Role.INVOKE)
         return json_response({"object": "list", "data": [
             {"id": info.spec.name, "object": "model", "created": 0, "owned_by": "flashpoint"}
-            for info in self.ctx.backend.list_functions()]})
+            for info in self.ctx.backend.list_functions() if generates(info.spec)]})
 
     async def completions(self, request: web.Request) -> web.Response:
         return await self._generate(request, chat=False)
@@ -176,6 +185,10 @@ class OpenAIRoutes:
         body = await parse_json_body(ctx, await read_body(request, ctx.config))
         inputs = generation_inputs(body, chat=chat)
         spec = ctx.spec(str(body.get("model", "")))
+        if not generates(spec):
+            raise BadRequest(f"function {spec.name!r} does not generate text: the OpenAI routes "
+                             f"serve text-generation models (invoke it at "
+                             f"/v1/functions/{spec.name}/invoke)")
         rid = request_id(request)
         timeout_s = effective_timeout_s(None, spec.timeout_s, ctx.config)
         if body.get("stream"):

@@ -11,7 +11,7 @@ import pytest
 from flashpoint.errors import BadRequest
 from flashpoint.gateway.openai import generation_inputs
 
-from .conftest import INVOKE_KEY, ThreadedServer
+from .conftest import ADMIN_KEY, INVOKE_KEY, ThreadedServer
 
 
 def test_a_completion_body_becomes_generation_tensors() -> None:
@@ -79,10 +79,24 @@ async def test_same_api_keys_as_the_native_routes(auth_server: ThreadedServer) -
             assert r.status == 401
         async with s.post("/v1/completions", json={"model": "identity", "prompt": "a"}) as r:
             assert r.status == 401
+        # a function whose model answers as a text-generation model does (its outputs)
+        gen_outputs = [{"name": n, "datatype": d, "shape": [-1]} for n, d in (
+            ("text", "BYTES"), ("token_ids", "INT64"), ("finish_reason", "BYTES"),
+            ("prompt_tokens", "INT64"), ("completion_tokens", "INT64"))]
+        async with s.post("/v1/functions", json={"name": "chatty", "model": "identity",
+                                                 "outputs": gen_outputs},
+                          headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as r:
+            assert r.status in (200, 201), await r.text()
         async with s.get("/v1/models", headers={"Authorization": f"Bearer {INVOKE_KEY}"}) as r:
             assert r.status == 200
             body = await r.json()
-        assert body["object"] == "list" and "identity" in [m["id"] for m in body["data"]]
+        # the text-generation functions only: "identity" (tensors in, tensors out) is not one
+        assert body["object"] == "list" and [m["id"] for m in body["data"]] == ["chatty"]
+        async with s.post("/v1/completions", json={"model": "identity", "prompt": "a"},
+                          headers={"Authorization": f"Bearer {INVOKE_KEY}"}) as r:
+            err = await r.json()
+            assert r.status == 400 and err["code"] == "bad_request", err
+            assert "does not generate text" in err["error"], err
         async with s.post("/v1/completions", json={"model": "nope", "prompt": "a"},
                           headers={"Authorization": f"Bearer {INVOKE_KEY}"}) as r:
             assert r.status == 404 and (await r.json())["code"] == "function_not_found"
@@ -90,3 +104,12 @@ async def test_same_api_keys_as_the_native_routes(auth_server: ThreadedServer) -
                                                     "n": 3},
                           headers={"Authorization": f"Bearer {INVOKE_KEY}"}) as r:
             assert r.status == 400 and (await r.json())["code"] == "bad_request"
+
+
+def test_the_gateway_knows_the_generation_tasks_outputs() -> None:
+    """The gateway tells a text-generation function by its outputs without importing the
+    serving module (it needs torch); the names it looks for are that module's."""
+    from flashpoint.gateway.openai import GENERATION_OUTPUTS
+    from flashpoint.models.serving.generation import OUTPUTS
+
+    assert GENERATION_OUTPUTS <= set(OUTPUTS)
