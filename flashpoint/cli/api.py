@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from flashpoint.cli.failures import HTTP_STATUS, connect_reason, no_cluster
+from flashpoint.cli.failures import api_error, reaching
 from flashpoint.cli.generate import complete, wants_generation
 from flashpoint.cli.parser import profile_body, spec_fields
 from flashpoint.cli.tables import function_lines, profile_lines, status_lines
@@ -33,28 +33,17 @@ async def http(method: str, url: str, body: Any = None, key: str | None = None,
     import aiohttp
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    try:
+    with reaching(url, base):
         async with aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
             async with s.request(method, url, json=body, headers=headers) as r:
                 text = await r.text()
-    except aiohttp.InvalidURL:
-        raise BadRequest(f"{url} is not a URL (--url wants e.g. http://127.0.0.1:8080)") from None
-    except aiohttp.ClientConnectorError as e:
-        raise no_cluster(base or url, connect_reason(e)) from None
-    except (aiohttp.ClientError, TimeoutError) as e:
-        raise no_cluster(base or url, str(e) or type(e).__name__) from None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = text  # not JSON (a proxy's error page, say): show it as it came
     if r.status >= 400:
-        from flashpoint.client import error_from_body
-
-        err = error_from_body(r.status, data)
-        err.details[HTTP_STATUS] = r.status
-        raise err
-    return data
+        raise api_error(r.status, text)
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # not JSON (a proxy's page, say): show it as it came
 
 
 def invoke_body(args: argparse.Namespace) -> dict[str, Any]:

@@ -8,14 +8,16 @@ its traceback, for developers.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from flashpoint.errors import ConnectFailed, FlashpointError, RegistryError
+from flashpoint.errors import BadRequest, ConnectFailed, FlashpointError, RegistryError
 
 DEBUG_ENV = "FLASHPOINT_DEBUG"
 HTTP_STATUS = "http_status"  # the detail an API error answer carries its status in
@@ -29,12 +31,43 @@ def no_cluster(url: str, why: str) -> ConnectFailed:
                          "or pass --url (or set FLASHPOINT_URL)", url=url)
 
 
-def connect_reason(exc: Any) -> str:
+def _connect_reason(exc: Any) -> str:
     """``connection refused`` and the like, from aiohttp's connector error."""
     os_error = getattr(exc, "os_error", None)
     if isinstance(os_error, ConnectionRefusedError):
         return "connection refused"
     return (getattr(os_error, "strerror", None) or str(os_error or exc)).lower()
+
+
+@contextlib.contextmanager
+def reaching(url: str, base: str = "") -> Iterator[None]:
+    """Around a call to the cluster's API at ``url``: a bad URL is BadRequest; nothing
+    answering (or the connection failing) is :func:`no_cluster` naming ``base`` (the
+    cluster's URL) or ``url``."""
+    import aiohttp
+
+    try:
+        yield
+    except aiohttp.InvalidURL:
+        raise BadRequest(f"{url} is not a URL (--url wants e.g. http://127.0.0.1:8080)") from None
+    except aiohttp.ClientConnectorError as e:
+        raise no_cluster(base or url, _connect_reason(e)) from None
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise no_cluster(base or url, str(e) or type(e).__name__) from None
+
+
+def api_error(status: int, text: str) -> FlashpointError:
+    """The typed error an API error answer (``status``, body ``text``) stands for
+    (``client.error_from_body``), with the status in ``details["http_status"]``."""
+    from flashpoint.client import error_from_body
+
+    try:
+        data: Any = json.loads(text)
+    except ValueError:
+        data = text  # not JSON (a proxy's error page, say): shown as it came
+    err = error_from_body(status, data)
+    err.details[HTTP_STATUS] = status
+    return err
 
 
 def http_status(exc: BaseException) -> int | None:

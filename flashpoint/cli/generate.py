@@ -16,8 +16,8 @@ import sys
 import time
 from typing import Any
 
-from flashpoint.cli.failures import HTTP_STATUS, connect_reason, no_cluster
-from flashpoint.errors import BadRequest, FlashpointError, from_wire
+from flashpoint.cli.failures import api_error, reaching
+from flashpoint.errors import BadRequest, from_wire
 
 # a long generation may stream for minutes; each read is bounded instead (below)
 READ_TIMEOUT_S = 120.0
@@ -52,12 +52,12 @@ async def complete(args: argparse.Namespace) -> int:
     body = completion_body(args)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     started = time.monotonic()
-    try:
+    with reaching(url):
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=10.0, sock_read=READ_TIMEOUT_S)) as s, \
                 s.post(f"{url}/v1/completions", json=body, headers=headers) as r:
             if r.status >= 400:
-                raise _error(r.status, await r.text())
+                raise api_error(r.status, await r.text())
             if not args.stream:
                 answer = await r.json()
                 print(answer["choices"][0]["text"], flush=True)
@@ -65,12 +65,6 @@ async def complete(args: argparse.Namespace) -> int:
                          None)
                 return 0
             return await _print_stream(r, started)
-    except aiohttp.InvalidURL:
-        raise BadRequest(f"{url} is not a URL (--url wants e.g. http://127.0.0.1:8080)") from None
-    except aiohttp.ClientConnectorError as e:
-        raise no_cluster(url, connect_reason(e)) from None
-    except (aiohttp.ClientError, TimeoutError) as e:
-        raise no_cluster(url, str(e) or type(e).__name__) from None
 
 
 async def _print_stream(r: Any, started: float) -> int:
@@ -111,14 +105,3 @@ def _summary(usage: dict[str, int], finish: str | None, first_s: float | None) -
         parts.append(f"first token after {first_s * 1e3:.0f} ms")
     sys.stderr.write(", ".join(parts) + "\n")
 
-
-def _error(status: int, text: str) -> FlashpointError:
-    from flashpoint.client import error_from_body
-
-    try:
-        data: Any = json.loads(text)
-    except ValueError:
-        data = text
-    err = error_from_body(status, data)
-    err.details[HTTP_STATUS] = status
-    return err

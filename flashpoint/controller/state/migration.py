@@ -33,10 +33,10 @@ sequence there -- the destination prefills its tokens so far while the source go
 and only then asks the source to stop, so the prefill leaves the client's gap. How long
 that may take is :func:`park_wait_s`: the configured bound, and for a forced leave with a
 deadline (a spot drain) at most half the time left, so the hand-off still happens in time.
-Moves to the queue are not parked (no replica to park on). Nor is a lone short sequence
-(:func:`worth_parking`): its prefill costs about what the resume's extension pass costs
-(one forward's fixed cost each, measured on the bench's small model), so parking it adds
-only its round trips to the move.
+Moves to the queue are not parked (no replica to park on). An operator may also leave a
+lone short sequence unparked (:func:`worth_parking`, ``migration_park_min_tokens``; by
+default every move to a replica is parked: the extension pass left in the gap costs less
+than the prefill it replaces, bench/RESULTS.md).
 """
 
 from __future__ import annotations
