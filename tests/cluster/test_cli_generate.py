@@ -6,9 +6,7 @@ to stderr; a mistake is one line on stderr and a non-zero exit, never a tracebac
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from flashpoint.models.tiny_hf import make_causal_lm
 from flashpoint.registry import make_store
 from flashpoint.spec import FunctionSpec
 from flashpoint.testing.harness import ClusterFactory, cluster_config
+from tests.cli.conftest import assert_one_line_error, run_cli
 
 from .conftest import greedy_reference
 
@@ -26,20 +25,9 @@ pytestmark = pytest.mark.timeout(240)
 PROMPT = "a cold start fetches bytes from a peer"
 
 
-def _cli(url: str, home: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("FLASHPOINT_DEBUG", "FLASHPOINT_URL", "FLASHPOINT_API_KEY")}
-    return subprocess.run([sys.executable, "-m", "flashpoint.cli", "--home", str(home),
-                           "invoke", "--url", url, *argv], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, env=env,
-                          timeout=120)  # killed (by pid) past it
-
-
 def _one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert r.returncode != 0 and r.stdout == "", (r.stdout, r.stderr)
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    for needle in needles:
-        assert needle in r.stderr, (needle, r.stderr)
+    assert r.stdout == "", r.stdout
+    assert_one_line_error(r, *needles)
 
 
 async def test_invoke_prints_a_completion_and_streams_it(make_cluster: ClusterFactory,
@@ -54,7 +42,7 @@ async def test_invoke_prints_a_completion_and_streams_it(make_cluster: ClusterFa
     want_ids, want_text = greedy_reference(model_dir, PROMPT, 9)
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return _cli(url, home, *argv)
+        return run_cli("invoke", "--url", url, *argv, home=home)
 
     # a scale from zero, then the text alone on stdout
     done = await asyncio.to_thread(run, "llm", "--text", PROMPT, "--max-tokens", "9",
